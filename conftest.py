@@ -1,0 +1,61 @@
+"""Session fixtures for the real backends, shared by every test tier.
+
+A test's tier marker comes from its folder (tests/unit, tests/integration, tests/slow, e2e/), so
+``pytest -m unit`` and friends select exactly one tier and nothing is left unmarked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from treadle.devcluster import kwok
+from treadle.testing import mooncake_master as mooncake_master_mod
+from treadle.testing import redis_server as redis_server_mod
+
+ROOT = Path(__file__).parent
+TIER_BY_FOLDER = {
+    ROOT / "tests" / "unit": "unit",
+    ROOT / "tests" / "integration": "integration",
+    ROOT / "tests" / "slow": "slow",
+    ROOT / "e2e": "e2e",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        tiers = [tier for folder, tier in TIER_BY_FOLDER.items() if folder in path.parents]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of {sorted(map(str, TIER_BY_FOLDER))}")
+        item.add_marker(getattr(pytest.mark, tiers[0]))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[redis_server_mod.RedisServer]:
+    """A real redis-server on a free 127.0.0.1 port for the whole session (flush per test yourself)."""
+    with redis_server_mod.redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mooncake_master() -> Iterator[mooncake_master_mod.MooncakeMaster]:
+    """A real mooncake_master with its embedded HTTP metadata server on 127.0.0.1."""
+    with mooncake_master_mod.mooncake_master() as master:
+        yield master
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> Iterator[kwok.DevCluster]:
+    """A real kube-apiserver, controller-manager and scheduler with KWOK H800/H20/CPU pools.
+
+    The cluster is private to the test session (own name, own kubeconfig) and torn down after it.
+    """
+    cluster = kwok.DevCluster(name="treadle-e2e", workdir=kwok.cache_dir() / "kwok-e2e")
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything `make demo` and `make test` need on a fresh machine, into caches outside the
+# repository: Debian packages (redis-server, libibverbs1 for Mooncake, prometheus), a virtualenv
+# with Treadle and its extras, and the Kubernetes binaries (hack/build-k8s.sh). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${TREADLE_CACHE:-$HOME/.cache/treadle}"
+VENV="${TREADLE_VENV:-$CACHE/venv}"
+PYTHON="${PYTHON:-python3}"
+EXTRAS="${TREADLE_EXTRAS:-dev,mooncake}"
+fail() { echo "setup: step '$1' failed: $2" >&2; exit 1; }
+
+apt_pkgs=(redis-server libibverbs1 prometheus)
+missing=()
+for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${missing[*]}" >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq >/dev/null || fail "apt-get update" "package lists could not be fetched"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || fail "apt-get install ${missing[*]}" "see apt output above"
+fi
+# The Debian packages start system services; Treadle's fixtures start their own on free ports.
+for svc in redis-server prometheus; do
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
+done
+
+stamp="$VENV/.treadle-installed"
+want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRAS"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" || fail "python venv" "could not create $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null || fail "pip upgrade" "PyPI unreachable?"
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" || fail "pip install -e .[$EXTRAS]" "see pip output above"
+  echo "$want" > "$stamp"
+else
+  # The editable install is bound to one checkout; a fresh clone elsewhere must re-point it.
+  "$VENV/bin/python" - <<PY || "$VENV/bin/python" -m pip install -q --no-deps -e . >/dev/null
+import pathlib, treadle, sys
+sys.exit(0 if pathlib.Path(treadle.__file__).resolve().parent == pathlib.Path("treadle").resolve() else 1)
+PY
+fi
+bash hack/build-k8s.sh >/dev/null

@@ -1,0 +1,1 @@
+"""Trainer SDK: staleness-bounded batches in, published weight versions out."""

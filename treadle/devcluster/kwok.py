@@ -1,0 +1,200 @@
+"""Run a real control plane with fake GPU nodes through ``kwokctl --runtime binary``.
+
+Every component listens on 127.0.0.1 only. The cluster's state lives under
+``$TREADLE_CACHE/kwok/clusters/<name>``; ``down()`` stops every process kwokctl started and then
+checks none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from treadle.devcluster import binaries, nodes
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TREADLE_CACHE", Path.home() / ".cache" / "treadle"))
+
+
+class ClusterError(RuntimeError):
+    """The dev cluster failed to come up or go down; the message says which step and why."""
+
+
+@dataclass
+class DevCluster:
+    """One local Kubernetes control plane plus KWOK-managed fake node pools."""
+
+    name: str = "treadle"
+    pools: tuple[nodes.NodePool, ...] = nodes.DEFAULT_POOLS
+    workdir: Path = field(default_factory=lambda: cache_dir() / "kwok")
+    # Where the context is added: None keeps it in the cluster's own kubeconfig only.
+    user_kubeconfig: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.bins = binaries.bin_dir()
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.workdir / "clusters" / self.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster_dir / "kubeconfig.yaml"
+
+    @property
+    def context(self) -> str:
+        return f"kwok-{self.name}"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ, KWOK_WORKDIR=str(self.workdir))
+        env["PATH"] = f"{self.bins}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def _config_file(self) -> Path:
+        b = self.bins
+        options = {
+            "runtime": "binary",
+            "kubeVersion": binaries.kube_version(b),
+            "bindAddress": "127.0.0.1",
+            "kubeApiserverBinary": str(b / "kube-apiserver"),
+            "kubeControllerManagerBinary": str(b / "kube-controller-manager"),
+            "kubeSchedulerBinary": str(b / "kube-scheduler"),
+            "kubectlBinary": str(b / "kubectl"),
+            "etcdBinary": str(b / "etcd"),
+            "kwokControllerBinary": str(b / "kwok"),
+            "cacheDir": str(self.workdir / "cache"),
+        }
+        path = self.workdir / f"{self.name}.kwokctl.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "kind": "KwokctlConfiguration",
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "options": options,
+        }
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def _run(self, step: str, args: list[str], timeout: float = 300, stdin: str | None = None) -> str:
+        try:
+            proc = subprocess.run(
+                args,
+                env=self._env(),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterError(
+                f"dev cluster {self.name!r}: step {step!r} timed out after {timeout}s"
+            ) from exc
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip()[-2000:]
+            raise ClusterError(
+                f"dev cluster {self.name!r}: step {step!r} failed (exit {proc.returncode}): {tail}"
+            )
+        return proc.stdout
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+        cmd = [str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+        return self._run("kubectl " + " ".join(args[:2]), cmd, timeout=timeout, stdin=stdin)
+
+    def is_up(self) -> bool:
+        if not self.kubeconfig.is_file():
+            return False
+        try:
+            self.kubectl("get", "--raw", "/readyz", timeout=10)
+        except ClusterError:
+            return False
+        return True
+
+    def up(self, timeout: float = 180) -> None:
+        """Create (or reuse) the cluster, then make sure every fake node exists and is Ready."""
+        if not self.is_up():
+            if self.cluster_dir.exists():
+                self.down()
+            args = [
+                str(self.bins / "kwokctl"), "--name", self.name, "--config", str(self._config_file()),
+                "create", "cluster", "--wait", f"{int(timeout)}s", "--timeout", f"{int(timeout)}s",
+                "--kubeconfig", str(self.user_kubeconfig or self.kubeconfig),
+            ]  # fmt: skip
+            self._run("kwokctl create cluster", args, timeout=timeout + 30)
+        manifest = yaml.safe_dump_all(nodes.render_pools(self.pools))
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest)
+        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
+                     timeout=timeout + 10)  # fmt: skip
+        self._wait_default_service_account(timeout)
+
+    def _wait_default_service_account(self, timeout: float) -> None:
+        # Pods are refused until the controller-manager has made the namespace's default ServiceAccount.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.kubectl("get", "serviceaccount", "default", "-n", "default", timeout=10)
+                return
+            except ClusterError:
+                time.sleep(0.5)
+        raise ClusterError(
+            f"dev cluster {self.name!r}: step 'default ServiceAccount' not created in {timeout}s"
+        )
+
+    def process_ids(self) -> list[int]:
+        """Live processes of this cluster, from kwokctl's pid files."""
+        pids: list[int] = []
+        for pidfile in sorted((self.cluster_dir / "pids").glob("*.pid")):
+            try:
+                pid = int(pidfile.read_text().strip())
+            except ValueError:
+                continue
+            if _alive(pid):
+                pids.append(pid)
+        return pids
+
+    def down(self) -> None:
+        """Stop every component and delete the cluster's state; no process is left behind."""
+        if not self.cluster_dir.exists():
+            return
+        pids = self.process_ids()  # read first: kwokctl deletes the pid files with the cluster
+        # A failed delete is not final: the pids read above are killed below either way.
+        with contextlib.suppress(ClusterError):
+            self._run(
+                "kwokctl delete cluster",
+                [str(self.bins / "kwokctl"), "--name", self.name, "delete", "cluster",
+                 "--kubeconfig", str(self.user_kubeconfig or self.kubeconfig)],
+                timeout=120,
+            )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        if leftover := [p for p in pids if _alive(p)]:
+            raise ClusterError(f"dev cluster {self.name!r}: step 'down' left processes {leftover}")
+
+    def nodes_by_pool(self) -> dict[str, list[str]]:
+        items = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
+        out: dict[str, list[str]] = {}
+        for item in items:
+            pool = item["metadata"]["labels"].get(nodes.POOL_LABEL, "")
+            out.setdefault(pool, []).append(item["metadata"]["name"])
+        return out
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -1,0 +1,28 @@
+"""Treadle's error vocabulary, shared by every component and mapped once at each protocol edge."""
+
+from __future__ import annotations
+
+
+class TreadleError(Exception):
+    """Base of every error Treadle raises on purpose."""
+
+
+class SpecError(TreadleError, ValueError):
+    """Bad input; ``field`` names the offending field (dotted path), ``value`` what was given."""
+
+    def __init__(self, message: str, *, field: str, value: object = None) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.value = value
+
+
+class NotFound(TreadleError, LookupError):
+    """An id (trajectory, session, version...) that is not known."""
+
+
+class Conflict(TreadleError):
+    """The request is valid but the current state forbids it (stale version, suspended...)."""
+
+
+class Unavailable(TreadleError):
+    """A dependency is down or draining; retrying later may succeed."""

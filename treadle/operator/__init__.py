@@ -1,0 +1,1 @@
+"""The Treadle operator (``treadle.operator``): kopf handlers, pure child renderers and status."""

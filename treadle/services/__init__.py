@@ -1,0 +1,1 @@
+"""Treadle's runtime services (``treadle.services.<name>``): one folder per service."""

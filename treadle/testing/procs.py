@@ -1,0 +1,83 @@
+"""Start a server process on a free loopback port and wait until it answers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+
+class ServerFailed(RuntimeError):
+    """A local server could not be started; the message names the binary and shows its log."""
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def which(binary: str, hint: str) -> str:
+    """Absolute path of ``binary`` or a ServerFailed naming how to install it."""
+    found = shutil.which(binary)
+    if found is None:
+        raise ServerFailed(f"{binary}: not found on PATH ({hint})")
+    return found
+
+
+@contextlib.contextmanager
+def running(
+    name: str,
+    argv: Sequence[str],
+    ready: Callable[[], bool],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` until the block exits; ``ready`` is polled until True or ``timeout``."""
+    with tempfile.TemporaryDirectory(prefix=f"treadle-{name}-") as tmp:
+        log_path = Path(tmp) / "log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                env={**os.environ, **(env or {})}, start_new_session=True,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + timeout
+                while not ready():
+                    if proc.poll() is not None:
+                        raise ServerFailed(f"{name} exited with {proc.returncode}: {_tail(log_path)}")
+                    if time.monotonic() > deadline:
+                        raise ServerFailed(f"{name} not ready after {timeout}s: {_tail(log_path)}")
+                    time.sleep(0.05)
+                yield proc
+            finally:
+                stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    return path.read_text(errors="replace")[-n:]

@@ -1,0 +1,32 @@
+"""A real ``redis-server`` (Debian package) on a free loopback port, without persistence."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from treadle.testing import procs
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    host: str
+    port: int
+    pid: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+
+@contextlib.contextmanager
+def redis_server(timeout: float = 15.0) -> Iterator[RedisServer]:
+    binary = procs.which("redis-server", "apt-get install redis-server, or run hack/setup.sh")
+    port = procs.free_port()
+    argv = [
+        binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        "--protected-mode", "yes", "--daemonize", "no",
+    ]  # fmt: skip
+    with procs.running("redis-server", argv, lambda: procs.port_open(port), timeout=timeout) as proc:
+        yield RedisServer("127.0.0.1", port, proc.pid)

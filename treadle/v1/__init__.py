@@ -1,0 +1,1 @@
+"""Generated gRPC stubs; edit proto/treadle/v1 and run `make proto`."""

@@ -1,0 +1,1 @@
+"""Versioned weight publication: buckets plus a manifest written last (Mooncake store or local)."""
