@@ -1,13 +1,17 @@
 """A real ``mooncake_master`` (PyPI ``mooncake-transfer-engine-non-cuda``) on loopback.
 
-The master embeds Mooncake's HTTP metadata server, so no etcd is needed. Clients must set
-``MC_TCP_BIND_ADDRESS=127.0.0.1``; otherwise the TCP data lanes use the first non-loopback address.
+Segment metadata goes to Mooncake's own HTTP metadata server (no etcd needed), started as a
+process of its own: the copy embedded in the master ignores ``--http_metadata_server_host`` and
+listens on every interface. Clients must set ``MC_TCP_BIND_ADDRESS=127.0.0.1``; otherwise the TCP
+data lanes use the first non-loopback address. (Mooncake clients still listen on all interfaces
+for their transfer-engine ports; nothing in Treadle sends them traffic beyond loopback.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,16 +52,26 @@ def master_binary() -> str:
 
 
 @contextlib.contextmanager
-def mooncake_master(timeout: float = 30.0, client_ttl_s: int = 10) -> Iterator[MooncakeMaster]:
+def mooncake_master(
+    timeout: float = 30.0, client_ttl_s: int = 10, lease_ttl_ms: int = 10_000
+) -> Iterator[MooncakeMaster]:
+    """Master plus metadata server; ``lease_ttl_ms`` is how long a read pins an object against removal."""
     rpc, meta, metrics = procs.free_port(), procs.free_port(), procs.free_port()
-    argv = [
+    metadata_argv = [
+        sys.executable, "-m", "mooncake.http_metadata_server", "--host", "127.0.0.1", "--port", str(meta),
+    ]  # fmt: skip
+    master_argv = [
         master_binary(),
         f"--rpc_port={rpc}", "--rpc_address=127.0.0.1",
-        "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-        f"--http_metadata_server_port={meta}",
         "--metrics_host=127.0.0.1", f"--metrics_port={metrics}",
-        f"--client_ttl={client_ttl_s}",
+        f"--client_ttl={client_ttl_s}", f"--default_kv_lease_ttl={lease_ttl_ms}",
     ]  # fmt: skip
-    ready = lambda: all(procs.port_open(p) for p in (rpc, meta))  # noqa: E731
-    with procs.running("mooncake_master", argv, ready, env=LOOPBACK_ENV, timeout=timeout) as proc:
+    with (
+        procs.running(
+            "mooncake_http_metadata_server", metadata_argv, lambda: procs.port_open(meta), timeout=timeout
+        ),
+        procs.running(
+            "mooncake_master", master_argv, lambda: procs.port_open(rpc), env=LOOPBACK_ENV, timeout=timeout
+        ) as proc,
+    ):
         yield MooncakeMaster(rpc, meta, metrics, proc.pid)
