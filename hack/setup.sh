@@ -28,15 +28,20 @@ done
 stamp="$VENV/.treadle-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRAS"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Treadle[$EXTRAS] into $VENV" >&2
+  log="$CACHE/pip-install.log"
+  mkdir -p "$CACHE"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" || fail "python venv" "could not create $VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null || fail "pip upgrade" "PyPI unreachable?"
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" || fail "pip install -e .[$EXTRAS]" "see pip output above"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >"$log" 2>&1 || fail "pip upgrade" "$(tail -5 "$log")"
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" >>"$log" 2>&1 \
+    || fail "pip install -e .[$EXTRAS]" "$(tail -15 "$log")"
   echo "$want" > "$stamp"
 else
   # The editable install is bound to one checkout; a fresh clone elsewhere must re-point it.
-  "$VENV/bin/python" - <<PY || "$VENV/bin/python" -m pip install -q --no-deps -e . >/dev/null
+  if "$VENV/bin/python" - <<PY
 import pathlib, treadle, sys
 sys.exit(0 if pathlib.Path(treadle.__file__).resolve().parent == pathlib.Path("treadle").resolve() else 1)
 PY
+  then :; else "$VENV/bin/python" -m pip install -q --no-deps -e . >/dev/null 2>&1 || fail "re-point editable install" "pip failed"; fi
 fi
 bash hack/build-k8s.sh >/dev/null
