@@ -1,0 +1,96 @@
+"""Staleness-bounded admission (AReaL rule) and RollArt's per-iteration check, hand-checked."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from treadle.policy import admission
+
+S = admission.AdmissionState
+L = admission.Limits
+
+
+@pytest.mark.parametrize(
+    ("state", "limits", "expected"),
+    [
+        # fresh start, alpha 1, B 8: (1+0+1)*8 - 0 = 16, concurrency 100 -> 16
+        (S(0, 0, 0), L(1, 8, 100), 16),
+        # 10 running: min(100-10, 16-10) = 6
+        (S(0, 0, 10), L(1, 8, 100), 6),
+        # concurrency binds: min(12-10, 16-10) = 2
+        (S(0, 0, 10), L(1, 8, 12), 2),
+        # window full at version 0 -> 0 until the version moves
+        (S(0, 8, 8), L(1, 8, 100), 0),
+        # version 1 opens one more batch: 3*8 - 16 = 8
+        (S(1, 8, 8), L(1, 8, 100), 8),
+        # alpha 0 is fully synchronous: one batch per version
+        (S(0, 0, 0), L(0, 8, 100), 8),
+        # over-admitted (after a restore) never goes negative
+        (S(0, 30, 10), L(1, 8, 100), 0),
+    ],
+    ids=["fresh", "running", "concurrency-binds", "window-full", "next-version", "sync", "never-negative"],
+)
+def test_capacity(state: admission.AdmissionState, limits: admission.Limits, expected: int) -> None:
+    assert admission.capacity(state, limits) == expected
+
+
+def test_admit_whole_groups_only() -> None:
+    # capacity 6 with groups of 4 admits one group, never a partial second one
+    assert admission.admit_groups(S(0, 0, 10), L(1, 8, 100), group_size=4, pending_groups=5) == 1
+    assert admission.admit_groups(S(0, 0, 0), L(1, 8, 100), group_size=4, pending_groups=2) == 2
+    assert admission.admit_groups(S(0, 0, 0), L(1, 8, 100), group_size=0, pending_groups=2) == 0
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "version", "alpha", "expected"),
+    [
+        ({"a": 0, "b": 1, "c": 2}, 2, 1, ["a"]),  # 0 < 2-1
+        ({"a": 0, "b": 1, "c": 2}, 2, 0, ["a", "b"]),  # alpha 0 aborts everything older
+        ({"a": 0, "b": 1}, 1, 1, []),  # within the window
+        ({}, 5, 1, []),
+    ],
+    ids=["alpha1", "alpha0", "within", "empty"],
+)
+def test_stale_in_flight(in_flight: dict[str, int], version: int, alpha: int, expected: list[str]) -> None:
+    assert admission.stale_in_flight(in_flight, version=version, alpha=alpha) == expected
+
+
+def test_run_to_completion_table() -> None:
+    # alpha 1, B 4, groups of 2, 4 groups; 2 finish per round; version +1 every 2 rounds
+    steps = admission.run_to_completion(
+        L(1, 4, 100), group_size=2, total_groups=4, finish_per_round=2, rounds_per_version=2
+    )
+    assert [(s.version, s.admitted, s.running, s.accepted) for s in steps] == [
+        (0, 8, 6, 2),  # window (1+0+1)*4 = 8 -> all four groups start
+        (1, 0, 4, 4),
+        (1, 0, 2, 6),
+        (2, 0, 0, 8),
+    ]
+
+
+@given(
+    alpha=st.integers(0, 3),
+    batch=st.integers(1, 16),
+    group=st.integers(1, 8),
+    groups=st.integers(0, 40),
+    finish=st.integers(1, 20),
+    per_version=st.integers(1, 5),
+)
+def test_started_never_exceeds_window(alpha: int, batch: int, group: int, groups: int, finish: int,
+                                      per_version: int) -> None:  # fmt: skip
+    limits = L(alpha, batch, 64)
+    steps = admission.run_to_completion(
+        limits, group_size=group, total_groups=groups, finish_per_round=finish, rounds_per_version=per_version
+    )
+    started = 0
+    version = 0
+    for step in steps:
+        started += step.admitted
+        # admitted under `version` (the version before this round's bump)
+        assert started <= max((alpha + version + 1) * batch, 0) or step.admitted == 0
+        assert step.running <= limits.max_in_flight
+        version = step.version
+    if steps:
+        assert steps[-1].accepted == started
