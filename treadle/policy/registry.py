@@ -68,8 +68,13 @@ def fifo(queue: Sequence[QueuedTurn]) -> list[str]:
     return [q.trajectory_id for q in sorted(queue, key=lambda q: (q.seq, q.trajectory_id))]
 
 
-def most_turns_first(queue: Sequence[QueuedTurn]) -> list[str]:
-    """Trajectories further along go first, so long tails finish sooner (a crude Heddle priority)."""
+def progressive_priority(queue: Sequence[QueuedTurn]) -> list[str]:
+    """Trajectories further along go first, so long tails finish sooner.
+
+    Heddle's progressive priority ranks by predicted remaining work from a runtime predictor; this
+    first version uses turns already generated as the progress signal (ties: FIFO). The Heddle issue
+    replaces the body with the predictor-based ranking under the same name.
+    """
     return [q.trajectory_id for q in sorted(queue, key=lambda q: (-q.turn, q.seq, q.trajectory_id))]
 
 
@@ -79,10 +84,10 @@ PLACEMENT_POLICIES: Mapping[str, PlacementPolicy] = {
 }
 SCHEDULING_POLICIES: Mapping[str, SchedulingPolicy] = {
     "fifo": fifo,
-    "most-turns-first": most_turns_first,
+    "progressive-priority": progressive_priority,
 }
 DEFAULT_PLACEMENT = "sticky-least-loaded"
-DEFAULT_SCHEDULING = "fifo"
+DEFAULT_SCHEDULING = "progressive-priority"
 
 
 def placement_policy(name: str) -> PlacementPolicy:

@@ -10,7 +10,7 @@ from treadle.policy import placement, registry
 
 def test_defaults_resolve_to_placement_v1() -> None:
     assert registry.placement_policy(registry.DEFAULT_PLACEMENT) is placement.choose_worker
-    assert registry.scheduling_policy(registry.DEFAULT_SCHEDULING) is registry.fifo
+    assert registry.scheduling_policy(registry.DEFAULT_SCHEDULING) is registry.progressive_priority
 
 
 @pytest.mark.parametrize(
@@ -43,4 +43,4 @@ def test_scheduling_orders() -> None:
         registry.QueuedTurn("z", seq=3, turn=4, task="math"),
     ]
     assert registry.scheduling_policy("fifo")(queue) == ["y", "x", "z"]
-    assert registry.scheduling_policy("most-turns-first")(queue) == ["z", "y", "x"]
+    assert registry.scheduling_policy("progressive-priority")(queue) == ["z", "y", "x"]
