@@ -1,0 +1,62 @@
+"""``treadle crd``: print, write or check the generated RolloutJob CRD; ``treadle validate FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from treadle import errors
+from treadle.api import crd, v1alpha1
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("crd", help="print, write or check the RolloutJob CRD")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the committed copies under --root")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a committed copy drifted")
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
+    parser.set_defaults(func=_crd)
+    val = sub.add_parser("validate", help="validate RolloutJob manifests as the API server would")
+    val.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    val.set_defaults(func=_validate)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    if not (args.write or args.check):
+        sys.stdout.write(crd.render_yaml())
+        return 0
+    drifted = []
+    for path, text in crd.expected_files(args.root).items():
+        current = path.read_text() if path.is_file() else None
+        if current == text:
+            continue
+        if args.write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+        else:
+            drifted.append(path)
+    for path in drifted:
+        print(f"{path}: differs from the CRD generated from treadle/api; run `treadle crd --write`",
+              file=sys.stderr)  # fmt: skip
+    return 1 if drifted else 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    code = 0
+    for path in args.files:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc:
+                continue
+            try:
+                job = v1alpha1.parse_job(doc)
+            except errors.SpecError as exc:
+                print(f"{path}: {exc}", file=sys.stderr)
+                code = 1
+            else:
+                print(f"{path}: {job.name} ok")
+    return code

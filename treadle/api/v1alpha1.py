@@ -1,0 +1,509 @@
+"""RolloutJob ``treadle.dev/v1alpha1``: the typed spec and status, the one source of the CRD.
+
+Callers: the operator (reads ``spec``, writes ``status``), ``treadle run FILE`` and the simulator
+(select policies from ``spec.rollout``, routing from ``spec.tasks[].affinity`` and
+``spec.pools[].preferredWork``), and ``treadle.api.crd`` (generates the CRD from these classes).
+
+Field docstrings become the CRD's ``description``s. Each cross-field rule is declared once in
+``SPEC_RULES`` below, as a CEL expression for the API server *and* a Python predicate for
+``parse_spec``, and a test feeds the same invalid manifests to both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from treadle import errors
+
+GROUP = "treadle.dev"
+VERSION = "v1alpha1"
+API_VERSION: Final = "treadle.dev/v1alpha1"
+KIND: Final = "RolloutJob"
+PLURAL = "rolloutjobs"
+SINGULAR = "rolloutjob"
+SHORT_NAMES = ("rj",)
+# Children are named ``<job>-<component>`` and ``<job>-pool-<pool>``; Service names must stay
+# DNS-1035 labels (<= 63), hence the bounds on job and pool names.
+MAX_JOB_NAME = 40
+MAX_POOL_NAME = 16
+MANAGER = "treadle.dev/operator"
+"""The ``managedBy`` value (or its absence) under which the Treadle operator reconciles a job."""
+
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
+QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"
+
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+Quantity = Annotated[str, Field(min_length=1, max_length=32, pattern=QUANTITY)]
+Accelerator = Literal["H800", "H20", "H100", "H200", "A100"]
+WorkAffinity = Literal["prefill-heavy", "decode-heavy", "auto"]
+PreferredWork = Literal["prefill-heavy", "decode-heavy", "any"]
+RewardType = Literal["rule", "code", "llm-judge", "external"]
+WeightStore = Literal["mooncake", "local"]
+Dtype = Literal["auto", "bfloat16", "float16"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+DEFAULT_ENV_IMAGE = "ghcr.io/treadle-dev/treadle-env:0.1.0"
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are errors, as in the CRD."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+
+class Toleration(_Model):
+    """A core/v1 Toleration (the fields Treadle passes through)."""
+
+    key: str | None = Field(default=None, max_length=253)
+    """Taint key the toleration applies to; empty with operator Exists matches every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists matches any value; Equal matches ``value``."""
+    value: str | None = Field(default=None, max_length=63)
+    """Taint value to match when operator is Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all effects."""
+
+
+class Agent(_Model):
+    """One policy model. A single agent is the common case; several make a FlexMARL multi-agent job."""
+
+    name: Name
+    """Agent name, referenced by ``pools[].agent`` and ``tasks[].agents``; immutable."""
+    model: str = Field(min_length=1, max_length=512)
+    """Model to serve: a Hugging Face id or a path inside the image; immutable."""
+    image: str = Field(default=DEFAULT_VLLM_IMAGE, min_length=1, max_length=512)
+    """Inference image (official vLLM plus the Treadle worker extension)."""
+    max_model_len: int = Field(default=32768, ge=256, le=1048576)
+    """Maximum context length (prompt plus response) in tokens, passed to vLLM."""
+    dtype: Dtype = "bfloat16"
+    """Weight and activation dtype, passed to vLLM."""
+
+
+class Pool(_Model):
+    """An inference pool: replicas of one agent on one accelerator class."""
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_POOL_NAME, pattern=DNS_LABEL)]
+    """Pool name, unique in the job; children are named ``<job>-pool-<name>``."""
+    agent: Name
+    """The agent (``agents[].name``) this pool serves; immutable."""
+    accelerator: Accelerator
+    """Accelerator class; selects nodes labelled ``treadle.dev/accelerator=<value>``; immutable."""
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=16)
+    """Extra node labels the pool's pods require, merged over the accelerator selector."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
+    """Extra tolerations; the ``nvidia.com/gpu`` taint is always tolerated."""
+    replicas: int = Field(default=1, ge=0, le=512)
+    """Inference replicas (vLLM servers) in the pool."""
+    tensor_parallel_size: Literal[1, 2, 4, 8] = 1
+    """GPUs per replica (tensor parallelism); each pod asks this many ``nvidia.com/gpu``."""
+    preferred_work: PreferredWork = "any"
+    """Work this pool is tuned for (RollArt: H800 prefill-heavy, H20 decode-heavy)."""
+
+
+class Task(_Model):
+    """A task domain: which agents act, in which environment, with which reward."""
+
+    name: Name
+    """Task name, unique in the job; the tag trajectories carry for routing."""
+    agents: list[Name] = Field(min_length=1, max_length=8)
+    """Agents acting in this task, in turn order (one for single-agent RL)."""
+    environment: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    """Environment name served by the env pool (e.g. ``math-tool``, ``python-code``, ``frozenlake``)."""
+    reward: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    """Reward function name served by the reward gateway."""
+    affinity: WorkAffinity = "auto"
+    """Hardware affinity; ``auto`` lets the cost model decide from the measured task profile."""
+    pools: list[Name] = Field(default_factory=list, max_length=16)
+    """Restrict the task to these pools; empty routes by affinity over all pools of its agents."""
+    group_size: int = Field(default=8, ge=1, le=1024)
+    """Trajectories per prompt group (GRPO group size n)."""
+    redundancy: float = Field(default=0.0, ge=0.0, le=4.0)
+    """Extra trajectories started per group, as a fraction of ``groupSize`` (DARTS)."""
+    max_turns: int = Field(default=16, ge=1, le=1024)
+    """Turn limit per trajectory."""
+    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Relative share of this task in a training batch."""
+
+
+class ApiQuota(_Model):
+    """A rate limit on one external tool, granted per action (ARL-Tangram)."""
+
+    tool: Name
+    """Tool name as the environment reports it."""
+    requests_per_minute: int = Field(ge=1, le=1_000_000)
+    """Sustained calls per minute across the job."""
+    max_concurrent: int = Field(default=16, ge=1, le=100_000)
+    """Calls in flight at once across the job."""
+
+
+class ExternalResources(_Model):
+    """Resources granted per action rather than per trajectory (ARL-Tangram)."""
+
+    api_quotas: list[ApiQuota] = Field(default_factory=list, max_length=32)
+    """Per-tool API quotas."""
+    reward_model_gpus: int = Field(default=0, ge=0, le=64)
+    """GPUs reserved for LLM-judge reward models."""
+    cpu_cores_per_action: Quantity = "1"
+    """CPU cores an environment action (tool call, code run) may use."""
+
+
+class Environment(_Model):
+    """The CPU pool that runs environment sessions (tool calls, sandboxes, games)."""
+
+    image: str = Field(default=DEFAULT_ENV_IMAGE, min_length=1, max_length=512)
+    """Environment sandbox image."""
+    cpu: Quantity = "2"
+    """CPU request (and limit) per environment pod."""
+    memory: Quantity = "4Gi"
+    """Memory request (and limit) per environment pod."""
+    replicas: int = Field(default=2, ge=0, le=4096)
+    """Environment pods."""
+    warm_pool: int = Field(default=0, ge=0, le=64)
+    """Pre-started sessions kept ready per pod, so ``env.reset`` does not sit on the critical path."""
+
+
+class Reward(_Model):
+    """The reward gateway: scale-to-zero scoring of finished trajectories (RollArt serverless reward)."""
+
+    type: RewardType = "rule"
+    """rule / code (sandboxed) / llm-judge / external (call ``url``)."""
+    url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://")
+    """Endpoint of an external reward service; required when type is external."""
+    judge_model: str | None = Field(default=None, max_length=512)
+    """Judge model for type llm-judge; required then."""
+    min_replicas: int = Field(default=0, ge=0, le=256)
+    """Gateway replicas kept when idle; must be 0 when scaleToZero is true."""
+    max_replicas: int = Field(default=4, ge=1, le=256)
+    """Gateway replicas at most, under load."""
+    scale_to_zero: bool = True
+    """Scale the gateway to zero replicas when no trajectory is being scored."""
+
+
+class Rollout(_Model):
+    """How trajectories are admitted, scheduled and placed."""
+
+    batch_size: int = Field(default=64, ge=1, le=65536)
+    """Trajectories per training batch."""
+    staleness: int = Field(default=1, ge=0, le=64)
+    """Staleness bound alpha: a trajectory may be at most this many policy versions behind."""
+    scheduling_policy: str = Field(default="progressive-priority", max_length=63, pattern=DNS_LABEL)
+    """Name of the turn scheduling policy in ``treadle.policy.registry``."""
+    placement_policy: str = Field(default="sticky-least-loaded", max_length=63, pattern=DNS_LABEL)
+    """Name of the worker placement policy in ``treadle.policy.registry``."""
+
+
+class Weights(_Model):
+    """Where published policy weights live."""
+
+    store: WeightStore = "mooncake"
+    """mooncake (store pods, pulled by workers) or local (single-node development); immutable."""
+    replicas: int = Field(default=2, ge=1, le=16)
+    """Copies of each published version in the store; local allows only 1."""
+
+
+class RolloutJobSpec(_Model):
+    """Desired state of a RolloutJob."""
+
+    agents: list[Agent] = Field(min_length=1, max_length=8)
+    """Policy models; one for single-agent RL, several for FlexMARL-style multi-agent RL."""
+    pools: list[Pool] = Field(min_length=1, max_length=16)
+    """Inference pools; every agent needs at least one."""
+    tasks: list[Task] = Field(min_length=1, max_length=32)
+    """Task domains trained together."""
+    external_resources: ExternalResources = Field(default_factory=ExternalResources)
+    """Per-action resources: API quotas, reward-model GPUs, CPU per action."""
+    environment: Environment = Field(default_factory=Environment)
+    """The CPU environment pool."""
+    reward: Reward = Field(default_factory=Reward)
+    """The reward gateway."""
+    rollout: Rollout = Field(default_factory=Rollout)
+    """Admission, scheduling and placement settings."""
+    weights: Weights = Field(default_factory=Weights)
+    """Weight publication."""
+    suspend: bool = False
+    """Scale every child to zero while true; resuming restores the spec's replicas."""
+    managed_by: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
+    """Controller that reconciles this job; unset or ``treadle.dev/operator`` means Treadle. Immutable."""
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: ConditionType
+    """Ready, Progressing, Degraded or Suspended."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = Field(max_length=128, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    """Machine-readable CamelCase reason (see ``treadle.operator.reasons``)."""
+    message: str = Field(default="", max_length=32768)
+    """Human-readable detail."""
+    last_transition_time: str
+    """When ``status`` last changed (RFC 3339)."""
+    observed_generation: int = Field(default=0, ge=0)
+    """The ``metadata.generation`` this condition was computed from."""
+
+
+class PoolStatus(_Model):
+    """Observed state of one inference pool."""
+
+    name: str = Field(max_length=MAX_POOL_NAME)
+    """Pool name."""
+    accelerator: str = Field(max_length=32)
+    """Accelerator class."""
+    desired: int = Field(ge=0)
+    """Replicas asked for (0 while suspended)."""
+    ready: int = Field(ge=0)
+    """Replicas ready."""
+    gpus: int = Field(ge=0)
+    """GPUs the pool asks for (desired x tensorParallelSize)."""
+
+
+class RolloutJobStatus(_Model):
+    """Observed state of a RolloutJob, written only by the operator."""
+
+    observed_generation: int = Field(default=0, ge=0)
+    """The ``metadata.generation`` the status reflects."""
+    phase: Phase = "Pending"
+    """Summary of the conditions for printer columns; read ``conditions`` for decisions."""
+    conditions: list[Condition] = Field(default_factory=list, max_length=8)
+    """Ready, Progressing, Degraded, Suspended."""
+    pools: list[PoolStatus] = Field(default_factory=list, max_length=16)
+    """Per-pool ready/desired replicas."""
+    pools_ready: str = Field(default="0/0", max_length=16)
+    """Pools with every replica ready, as ``ready/total`` (printer column)."""
+    policy_version: int = Field(default=0, ge=0)
+    """Latest committed policy (weights) version."""
+    step: int = Field(default=0, ge=0)
+    """Training steps completed."""
+
+
+# --- cross-field rules --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, a predicate for Python, one message for both."""
+
+    path: tuple[str, ...]
+    """Schema object the rule hangs on (camelCase keys from the spec root; ``[]`` = list items)."""
+    cel: str
+    message: str
+    field: str
+    """Dotted field the message is about (the CRD's ``fieldPath`` is derived from it)."""
+    check: Callable[[Any], bool] | None = None
+    """Python check on the model at ``path``; None for transition (``oldSelf``) rules."""
+
+
+SPEC_RULES: tuple[Rule, ...] = (
+    Rule(
+        (),
+        "self.pools.all(p, self.agents.exists(a, a.name == p.agent))",
+        "every spec.pools[].agent must name an agent in spec.agents",
+        "spec.pools.agent",
+        lambda s: all(any(a.name == p.agent for a in s.agents) for p in s.pools),
+    ),
+    Rule(
+        (),
+        "self.agents.all(a, self.pools.exists(p, p.agent == a.name))",
+        "every agent in spec.agents needs at least one pool in spec.pools",
+        "spec.agents",
+        lambda s: all(any(p.agent == a.name for p in s.pools) for a in s.agents),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, t.agents.all(n, self.agents.exists(a, a.name == n)))",
+        "every spec.tasks[].agents entry must name an agent in spec.agents",
+        "spec.tasks.agents",
+        lambda s: all(any(a.name == n for a in s.agents) for t in s.tasks for n in t.agents),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.pools) || t.pools.all(n, self.pools.exists(p, p.name == n)))",
+        "every spec.tasks[].pools entry must name a pool in spec.pools",
+        "spec.tasks.pools",
+        lambda s: all(any(p.name == n for p in s.pools) for t in s.tasks for n in t.pools),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.pools) || t.pools.all(n,"
+        " self.pools.exists(p, p.name == n && t.agents.exists(a, a == p.agent))))",
+        "spec.tasks[].pools may only name pools serving one of the task's agents",
+        "spec.tasks.pools",
+        lambda s: all(
+            any(p.name == n and p.agent in t.agents for p in s.pools) for t in s.tasks for n in t.pools
+        ),
+    ),
+    Rule(
+        ("reward",),
+        "!self.scaleToZero || self.minReplicas == 0",
+        "spec.reward.minReplicas must be 0 when scaleToZero is true",
+        "spec.reward.minReplicas",
+        lambda r: not r.scale_to_zero or r.min_replicas == 0,
+    ),
+    Rule(
+        ("reward",),
+        "self.minReplicas <= self.maxReplicas",
+        "spec.reward.minReplicas must not exceed maxReplicas",
+        "spec.reward.minReplicas",
+        lambda r: r.min_replicas <= r.max_replicas,
+    ),
+    Rule(
+        ("reward",),
+        "self.type != 'external' || has(self.url)",
+        "spec.reward.url is required when type is external",
+        "spec.reward.url",
+        lambda r: r.type != "external" or r.url is not None,
+    ),
+    Rule(
+        ("reward",),
+        "self.type != 'llm-judge' || has(self.judgeModel)",
+        "spec.reward.judgeModel is required when type is llm-judge",
+        "spec.reward.judgeModel",
+        lambda r: r.type != "llm-judge" or r.judge_model is not None,
+    ),
+    Rule(
+        ("environment",),
+        "self.warmPool == 0 || self.replicas > 0",
+        "spec.environment.warmPool needs at least one environment replica",
+        "spec.environment.warmPool",
+        lambda e: e.warm_pool == 0 or e.replicas > 0,
+    ),
+    Rule(
+        ("weights",),
+        "self.store != 'local' || self.replicas == 1",
+        "spec.weights.replicas must be 1 when store is local",
+        "spec.weights.replicas",
+        lambda w: w.store != "local" or w.replicas == 1,
+    ),
+    # Transition rules (immutable fields): only the API server can check these.
+    Rule(
+        ("agents", "[]"),
+        "self.model == oldSelf.model",
+        "spec.agents[].model is immutable",
+        "spec.agents.model",
+    ),
+    Rule(
+        ("pools", "[]"), "self.agent == oldSelf.agent", "spec.pools[].agent is immutable", "spec.pools.agent"
+    ),
+    Rule(
+        ("pools", "[]"),
+        "self.accelerator == oldSelf.accelerator",
+        "spec.pools[].accelerator is immutable",
+        "spec.pools.accelerator",
+    ),
+    Rule(
+        ("weights",), "self.store == oldSelf.store", "spec.weights.store is immutable", "spec.weights.store"
+    ),
+    Rule(
+        (),
+        "has(self.managedBy) == has(oldSelf.managedBy)"
+        " && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+        "spec.managedBy is immutable",
+        "spec.managedBy",
+    ),
+)
+
+# Lists keyed by ``name``: the API server rejects duplicate names and correlates items across
+# updates, which the immutable-field rules on list items need.
+MAP_LISTS: Mapping[tuple[str, ...], str] = {("agents",): "name", ("pools",): "name", ("tasks",): "name"}
+SET_LISTS: tuple[tuple[str, ...], ...] = (("tasks", "[]", "agents"), ("tasks", "[]", "pools"))
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        else:
+            parts.append(item)
+    return ".".join(parts)
+
+
+def _at(spec: RolloutJobSpec, path: tuple[str, ...]) -> Any:
+    node: Any = spec
+    for key in path:
+        node = getattr(node, _SNAKE.sub("_", key).lower())
+    return node
+
+
+def _duplicates(names: list[str]) -> list[str]:
+    return sorted({n for n in names if names.count(n) > 1})
+
+
+def parse_spec(raw: Mapping[str, Any]) -> RolloutJobSpec:
+    """Validate a ``spec`` mapping (camelCase, as stored) into the typed spec.
+
+    Raises ``SpecError`` whose ``field`` is the dotted path from ``spec``; the same inputs the API
+    server rejects through the CRD schema and its CEL rules are rejected here with the same message.
+    """
+    try:
+        spec = RolloutJobSpec.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        field = _dotted(("spec", *first["loc"]))
+        raise errors.SpecError(first["msg"], field=field, value=first.get("input")) from exc
+    for key in MAP_LISTS:
+        items = _at(spec, key)
+        if dup := _duplicates([item.name for item in items]):
+            raise errors.SpecError(f"duplicate name(s) {dup}", field=f"spec.{key[0]}", value=dup)
+    for rule in SPEC_RULES:
+        if rule.check is not None and not rule.check(_at(spec, rule.path)):
+            raise errors.SpecError(rule.message, field=rule.field)
+    return spec
+
+
+class RolloutJob(_Model):
+    """A whole RolloutJob object (``metadata`` kept as the raw mapping)."""
+
+    api_version: Literal["treadle.dev/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["RolloutJob"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: RolloutJobSpec
+    status: RolloutJobStatus = Field(default_factory=RolloutJobStatus)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+
+def parse_job(raw: Mapping[str, Any]) -> RolloutJob:
+    """Validate a whole RolloutJob object; ``SpecError.field`` is rooted at the object."""
+    if raw.get("apiVersion") != API_VERSION or raw.get("kind") != KIND:
+        raise errors.SpecError(
+            f"expected apiVersion {API_VERSION} and kind {KIND}",
+            field="apiVersion",
+            value=(raw.get("apiVersion"), raw.get("kind")),
+        )
+    metadata = dict(raw.get("metadata") or {})
+    name = str(metadata.get("name", ""))
+    if not re.match(DNS_LABEL, name) or len(name) > MAX_JOB_NAME:
+        raise errors.SpecError(
+            f"must be a DNS-1035 label of at most {MAX_JOB_NAME} characters",
+            field="metadata.name",
+            value=name,
+        )
+    spec = parse_spec(raw.get("spec") or {})
+    status = RolloutJobStatus.model_validate(raw.get("status") or {})
+    return RolloutJob(metadata=metadata, spec=spec, status=status)
