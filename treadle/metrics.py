@@ -9,3 +9,53 @@ Sections below belong to one component each.
 from __future__ import annotations
 
 PREFIX = "treadle"
+
+# --- edges: HTTP plumbing, env, reward, agent (owner: edges) ----------------------------------------
+# Every FastAPI app (treadle.services.httputil.app), labelled by route template and status code.
+HTTP_REQUESTS_TOTAL = f"{PREFIX}_http_requests_total"
+HTTP_REQUEST_SECONDS = f"{PREFIX}_http_request_seconds"
+# Environment service (treadle.services.env).
+ENV_SESSIONS_ACTIVE = f"{PREFIX}_env_sessions_active"
+ENV_SESSIONS_OPENED_TOTAL = f"{PREFIX}_env_sessions_opened_total"
+ENV_STEP_SECONDS = f"{PREFIX}_env_step_seconds"
+ENV_FAILURES_TOTAL = f"{PREFIX}_env_failures_total"
+# Reward gateway (treadle.services.reward).
+REWARD_REQUESTS_TOTAL = f"{PREFIX}_reward_requests_total"
+REWARD_LATENCY_SECONDS = f"{PREFIX}_reward_latency_seconds"
+REWARD_INFLIGHT = f"{PREFIX}_reward_inflight"
+REWARD_FAILURES_TOTAL = f"{PREFIX}_reward_failures_total"
+# Inference agent sidecar (treadle.services.agent).
+AGENT_REQUESTS_TOTAL = f"{PREFIX}_agent_requests_total"
+AGENT_INFLIGHT = f"{PREFIX}_agent_inflight"
+AGENT_ABORTS_TOTAL = f"{PREFIX}_agent_aborts_total"
+AGENT_GENERATED_TOKENS_TOTAL = f"{PREFIX}_agent_generated_tokens_total"
+AGENT_ENGINE_SECONDS = f"{PREFIX}_agent_engine_seconds"
+AGENT_OVERHEAD_SECONDS = f"{PREFIX}_agent_overhead_seconds"
+# vLLM's own names: exported by the simulated engine (treadle.services.fakevllm) exactly as vLLM
+# 0.32 does, and read back by the agent from either engine to report load.
+VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens"
+VLLM_REQUEST_SUCCESS = "vllm:request_success"
+
+# --- core: scheduler, placement, buffer (owner: core) -----------------------------------------------
+# Scheduler (treadle.services.scheduler). Stage is one of generation / environment / reward / waiting.
+SCHED_STAGE_SECONDS = f"{PREFIX}_scheduler_stage_seconds"
+SCHED_TURNS_TOTAL = f"{PREFIX}_scheduler_turns_total"
+SCHED_TRAJECTORIES_TOTAL = f"{PREFIX}_scheduler_trajectories_total"
+SCHED_INFLIGHT = f"{PREFIX}_scheduler_inflight_trajectories"
+SCHED_PENDING = f"{PREFIX}_scheduler_pending_trajectories"
+SCHED_ENV_FAILURES_TOTAL = f"{PREFIX}_scheduler_env_failures_total"
+SCHED_REWARD_SECONDS = f"{PREFIX}_scheduler_reward_latency_seconds"
+SCHED_POLICY_VERSION = f"{PREFIX}_scheduler_policy_version"
+# Placement (treadle.services.placement).
+PLACEMENT_ASSIGNMENTS_TOTAL = f"{PREFIX}_placement_assignments_total"
+PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"
+# Buffer (treadle.services.buffer).
+BUFFER_STORED = f"{PREFIX}_buffer_stored_trajectories"
+BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"
+BUFFER_DELIVERED_TOTAL = f"{PREFIX}_buffer_delivered_total"
+BUFFER_EVICTED_TOTAL = f"{PREFIX}_buffer_evicted_total"
+BUFFER_STALENESS = f"{PREFIX}_buffer_staleness_versions"

@@ -1,0 +1,286 @@
+"""Run untrusted Python in a throwaway directory with hard limits; called by the python-code env and
+the reward gateway's ``code_tests`` function.
+
+Containment, when the service runs as root (the env/reward pods, and this dev machine):
+- a fresh **network namespace** (``unshare(CLONE_NEWNET)``): no interface but a down loopback;
+- a fresh **mount namespace** with private tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``, so files
+  written outside the working directory vanish with the run;
+- a **uid of its own** per concurrent slot (``UID_BASE + slot``, no passwd entry): it owns only the
+  throwaway working directory, ``RLIMIT_NPROC`` then bounds that run alone (fork bombs), and the
+  cleanup kills every process of that uid with ``kill(-1)`` from a child that took the uid, which also
+  catches processes that left the process group;
+- rlimits: CPU seconds, address space (memory), processes, file size, open files, no core dumps;
+- a wall-clock timeout and an output cap enforced by the parent.
+
+Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
+replaces the ``socket`` module's constructors inside the child before user code runs (which code
+using ``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which
+mode ran, so callers and tests can tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit"]
+Isolation = Literal["namespaces", "socket-block"]
+
+UID_BASE = 1_800_000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+
+# Runs in the child before the user's file: the fallback socket block, then the user code as __main__.
+_BOOTSTRAP = """
+import os, runpy, sys
+if os.environ.get("TREADLE_SANDBOX_BLOCK_SOCKETS") == "1":
+    import socket, _socket
+    def _blocked(*a, **k):
+        raise PermissionError("network access is disabled in the Treadle sandbox")
+    socket.socket = _socket.socket = _blocked
+    socket.create_connection = socket.socketpair = socket.fromfd = _blocked
+sys.argv = ["main.py"]
+runpy.run_path("main.py", run_name="__main__")
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    wall_s: float = 10.0
+    """Wall-clock seconds before every process of the run is killed (status ``timeout``)."""
+    cpu_s: int = 5
+    """CPU seconds (RLIMIT_CPU); exceeding it ends the run with status ``cpu_limit``."""
+    memory_bytes: int = 512 * 1024 * 1024
+    """Address space per process (RLIMIT_AS); Python reports MemoryError (status ``memory_limit``)."""
+    max_processes: int = 32
+    """Processes and threads of the run's uid (RLIMIT_NPROC): a fork bomb stops here."""
+    max_file_bytes: int = 16 * 1024 * 1024
+    """Largest file the run may write (RLIMIT_FSIZE)."""
+    max_output_bytes: int = 64 * 1024
+    """stdout + stderr kept; more ends the run with status ``output_limit``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    status: Status
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    wall_s: float
+    isolation: Isolation
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Sandbox:
+    """Runs code under ``limits``; at most ``concurrency`` runs at once (each takes a uid slot)."""
+
+    def __init__(
+        self, *, limits: Limits | None = None, concurrency: int = 8, python: str | None = None
+    ) -> None:
+        self.limits = limits or Limits()
+        self._slots: asyncio.Queue[int] = asyncio.Queue()
+        for slot in range(concurrency):
+            self._slots.put_nowait(slot)
+        self.isolation: Isolation = (
+            "namespaces" if os.geteuid() == 0 and _libc() is not None else "socket-block"
+        )
+        # The sandbox uid must be able to reach the interpreter: the venv's (and pyenv's) may sit under
+        # a home directory it cannot enter. -I keeps the child to the standard library.
+        self.python = python or _interpreter(needs_world_access=self.isolation == "namespaces")
+        # Working directories live outside /tmp, /var/tmp and /dev/shm, which the run sees as empty tmpfs.
+        self.workroot: str | None = None
+        if self.isolation == "namespaces":
+            self.workroot = os.environ.get("TREADLE_SANDBOX_DIR", "/var/lib/treadle-sandbox")
+            os.makedirs(self.workroot, mode=0o711, exist_ok=True)
+            os.chmod(self.workroot, 0o711)
+
+    async def run(self, code: str, *, stdin: str = "", limits: Limits | None = None) -> Result:
+        limits = limits or self.limits
+        slot = await self._slots.get()
+        try:
+            return await self._run(code, stdin, limits, UID_BASE + slot)
+        finally:
+            self._slots.put_nowait(slot)
+
+    async def _run(self, code: str, stdin: str, limits: Limits, uid: int) -> Result:
+        workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
+        started = time.monotonic()
+        try:
+            # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
+            with open(os.path.join(workdir, "main.py"), "w") as f:  # noqa: ASYNC230
+                f.write(code)
+            isolated = self.isolation == "namespaces"
+            if isolated:
+                os.chown(workdir, uid, uid)
+                os.chown(os.path.join(workdir, "main.py"), uid, uid)
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "HOME": workdir,
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "LANG": "C.UTF-8",
+            }
+            if not isolated:
+                env["TREADLE_SANDBOX_BLOCK_SOCKETS"] = "1"
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-I", "-c", _BOOTSTRAP,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
+                preexec_fn=_child_setup(limits, uid if isolated else None),
+            )  # fmt: skip
+            status, out, err = await self._collect(proc, stdin, limits)
+            if isolated:
+                _kill_uid(uid)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            code_ = proc.returncode
+            if status is None:
+                status = _classify(code_, err)
+            return Result(
+                status=status, exit_code=code_, stdout=out.decode(errors="replace"),
+                stderr=err.decode(errors="replace"), wall_s=time.monotonic() - started,
+                isolation=self.isolation,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    async def _collect(
+        self, proc: asyncio.subprocess.Process, stdin: str, limits: Limits
+    ) -> tuple[Status | None, bytes, bytes]:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        out, err = bytearray(), bytearray()
+        overflow = asyncio.Event()
+
+        async def drain(stream: asyncio.StreamReader, buf: bytearray) -> None:
+            while chunk := await stream.read(65536):
+                buf.extend(chunk)
+                if len(out) + len(err) > limits.max_output_bytes:
+                    overflow.set()
+                    return
+
+        async def feed() -> None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(stdin.encode())  # type: ignore[union-attr]
+                await proc.stdin.drain()  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+
+        readers: asyncio.Future[Any] = asyncio.gather(
+            drain(proc.stdout, out), drain(proc.stderr, err), feed(), proc.wait()
+        )
+        overflowed: asyncio.Future[Any] = asyncio.ensure_future(overflow.wait())
+        done, _ = await asyncio.wait(
+            {readers, overflowed}, timeout=limits.wall_s, return_when="FIRST_COMPLETED"
+        )
+        status: Status | None = None
+        if readers not in done:
+            status = "output_limit" if overflowed in done else "timeout"
+            _terminate(proc)
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ProcessLookupError):
+                await readers
+            await proc.wait()
+        overflowed.cancel()
+        cap = limits.max_output_bytes
+        return status, bytes(out[:cap]), bytes(err[:cap])
+
+
+def _interpreter(*, needs_world_access: bool) -> str:
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if not needs_world_access:
+        return base
+    for candidate in (base, "/usr/bin/python3", "/usr/local/bin/python3"):
+        path = os.path.realpath(candidate)
+        if os.path.isfile(path) and _world_reachable(path):
+            return path
+    raise RuntimeError("no Python interpreter that an unprivileged uid may execute (tried the base and /usr)")
+
+
+def _world_reachable(path: str) -> bool:
+    """Every directory above ``path`` is world-searchable and the file world-executable."""
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        if not os.stat(os.sep.join(parts[:i])).st_mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o001)
+
+
+def _classify(returncode: int | None, stderr: bytes) -> Status:
+    if returncode == 0:
+        return "ok"
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL) or b"CPU time limit" in stderr:
+        return "cpu_limit"
+    if b"MemoryError" in stderr:
+        return "memory_limit"
+    return "error"
+
+
+def _terminate(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name else None
+
+
+def _child_setup(limits: Limits, uid: int | None) -> Callable[[], None]:
+    """The pre-exec hook: namespaces (as root), rlimits, then drop to the run's own uid."""
+    libc = _libc() if uid is not None else None
+
+    def setup() -> None:
+        if libc is not None and uid is not None:
+            if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET|CLONE_NEWNS) failed")
+            libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+            for path in (b"/tmp", b"/var/tmp", b"/dev/shm"):
+                if os.path.isdir(path):
+                    libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=16m,mode=1777")
+        for res, value in (
+            (resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1)),
+            (resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes)),
+            (resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)),
+            (resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes)),
+            (resource.RLIMIT_NOFILE, (64, 64)),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ):
+            if res == resource.RLIMIT_NPROC and uid is None:
+                continue  # without a uid of its own the limit would count the service's processes too
+            resource.setrlimit(res, value)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+    return setup
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid``: a forked child takes the uid and calls ``kill(-1)``."""
+    for _ in range(3):
+        pid = os.fork()
+        if pid == 0:  # child: only syscalls, then _exit
+            try:
+                os.setgid(uid)
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)

@@ -1,0 +1,37 @@
+"""Async client of the inference agent; the scheduler sends each trajectory turn through it (ADD/ABORT).
+
+``generate`` returns ``finish_reason="abort"`` (no tokens) when the turn was aborted, by ``abort`` or
+by a ``pause(mode="abort")``; the caller re-issues the turn later.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from treadle.services.agent import protocol
+from treadle.services.httputil import client as http
+
+
+class AgentClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
+        self._http = http.new_client(base_url, timeout_s=timeout_s)
+
+    async def generate(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
+        body = await http.call(self._http, "POST", "/v1/generate", json=req.model_dump())
+        return protocol.GenerateResult.model_validate(body)
+
+    async def abort(self, trajectory_id: str) -> bool:
+        body = await http.call(self._http, "POST", "/v1/abort", json={"trajectory_id": trajectory_id})
+        return bool(protocol.AbortResult.model_validate(body).aborted)
+
+    async def load(self) -> protocol.WorkerLoad:
+        return protocol.WorkerLoad.model_validate(await http.call(self._http, "GET", "/v1/load"))
+
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep") -> None:
+        await http.call(self._http, "POST", "/v1/pause", json={"mode": mode})
+
+    async def resume(self) -> None:
+        await http.call(self._http, "POST", "/v1/resume")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

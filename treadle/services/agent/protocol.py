@@ -1,0 +1,59 @@
+"""Wire models of the inference agent (the sidecar beside vLLM), used by its routes and ``AgentClient``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=4 * 1024 * 1024)
+
+
+class GenerateRequest(BaseModel):
+    trajectory_id: str = Field(min_length=1, max_length=200)
+    turn: int = Field(
+        ge=0, description="turn index within the trajectory; a retried (id, turn) joins the first"
+    )
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_tokens: int = Field(ge=1, le=1_000_000)
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+
+
+class GenerateResult(BaseModel):
+    trajectory_id: str
+    text: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int] = Field(
+        description="policy version loaded when each output token was produced"
+    )
+    finish_reason: FinishReason
+
+
+class AbortRequest(BaseModel):
+    trajectory_id: str = Field(min_length=1, max_length=200)
+
+
+class AbortResult(BaseModel):
+    trajectory_id: str
+    aborted: bool = Field(description="false when nothing was in flight for the trajectory")
+
+
+class WorkerLoad(BaseModel):
+    worker_id: str
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    policy_version: int
+    healthy: bool
+
+
+class PauseRequest(BaseModel):
+    mode: Literal["abort", "wait", "keep"] = "keep"

@@ -1,0 +1,74 @@
+"""Routes of the env service; ``build_app`` is called by ``__main__`` and by tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import fastapi
+import prometheus_client
+
+from treadle.sandbox import runner
+from treadle.services.env import base, protocol, service
+from treadle.services.httputil import app as http_app
+from treadle.services.httputil import errors as http_errors
+
+
+def build_app(
+    *,
+    registry: prometheus_client.CollectorRegistry | None = None,
+    max_sessions: int = 10_000,
+    step_timeout_s: float = 30.0,
+    idle_ttl_s: float = 900.0,
+    sandbox_concurrency: int = 4,
+    svc: service.EnvService | None = None,
+) -> fastapi.FastAPI:
+    registry = registry or http_app.registry()
+    svc = svc or service.EnvService(
+        registry=registry, context=base.Context(sandbox=runner.Sandbox(concurrency=sandbox_concurrency)),
+        max_sessions=max_sessions, step_timeout_s=step_timeout_s, idle_ttl_s=idle_ttl_s,
+    )  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_reap_forever(svc))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await svc.close_all()
+
+    app = http_app.new_app(title="treadle-env", registry=registry, lifespan=lifespan)
+    app.state.svc = svc
+
+    @app.get("/v1/envs", tags=["env"])
+    async def list_envs() -> list[protocol.EnvInfo]:
+        return [protocol.EnvInfo(name=s.name, description=s.description) for s in svc.specs.values()]
+
+    @app.post("/v1/sessions", tags=["env"], responses=http_errors.ERROR_RESPONSES)
+    async def open_session(req: protocol.OpenRequest) -> protocol.Observation:
+        return await svc.open(req)
+
+    @app.post("/v1/sessions/{session_id}/step", tags=["env"], responses=http_errors.ERROR_RESPONSES)
+    async def step_session(session_id: str, req: protocol.StepRequest) -> protocol.StepResult:
+        return await svc.step(session_id, req.action)
+
+    @app.delete("/v1/sessions/{session_id}", tags=["env"], responses=http_errors.ERROR_RESPONSES)
+    async def close_session(session_id: str) -> dict[str, bool]:
+        await svc.close(session_id)
+        return {"closed": True}
+
+    @app.get("/v1/stats", tags=["env"])
+    async def stats() -> protocol.SessionStats:
+        return svc.stats()
+
+    return app
+
+
+async def _reap_forever(svc: service.EnvService) -> None:
+    while True:
+        await asyncio.sleep(max(svc.idle_ttl_s / 4, 1.0))
+        await svc.reap()
