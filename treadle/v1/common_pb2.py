@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17treadle/v1/common.proto\x12\ntreadle.v1\" \n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x81\x01\n\x04Turn\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x18\n\x10output_token_ids\x18\x02 \x03(\x05\x12\x17\n\x0foutput_logprobs\x18\x03 \x03(\x02\x12\x17\n\x0foutput_versions\x18\x04 \x03(\x03\x12\x13\n\x0bobservation\x18\x05 \x01(\t\"\xcd\x01\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\x12\x1f\n\x05turns\x18\x05 \x03(\x0b\x32\x10.treadle.v1.Turn\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x13\n\x0bmin_version\x18\t \x01(\x03\x12\x13\n\x0bmax_version\x18\n \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17treadle/v1/common.proto\x12\ntreadle.v1\" \n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\xa2\x01\n\x04Turn\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x18\n\x10output_token_ids\x18\x02 \x03(\x05\x12\x17\n\x0foutput_logprobs\x18\x03 \x03(\x02\x12\x17\n\x0foutput_versions\x18\x04 \x03(\x03\x12\x13\n\x0bobservation\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x11\n\tworker_id\x18\x07 \x01(\t\"\x87\x02\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\r\n\x05\x61gent\x18\x04 \x01(\t\x12\x1f\n\x05turns\x18\x05 \x03(\x0b\x32\x10.treadle.v1.Turn\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x13\n\x0bmin_version\x18\t \x01(\x03\x12\x13\n\x0bmax_version\x18\n \x01(\x03\x12\x12\n\ngroup_size\x18\x0b \x01(\x05\x12\x14\n\x0cinit_version\x18\x0c \x01(\x03\x12\x0e\n\x06prompt\x18\r \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYVERSION']._serialized_start=39
   _globals['_POLICYVERSION']._serialized_end=71
   _globals['_TURN']._serialized_start=74
-  _globals['_TURN']._serialized_end=203
-  _globals['_TRAJECTORY']._serialized_start=206
-  _globals['_TRAJECTORY']._serialized_end=411
+  _globals['_TURN']._serialized_end=236
+  _globals['_TRAJECTORY']._serialized_start=239
+  _globals['_TRAJECTORY']._serialized_end=502
 # @@protoc_insertion_point(module_scope)

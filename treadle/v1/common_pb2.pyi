@@ -50,8 +50,14 @@ class Turn(_message.Message):
     OUTPUT_LOGPROBS_FIELD_NUMBER: _builtins.int
     OUTPUT_VERSIONS_FIELD_NUMBER: _builtins.int
     OBSERVATION_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     observation: _builtins.str
     """The environment's observation after the action of this turn."""
+    text: _builtins.str
+    """The generated text (the action sent to the environment)."""
+    worker_id: _builtins.str
+    """Inference worker that generated this turn."""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -72,10 +78,12 @@ class Turn(_message.Message):
         output_logprobs: _abc.Iterable[_builtins.float] | None = ...,
         output_versions: _abc.Iterable[_builtins.int] | None = ...,
         observation: _builtins.str = ...,
+        text: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["observation", b"observation", "output_logprobs", b"output_logprobs", "output_token_ids", b"output_token_ids", "output_versions", b"output_versions", "prompt_token_ids", b"prompt_token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["observation", b"observation", "output_logprobs", b"output_logprobs", "output_token_ids", b"output_token_ids", "output_versions", b"output_versions", "prompt_token_ids", b"prompt_token_ids", "text", b"text", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -97,6 +105,9 @@ class Trajectory(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     MIN_VERSION_FIELD_NUMBER: _builtins.int
     MAX_VERSION_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
+    INIT_VERSION_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     group_id: _builtins.str
     task: _builtins.str
@@ -109,6 +120,14 @@ class Trajectory(_message.Message):
     min_version: _builtins.int
     """Smallest and largest policy version among the tokens."""
     max_version: _builtins.int
+    group_size: _builtins.int
+    """Members of the trajectory's group (GRPO n, plus redundancy); the buffer releases a group only
+    when this many members have arrived.
+    """
+    init_version: _builtins.int
+    """Policy version served when the trajectory was admitted; staleness is measured from it."""
+    prompt: _builtins.str
+    """The first observation (the task prompt) as the environment gave it."""
     @_builtins.property
     def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]: ...
     def __init__(
@@ -124,10 +143,13 @@ class Trajectory(_message.Message):
         reason: _builtins.str = ...,
         min_version: _builtins.int = ...,
         max_version: _builtins.int = ...,
+        group_size: _builtins.int = ...,
+        init_version: _builtins.int = ...,
+        prompt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "group_id", b"group_id", "max_version", b"max_version", "min_version", b"min_version", "reason", b"reason", "reward", b"reward", "status", b"status", "task", b"task", "trajectory_id", b"trajectory_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "group_id", b"group_id", "group_size", b"group_size", "init_version", b"init_version", "max_version", b"max_version", "min_version", b"min_version", "prompt", b"prompt", "reason", b"reason", "reward", b"reward", "status", b"status", "task", b"task", "trajectory_id", b"trajectory_id", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

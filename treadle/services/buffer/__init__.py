@@ -1,0 +1,1 @@
+"""The buffer (experience store): scored trajectories in, staleness-bounded whole-group batches out."""

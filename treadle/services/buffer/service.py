@@ -1,0 +1,189 @@
+"""Buffer logic: validate, store, and form staleness-bounded batches of whole groups.
+
+Built by ``grpc_server.build_server`` (and directly by local mode and the tests) around one
+``store.Store``. ``get_batch`` blocks: it tries to form a batch, and if it cannot, waits for the next
+put through this service or ``poll_s`` (puts through other replicas and lease expiries have no
+signal here), until ``timeout_s``. Each attempt, under the store's lock: requeue expired leases,
+read the oldest pending groups, evict the stale ones and retire the empty ones
+(``treadle.policy.batching``), plan, lease. A trainer that dies before ``ack`` loses nothing: the
+lease expires and the groups are delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+import prometheus_client as prom
+
+from treadle import metrics
+from treadle.policy import batching
+from treadle.services.buffer import protocol, store
+from treadle.v1 import buffer_pb2, common_pb2
+
+FIRST_SCAN = 256
+"""Pending groups read per attempt at first; the scan widens by 4x while no batch forms and more exist."""
+
+
+class BufferMetrics:
+    def __init__(self, registry: prom.CollectorRegistry) -> None:
+        self.stored = prom.Gauge(
+            metrics.BUFFER_STORED, "Trajectories stored and not yet acked", registry=registry
+        )
+        self.put = prom.Counter(
+            metrics.BUFFER_PUT_TOTAL, "Trajectories put, by status", ["status"], registry=registry
+        )
+        self.delivered = prom.Counter(
+            metrics.BUFFER_DELIVERED_TOTAL, "Trajectories delivered", registry=registry
+        )
+        self.evicted = prom.Counter(
+            metrics.BUFFER_EVICTED_TOTAL, "Trajectories evicted as stale", registry=registry
+        )
+        self.staleness = prom.Histogram(
+            metrics.BUFFER_STALENESS,
+            "Trainer version minus init version of each delivered trajectory",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16),
+            registry=registry,
+        )
+
+
+class BufferService:
+    def __init__(
+        self,
+        *,
+        store: store.Store,
+        alpha: int,
+        task_weights: Mapping[str, float] | None = None,
+        default_lease_s: float = 300.0,
+        max_trajectory_bytes: int = protocol.DEFAULT_MAX_TRAJECTORY_BYTES,
+        poll_s: float = 0.05,
+        clock: Callable[[], float] = time.time,
+        registry: prom.CollectorRegistry | None = None,
+    ) -> None:
+        if task_weights:
+            batching.quotas(1, task_weights)  # rejects negative or all-zero weights now, not at first batch
+        self.store = store
+        self.alpha = alpha
+        self.task_weights = dict(task_weights or {})
+        self.default_lease_s = default_lease_s
+        self.max_trajectory_bytes = max_trajectory_bytes
+        self.poll_s = poll_s
+        self.clock = clock
+        self.registry = registry or prom.CollectorRegistry()
+        self.metrics = BufferMetrics(self.registry)
+        self._changed = asyncio.Event()
+
+    async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> protocol.PutResult:
+        records = protocol.to_records(trajectories, max_bytes=self.max_trajectory_bytes)
+        result = await self.store.put(records)
+        for r in records:
+            self.metrics.put.labels(r.status).inc()
+        # Wake every waiting get_batch; each waits on the event it saw before its attempt.
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return result
+
+    async def get_batch(
+        self, *, batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0
+    ) -> buffer_pb2.Batch:
+        protocol.check_batch_request(
+            batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=None
+        )
+        return await self._wait_for(batch_size, version=version, timeout_s=timeout_s, lease_s=lease_s)
+
+    async def stream_batch(
+        self, *, batch_size: int, micro_batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0
+    ) -> AsyncIterator[buffer_pb2.Batch]:
+        """Micro-batches of at least ``micro_batch_size`` until ``batch_size`` are out.
+
+        ``timeout_s`` bounds the wait for each micro-batch.
+        """
+        protocol.check_batch_request(
+            batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=micro_batch_size
+        )
+        remaining = batch_size
+        while remaining > 0:
+            size = min(micro_batch_size, remaining)
+            micro = await self._wait_for(size, version=version, timeout_s=timeout_s, lease_s=lease_s)
+            remaining -= len(micro.trajectories)
+            micro.last = remaining <= 0
+            yield micro
+
+    async def ack(self, batch_id: str) -> int:
+        protocol.check_batch_id(batch_id)
+        return await self.store.ack(batch_id)
+
+    async def stats(self) -> buffer_pb2.BufferStats:
+        c = await self.store.counters()
+        self.metrics.stored.set(c.stored)
+        return buffer_pb2.BufferStats(
+            stored=c.stored,
+            stored_groups=c.stored_groups,
+            leased_batches=c.leased_batches,
+            put=c.put,
+            duplicates=c.duplicates,
+            completed=c.completed,
+            failed=c.failed,
+            aborted=c.aborted,
+            delivered=c.delivered,
+            acked=c.acked,
+            redelivered=c.redelivered,
+            evicted=c.evicted,
+            retired_empty_groups=c.retired_empty_groups,
+            failed_by_reason=c.failed_by_reason,
+        )
+
+    async def _wait_for(
+        self, size: int, *, version: int, timeout_s: float, lease_s: float
+    ) -> buffer_pb2.Batch:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            changed = self._changed
+            batch = await self.try_take(size, version=version, lease_s=lease_s)
+            if batch is not None:
+                return batch
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"no batch of {size} completed trajectories within {timeout_s}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(self.poll_s, left))
+
+    async def try_take(self, size: int, *, version: int, lease_s: float = 0.0) -> buffer_pb2.Batch | None:
+        """One attempt to form and lease a batch of ``size``; ``None`` if not enough is ready."""
+        evicted = 0
+        async with self.store.lock():
+            now = self.clock()
+            await self.store.requeue_expired(now)
+            limit = FIRST_SCAN
+            while True:
+                groups, more = await self.store.pending(limit)
+                stale = batching.stale_groups(groups, version=version, alpha=self.alpha)
+                if stale:
+                    n = await self.store.evict(stale)
+                    evicted += len(stale)
+                    self.metrics.evicted.inc(n)
+                live = [g for g in groups if g.group_id not in set(stale)]
+                empty = batching.empty_groups(live)
+                if empty:
+                    await self.store.retire(empty)
+                plan = batching.plan_batch(live, batch_size=size, task_weights=self.task_weights or None)
+                if plan is not None or not more:
+                    break
+                limit *= 4
+            if plan is None:
+                return None
+            batch_id = uuid.uuid4().hex
+            leased = await self.store.lease(
+                plan, batch_id=batch_id, deadline=now + (lease_s or self.default_lease_s)
+            )
+        self.metrics.delivered.inc(len(leased.payloads))
+        for init in leased.init_versions:
+            self.metrics.staleness.observe(max(0, version - init))
+        batch = buffer_pb2.Batch(batch_id=batch_id, group_ids=plan, evicted_groups=evicted)
+        for payload in leased.payloads:
+            batch.trajectories.add().ParseFromString(payload)
+        return batch

@@ -1,0 +1,152 @@
+"""Build, run and stop an asyncio gRPC server the same way for every Treadle service.
+
+Each service's ``grpc_server.build_server(...)`` calls ``build``; its ``__main__`` calls ``serve``.
+The server gets: the standard health service (SERVING once ``start`` returns, NOT_SERVING during
+shutdown), one interceptor that sets a request id (``x-request-id`` metadata or a fresh one) and
+turns every exception into a status via ``status.to_status``, a bound on concurrent RPCs, and a
+maximum message size (oversized requests fail with RESOURCE_EXHAUSTED before reaching a servicer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import logging
+import signal
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from treadle.services.grpcutil import status
+
+log = logging.getLogger(__name__)
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+Register = Callable[[grpc.aio.Server], None]
+
+
+class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Request id in a ContextVar, and every servicer exception mapped to a status."""
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        rid = dict(details.invocation_metadata or ()).get("x-request-id") or uuid.uuid4().hex[:16]
+        method = details.method
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(req: Any, ctx: grpc.aio.ServicerContext) -> Any:
+                request_id.set(rid)
+                try:
+                    return await inner(req, ctx)
+                except Exception as exc:  # every failure leaves as a status
+                    await _abort(ctx, exc, method, rid)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )  # fmt: skip
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(req: Any, ctx: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                request_id.set(rid)
+                try:
+                    async for item in inner_stream(req, ctx):
+                        yield item
+                except Exception as exc:
+                    await _abort(ctx, exc, method, rid)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )  # fmt: skip
+        return handler
+
+
+async def _abort(ctx: grpc.aio.ServicerContext, exc: Exception, method: str, rid: str) -> None:
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc
+    code, message = status.to_status(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("%s [request %s] failed", method, rid)
+        message = f"internal error (request {rid})"
+    await ctx.abort(code, message)
+
+
+@dataclasses.dataclass
+class Served:
+    """A started server: the port it bound and its health servicer."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    services: Sequence[str]
+
+    async def stop(self, grace_s: float | None = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start(
+    register: Sequence[Register],
+    *,
+    services: Sequence[str],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_concurrent_rpcs: int = 10_000,
+    max_message_bytes: int = status.DEFAULT_MAX_MESSAGE_BYTES,
+) -> Served:
+    """Bind ``host:port`` (0 picks a free port), start, and mark ``services`` SERVING."""
+    server = grpc.aio.server(
+        interceptors=[_Interceptor()],
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+        options=status.channel_options(max_message_bytes),
+    )
+    for add in register:
+        add(server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"grpc: cannot bind {host}:{port}")
+    await server.start()
+    for name in ("", *services):
+        await checker.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Served(server=server, port=bound, health=checker, services=services)
+
+
+async def serve_forever(
+    served: Served, *, grace_s: float = 5.0, on_stop: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Run until SIGTERM/SIGINT, then NOT_SERVING, stop with ``grace_s``, then ``on_stop``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await served.stop(grace_s)
+        if on_stop is not None:
+            await on_stop()
+
+
+async def check_health(address: str, service: str = "", *, timeout_s: float = 2.0) -> bool:
+    """True when the server at ``address`` reports ``service`` SERVING (used by local mode)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
