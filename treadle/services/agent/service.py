@@ -1,0 +1,235 @@
+"""ADD/ABORT per trajectory over vLLM's chat API, version tagging and load reporting.
+
+Called by ``http_app``. ADD is ``generate``: one engine request per (trajectory, turn); a retried
+``generate`` for the same (trajectory, turn) joins the request in flight, another turn of a
+trajectory that is still generating is a ``Conflict``. ABORT cancels the engine request by closing
+its connection, which vLLM (and the simulated engine) treat as an abort; the waiting ``generate``
+answers ``finish_reason="abort"`` with no tokens, and the scheduler re-issues the turn.
+
+Policy versions: vLLM's chat API does not say which weights produced which token, so each token is
+tagged with the version the engine reported as loaded (``/weight_info``, refreshed by the poller and
+after every resume) when the request started. When the engine's version changes while a request
+runs (a ``pause(keep)`` swap), its tokens keep the older version: the tag is never newer than the
+truth, so a staleness check on it can only be conservative.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+import time
+from typing import Any
+
+import httpx
+import prometheus_client
+
+from treadle import errors, metrics
+from treadle.services.agent import protocol
+from treadle.services.httputil import client as http
+
+log = logging.getLogger(__name__)
+TRAILING_INT = re.compile(r"(\d+)$")
+
+
+def parse_version(label: str | None) -> int:
+    """The policy version in a vLLM weight-version label: ``"7"`` or ``"step-7"`` -> 7, none -> 0."""
+    if not label:
+        return 0
+    match = TRAILING_INT.search(label.strip())
+    return int(match.group(1)) if match else 0
+
+
+@dataclasses.dataclass
+class _InFlight:
+    turn: int
+    task: asyncio.Task[protocol.GenerateResult]
+
+
+class AgentService:
+    def __init__(
+        self,
+        *,
+        engine_url: str,
+        worker_id: str,
+        registry: prometheus_client.CollectorRegistry,
+        engine_timeout_s: float = 600.0,
+        max_connections: int = 4096,
+    ) -> None:
+        self.worker_id = worker_id
+        self.engine = http.new_client(engine_url, timeout_s=engine_timeout_s, max_connections=max_connections)
+        self.model: str | None = None
+        self.version = 0
+        self.healthy = False
+        self.engine_waiting = 0
+        self.kv_cache_usage = 0.0
+        self.inflight: dict[str, _InFlight] = {}
+        self._requests = prometheus_client.Counter(
+            metrics.AGENT_REQUESTS_TOTAL,
+            "Generate calls by finish reason",
+            ["finish_reason"],
+            registry=registry,
+        )
+        self._inflight = prometheus_client.Gauge(
+            metrics.AGENT_INFLIGHT, "Trajectories generating", registry=registry
+        )
+        self._aborts = prometheus_client.Counter(
+            metrics.AGENT_ABORTS_TOTAL, "ABORTs that hit", registry=registry
+        )
+        self._tokens = prometheus_client.Counter(
+            metrics.AGENT_GENERATED_TOKENS_TOTAL, "Output tokens recorded", registry=registry
+        )
+        buckets = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120)
+        self._engine_s = prometheus_client.Histogram(
+            metrics.AGENT_ENGINE_SECONDS, "Engine request time", registry=registry, buckets=buckets
+        )
+        self._overhead_s = prometheus_client.Histogram(
+            metrics.AGENT_OVERHEAD_SECONDS, "Agent time per generate outside the engine call",
+            registry=registry, buckets=buckets,
+        )  # fmt: skip
+
+    async def start(self) -> None:
+        await self.refresh()
+
+    async def aclose(self) -> None:
+        for item in list(self.inflight.values()):
+            item.task.cancel()
+        await self.engine.aclose()
+
+    async def generate(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
+        current = self.inflight.get(req.trajectory_id)
+        if current is not None:
+            if current.turn != req.turn:
+                raise errors.Conflict(
+                    f"trajectory {req.trajectory_id!r} is still generating turn {current.turn}; abort it"
+                )
+            return await asyncio.shield(current.task)
+        task = asyncio.create_task(self._run(req))
+        self.inflight[req.trajectory_id] = _InFlight(req.turn, task)
+        self._inflight.inc()
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if (
+                self.inflight.get(req.trajectory_id, None) is not None
+                and self.inflight[req.trajectory_id].task is task
+            ):
+                del self.inflight[req.trajectory_id]
+                self._inflight.dec()
+
+    def abort(self, trajectory_id: str) -> bool:
+        item = self.inflight.get(trajectory_id)
+        if item is None or item.task.done():
+            return False
+        item.task.cancel()
+        self._aborts.inc()
+        return True
+
+    async def _run(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
+        started = time.perf_counter()
+        version = self.version
+        body: dict[str, Any] = {
+            "messages": [m.model_dump() for m in req.messages], "max_tokens": req.max_tokens,
+            "temperature": req.temperature, "logprobs": True, "return_token_ids": True,
+        }  # fmt: skip
+        if self.model is not None:
+            body["model"] = self.model
+        if req.stop:
+            body["stop"] = req.stop
+        engine_started = time.perf_counter()
+        try:
+            data = await http.call(self.engine, "POST", "/v1/chat/completions", json=body)
+        except asyncio.CancelledError:
+            self._requests.labels("abort").inc()
+            return self._aborted(req)
+        except errors.SpecError as exc:
+            raise errors.SpecError(f"engine refused the request: {exc}", field=exc.field) from exc
+        engine_s = time.perf_counter() - engine_started
+        result = self._result(req, data, version)
+        self._requests.labels(result.finish_reason).inc()
+        self._tokens.inc(len(result.output_token_ids))
+        self._engine_s.observe(engine_s)
+        self._overhead_s.observe(time.perf_counter() - started - engine_s)
+        return result
+
+    def _aborted(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
+        return protocol.GenerateResult(
+            trajectory_id=req.trajectory_id, text="", prompt_token_ids=[], output_token_ids=[],
+            output_logprobs=[], output_versions=[], finish_reason="abort",
+        )  # fmt: skip
+
+    def _result(
+        self, req: protocol.GenerateRequest, data: dict[str, Any], version: int
+    ) -> protocol.GenerateResult:
+        try:
+            choice = data["choices"][0]
+            token_ids = [int(t) for t in choice["token_ids"]]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            logprobs = [float(item["logprob"]) for item in content]
+            prompt_ids = [int(t) for t in data["prompt_token_ids"]]
+            text = choice["message"].get("content") or ""
+            finish = choice.get("finish_reason")
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise errors.Unavailable(f"engine answered without token ids/logprobs: {exc!r}") from exc
+        if len(logprobs) != len(token_ids):
+            raise errors.Unavailable(f"engine gave {len(token_ids)} token ids but {len(logprobs)} logprobs")
+        finish_reason = finish if finish in ("stop", "length", "abort") else "stop"
+        return protocol.GenerateResult(
+            trajectory_id=req.trajectory_id, text=text, prompt_token_ids=prompt_ids,
+            output_token_ids=token_ids, output_logprobs=logprobs, output_versions=[version] * len(token_ids),
+            finish_reason=finish_reason,
+        )  # fmt: skip
+
+    async def pause(self, mode: str) -> None:
+        await http.call(self.engine, "POST", f"/pause?mode={mode}")
+
+    async def resume(self) -> None:
+        await http.call(self.engine, "POST", "/resume")
+        await self.refresh()
+
+    def load(self) -> protocol.WorkerLoad:
+        return protocol.WorkerLoad(
+            worker_id=self.worker_id, running=len(self.inflight), waiting=self.engine_waiting,
+            kv_cache_usage=self.kv_cache_usage, policy_version=self.version, healthy=self.healthy,
+        )  # fmt: skip
+
+    async def refresh(self) -> None:
+        """Poll the engine: model name, loaded weight version, waiting requests, KV usage, health."""
+        try:
+            if self.model is None:
+                models = await http.call(self.engine, "GET", "/v1/models")
+                self.model = str(models["data"][0]["id"])
+            info = await http.call(self.engine, "GET", "/weight_info")
+            self.version = parse_version(info.get("weight_version") if isinstance(info, dict) else None)
+            response = await self.engine.get("/metrics")
+            response.raise_for_status()
+            scraped = parse_metrics(response.text)
+            self.engine_waiting = int(scraped.get(metrics.VLLM_NUM_REQUESTS_WAITING, 0))
+            self.kv_cache_usage = float(scraped.get(metrics.VLLM_KV_CACHE_USAGE_PERC, 0.0))
+            self.healthy = True
+        except (errors.TreadleError, httpx.HTTPError, KeyError, IndexError, TypeError) as exc:
+            log.warning("engine poll failed: %s", exc)
+            self.healthy = False
+
+    async def poll_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            with contextlib.suppress(Exception):
+                await self.refresh()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum of each metric's samples in Prometheus text format (labels ignored)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
