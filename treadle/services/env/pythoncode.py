@@ -8,15 +8,12 @@ run out. The reward gateway re-runs the tests on the final response (``code_test
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from treadle import errors
-from treadle.sandbox import runner
+from treadle.sandbox import codetests, runner
 from treadle.services.env import base
-
-FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 TASKS: list[tuple[str, str]] = [
     ("Write `add(a, b)` returning the sum of two integers.",
@@ -33,16 +30,6 @@ TASKS: list[tuple[str, str]] = [
 ]  # fmt: skip
 
 
-def extract_code(text: str) -> str:
-    """The last fenced block, or the whole text when there is none."""
-    blocks = FENCE.findall(text)
-    return str(blocks[-1]) if blocks else text
-
-
-def program(code: str, tests: str) -> str:
-    return f"{code}\n\n# --- tests ---\n{tests}\nprint('ALL TESTS PASSED')\n"
-
-
 class PythonCode:
     def __init__(self, seed: int, *, max_turns: int, sandbox: runner.Sandbox) -> None:
         self.task, self.tests = TASKS[seed % len(TASKS)]
@@ -54,8 +41,8 @@ class PythonCode:
 
     async def step(self, action: str) -> base.Outcome:
         self.turns += 1
-        result = await self.sandbox.run(program(extract_code(action), self.tests))
-        passed = result.ok and "ALL TESTS PASSED" in result.stdout
+        result = await self.sandbox.run(codetests.program(codetests.extract_code(action), self.tests))
+        passed = codetests.passed(result.ok, result.stdout)
         info: dict[str, Any] = {"status": result.status, "passed": passed, "turns": self.turns}
         if passed:
             return base.Outcome("All tests passed.", done=True, info=info)

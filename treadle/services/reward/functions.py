@@ -1,0 +1,192 @@
+"""The reward functions the gateway knows, by name; ``service`` looks them up per request.
+
+Each function takes the request and the gateway's shared resources and returns (reward, details).
+Names: ``math`` (answer extraction + exact or numeric comparison), ``exact``, ``code_tests`` (the
+reference is test code, run with the response's code in ``treadle.sandbox``), ``llm_judge`` (any
+OpenAI-compatible endpoint), ``env`` (the environment's own reward from ``metadata.env_reward``), and
+``py:<module>:<function>`` for a user function importable under an allowed module prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Awaitable, Callable
+from fractions import Fraction
+from typing import Any
+
+import httpx
+
+from treadle import errors
+from treadle.sandbox import codetests, runner
+from treadle.services.reward import protocol
+
+Scored = tuple[float, dict[str, Any]]
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*([^\n]+)", re.IGNORECASE)
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    sandbox: runner.Sandbox | None = None
+    judge: httpx.AsyncClient | None = None
+    judge_model: str | None = None
+    user_prefixes: tuple[str, ...] = ()
+
+
+Fn = Callable[[protocol.ScoreRequest, Resources], Awaitable[Scored]]
+
+
+def extract_answer(text: str) -> tuple[str, str]:
+    """(answer, how it was found) from a model response."""
+    for method, pattern in (("answer-tag", ANSWER_TAG), ("boxed", BOXED), ("answer-is", ANSWER_IS)):
+        found = pattern.findall(text)
+        if found:
+            return str(found[-1]).strip(), method
+    numbers = NUMBER.findall(text)
+    return (numbers[-1], "last-number") if numbers else (text.strip(), "whole-text")
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.strip().strip(".").replace("$", "").split()).lower()
+
+
+def to_number(text: str) -> Fraction | float | None:
+    cleaned = normalize(text).replace(",", "").rstrip("%")
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        try:
+            value = float(cleaned)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+
+
+def _need_reference(req: protocol.ScoreRequest) -> str:
+    if req.reference is None:
+        raise errors.SpecError(f"reward function {req.reward_fn!r} needs a reference", field="reference")
+    return req.reference
+
+
+async def score_math(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    reference = _need_reference(req)
+    answer, method = extract_answer(req.response)
+    details: dict[str, Any] = {"extracted": answer, "method": method, "reference": reference}
+    if normalize(answer) == normalize(reference):
+        return 1.0, {**details, "match": "exact"}
+    got, want = to_number(answer), to_number(reference)
+    if (
+        got is not None
+        and want is not None
+        and math.isclose(float(got), float(want), rel_tol=1e-6, abs_tol=1e-9)
+    ):
+        return 1.0, {**details, "match": "numeric"}
+    return 0.0, {**details, "match": "none"}
+
+
+async def score_exact(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    reference = _need_reference(req)
+    return (1.0 if normalize(req.response) == normalize(reference) else 0.0), {"reference": reference}
+
+
+async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    tests = _need_reference(req)
+    if res.sandbox is None:
+        raise errors.Unavailable("code_tests needs the sandbox, which this gateway was started without")
+    result = await res.sandbox.run(codetests.program(codetests.extract_code(req.response), tests))
+    passed = codetests.passed(result.ok, result.stdout)
+    details = {
+        "status": result.status,
+        "passed": passed,
+        "stderr_tail": result.stderr[-500:],
+        "wall_s": result.wall_s,
+    }
+    return (1.0 if passed else 0.0), details
+
+
+JUDGE_PROMPT = (
+    "You are grading an answer. Question:\n{prompt}\n\nReference answer:\n{reference}\n\nCandidate answer:\n"
+    "{response}\n\nReply with a single integer score from 0 (wrong) to 10 (fully correct)."
+)
+SCORE = re.compile(r"\b(10|[0-9])\b")
+
+
+async def score_llm_judge(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    if res.judge is None:
+        raise errors.Unavailable("llm_judge needs --judge-url, which this gateway was started without")
+    content = JUDGE_PROMPT.format(
+        prompt=req.prompt or "", reference=req.reference or "", response=req.response
+    )
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 16,
+        "temperature": 0.0,
+    }
+    if res.judge_model:
+        body["model"] = res.judge_model
+    try:
+        response = await res.judge.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise errors.Unavailable(f"judge unreachable: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise errors.Unavailable(f"judge answered HTTP {response.status_code}: {response.text[:200]}")
+    verdict = str(response.json()["choices"][0]["message"].get("content") or "")
+    found = SCORE.search(verdict)
+    if found is None:
+        return 0.0, {"verdict": verdict[:200], "parsed": False}
+    return int(found.group(1)) / 10.0, {"verdict": verdict[:200], "parsed": True}
+
+
+async def score_env(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    value = req.metadata.get("env_reward")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise errors.SpecError("the `env` reward needs a finite number here", field="metadata.env_reward")
+    return float(value), {"source": "env"}
+
+
+BUILTIN: dict[str, tuple[Fn, str]] = {
+    "math": (score_math, "math answer: <answer>/\\boxed/last number vs reference, exact or numeric"),
+    "exact": (score_exact, "normalized string equality with the reference"),
+    "code_tests": (score_code_tests, "response code + reference tests, run in the sandbox"),
+    "llm_judge": (score_llm_judge, "an OpenAI-compatible judge model grades 0-10, scaled to [0, 1]"),
+    "env": (score_env, "the environment's own reward, passed as metadata.env_reward"),
+}
+
+
+def resolve(name: str, res: Resources) -> Fn:
+    """The function for ``name``: a built-in, or ``py:module:function`` under an allowed prefix."""
+    if name in BUILTIN:
+        return BUILTIN[name][0]
+    if not name.startswith("py:"):
+        raise errors.SpecError(f"unknown reward function {name!r}; known: {sorted(BUILTIN)} or py:MODULE:FN",
+                               field="reward_fn")  # fmt: skip
+    module_name, _, fn_name = name[3:].partition(":")
+    if not fn_name or not any(module_name == p or module_name.startswith(p + ".") for p in res.user_prefixes):
+        raise errors.SpecError(
+            f"user function {name!r} is not under an allowed module prefix {list(res.user_prefixes)}",
+            field="reward_fn",
+        )
+    try:
+        user = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        raise errors.SpecError(f"cannot import {name!r}: {exc}", field="reward_fn") from exc
+    return _wrap_user(user, name)
+
+
+def _wrap_user(user: Callable[..., Any], name: str) -> Fn:
+    async def call(req: protocol.ScoreRequest, res: Resources) -> Scored:
+        out = user(response=req.response, reference=req.reference, prompt=req.prompt, metadata=req.metadata)
+        if inspect.isawaitable(out):
+            out = await out
+        reward, details = out if isinstance(out, tuple) else (out, {})
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise TypeError(f"{name} returned {reward!r}, not a finite number")
+        return float(reward), dict(details)
+
+    return call

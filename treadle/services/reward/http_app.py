@@ -1,0 +1,57 @@
+"""Routes of the reward gateway; ``build_app`` is called by ``__main__`` and by tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import fastapi
+import httpx
+import prometheus_client
+
+from treadle.sandbox import runner
+from treadle.services.httputil import app as http_app
+from treadle.services.httputil import errors as http_errors
+from treadle.services.reward import functions, protocol, service
+
+
+def build_app(
+    *,
+    registry: prometheus_client.CollectorRegistry | None = None,
+    judge_url: str | None = None,
+    judge_model: str | None = None,
+    user_prefixes: tuple[str, ...] = (),
+    max_concurrency: int = 64,
+    timeout_s: float = 30.0,
+    sandbox_concurrency: int = 4,
+) -> fastapi.FastAPI:
+    registry = registry or http_app.registry()
+    judge = httpx.AsyncClient(base_url=judge_url, timeout=timeout_s) if judge_url else None
+    resources = functions.Resources(
+        sandbox=runner.Sandbox(concurrency=sandbox_concurrency), judge=judge, judge_model=judge_model,
+        user_prefixes=user_prefixes,
+    )  # fmt: skip
+    svc = service.RewardService(
+        registry=registry, resources=resources, max_concurrency=max_concurrency, timeout_s=timeout_s
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if judge is not None:
+                await judge.aclose()
+
+    app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan)
+    app.state.svc = svc
+
+    @app.post("/v1/score", tags=["reward"], responses=http_errors.ERROR_RESPONSES)
+    async def score(req: protocol.ScoreRequest) -> protocol.ScoreResult:
+        return await svc.score(req)
+
+    @app.get("/v1/functions", tags=["reward"])
+    async def list_functions() -> list[protocol.RewardFnInfo]:
+        return [protocol.RewardFnInfo(name=n, description=d) for n, (_, d) in functions.BUILTIN.items()]
+
+    return app
