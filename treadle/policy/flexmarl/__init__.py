@@ -1,0 +1,8 @@
+"""FlexMARL (arXiv 2602.09578): multi-agent rollout load balancing and the micro-batch pipeline.
+
+Pure policy code, called by the scheduler/placement services (dispatch, rebalancing), the buffer
+service (micro-batch release) and the simulator:
+
+* ``load_balance``: intra-agent least-loaded dispatch with timeouts, inter-agent rebalancing (§5.2);
+* ``pipeline``: per-agent micro-batch release and the unified update of all agents (§4.3).
+"""

@@ -1,0 +1,411 @@
+"""Presorted partition of a rollout batch over inference workers (Heddle §5.1-5.2, Eq. 2-3).
+
+Called by the placement service when a rollout batch is dispatched (it pins each trajectory to the
+group's worker; ``migration`` corrects it at runtime), by ``tp_planner`` as its cost function, and
+by the simulator.
+
+Objective, Eq. (2): split the trajectories into groups ``G_1..G_m``, group ``j`` on worker ``j``::
+
+    minimise  max_j  I_j(|G_j|) · t_base_j · max_{τ ∈ G_j} L(τ)
+
+``L`` is the predicted length, ``t_base_j`` the worker's contention-free seconds per token and
+``I_j(s) >= 1`` its interference factor for a group of ``s`` trajectories (monotone, a function of
+the group size only: the paper's premise 3). Lemma 5.1: with trajectories sorted by descending
+length, some optimal partition is contiguous, so only the split points are searched. The paper's
+DP (Eq. 3, ``solve_dp``)::
+
+    D[i][j] = min_k max(D[k][j-1], L_{k+1} · I_j(i-k) · t_base_j),   answer D[n][m]
+
+Two choices of ours where the paper is silent:
+
+* A worker may be left empty (``k`` ranges over ``0..i``, Eq. 3 uses ``j-1..i-1``). On identical
+  workers with ``n >= m`` this never changes the optimum; on a heterogeneous pool it lets the
+  planner skip a worker that would only slow the batch down.
+* ``solve`` (the default) reaches the same optimum faster by parametric search: for a bound ``T``,
+  filling the workers in order, each with as many trajectories as fit under ``T``, is feasible
+  iff any contiguous partition is (the greedy prefix always reaches at least as far, because a
+  later start has a shorter head and so fits at least as many). ``T`` is bisected between a proven
+  lower bound and an achieved makespan, both snapped to candidate values ``L_k · I_j(s) · t_base_j``
+  (an infeasible ``T`` lifts the bound to the next value at which any worker could take one more
+  trajectory), so it ends exactly on the optimum. One test costs ``O(m log n)``.
+
+Short-trajectory merging (§5.2 heuristic, threshold unspecified): trajectories predicted shorter
+than ``Merge.below`` are fused, in sorted order, into blocks of ``Merge.block``; a block counts its
+members towards the group size and is never split, which shrinks the search at a small loss.
+
+Workers are taken in descending TP degree (then ``t_base``, then id): the paper's sort-initialised
+mapping gives the longest trajectories the highest TP. Invariants (tested): every trajectory is
+placed exactly once; groups are contiguous in the sorted order; the makespan equals the brute-force
+optimum on small inputs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import operator
+from collections.abc import Sequence
+
+from treadle.errors import SpecError
+
+MAX_SEARCH_STEPS = 512
+"""Bound on the parametric bisection; it ends far sooner (tens of steps), the cap only guards floats."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerProfile:
+    """One rollout worker as the partition sees it."""
+
+    worker_id: str
+    t_base: float
+    """Contention-free seconds per generated token at batch size one."""
+    interference: tuple[float, ...]
+    """``I(s)`` for groups of ``s = 1..len`` trajectories, non-decreasing; larger groups do not fit."""
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        # checked once here rather than on every plan: tables are long and plans are hot
+        if not (self.t_base > 0 and math.isfinite(self.t_base)):
+            raise SpecError("must be a positive number of seconds", field="t_base", value=self.t_base)
+        table = self.interference
+        if not table or not (min(table) > 0 and math.isfinite(max(table))):
+            raise SpecError("needs positive finite factors", field="interference", value=table)
+        if not all(map(operator.le, table, table[1:])):
+            raise SpecError("must be non-decreasing in group size", field="interference", value=table)
+        if self.tp < 1:
+            raise SpecError("must be at least 1", field="tp", value=self.tp)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+    trajectory_id: str
+    predicted_length: float
+    """Predicted tokens still to generate (or in total: the caller chooses, the DP only sorts)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Merge:
+    """Fuse trajectories predicted shorter than ``below`` into blocks of ``block`` (sorted order)."""
+
+    below: float
+    block: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """Contiguous split of the sorted items: worker ``j`` gets items ``ends[j-1]..ends[j]-1``."""
+
+    ends: tuple[int, ...]
+    makespan: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    worker_id: str
+    trajectory_ids: tuple[str, ...]
+    cost: float
+    """Predicted group time ``I(|G|) · t_base · L_max`` in seconds (0 for an empty worker)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    groups: tuple[Group, ...]
+    """One per worker, in worker order (descending TP); together they hold every trajectory."""
+    makespan: float
+    order: tuple[str, ...]
+    """Trajectory ids by descending predicted length: the presorted rank (index 0 is the longest)."""
+
+    def capacities(self) -> tuple[int, ...]:
+        """Group sizes ``c_j``, the input of ``migration.scaled_capacities``."""
+        return tuple(len(g.trajectory_ids) for g in self.groups)
+
+
+def interference_from_step_times(step_times: Sequence[float], *, max_group: int) -> tuple[float, ...]:
+    """The crude closed form of ``I``: ``t_step(min(s, B)) / t_step(1) · max(1, s / B)``.
+
+    ``step_times[b-1]`` is the decode step time at ``b`` running sequences and ``B = len(step_times)``
+    the largest running batch; a group bigger than ``B`` runs in waves, so its head waits in
+    proportion. The paper refines this with a profiler-driven simulation; any non-decreasing table
+    can be passed to ``WorkerProfile`` instead.
+    """
+    if not step_times or any(t <= 0 for t in step_times):
+        raise SpecError("needs at least one positive step time", field="step_times", value=step_times)
+    if max_group < 1:
+        raise SpecError("must be at least 1", field="max_group", value=max_group)
+    base, cap = step_times[0], len(step_times)
+    out: list[float] = []
+    for s in range(1, max_group + 1):
+        value = step_times[min(s, cap) - 1] / base * max(1.0, s / cap)
+        out.append(max(value, out[-1]) if out else value)  # keep it monotone even if profiles are noisy
+    return tuple(out)
+
+
+def plan(
+    trajectories: Sequence[Trajectory],
+    workers: Sequence[WorkerProfile],
+    *,
+    merge: Merge | None = None,
+    exact_dp: bool = False,
+) -> Placement:
+    """Place a batch; ``exact_dp`` runs Eq. (3) itself instead of the (equal-valued) parametric search."""
+    _check_trajectories(trajectories)
+    ordered_workers = sort_workers(workers)
+    ordered = sorted(trajectories, key=lambda t: (-t.predicted_length, t.trajectory_id))
+    items = _items(ordered, merge)
+    lengths = [ordered[first].predicted_length for first, _ in items]
+    counts = [count for _, count in items]
+    optimum = (solve_dp if exact_dp else solve)(lengths, counts, ordered_workers).makespan
+    part = balanced(optimum, lengths, counts, ordered_workers)
+    groups: list[Group] = []
+    start = 0
+    for worker, end in zip(ordered_workers, part.ends, strict=True):
+        first = items[start][0] if start < len(items) else len(ordered)
+        last = items[end][0] if end < len(items) else len(ordered)
+        ids = tuple(t.trajectory_id for t in ordered[first:last])
+        cost = _cost(worker, ordered[first].predicted_length, last - first) if ids else 0.0
+        groups.append(Group(worker_id=worker.worker_id, trajectory_ids=ids, cost=cost))
+        start = end
+    return Placement(
+        groups=tuple(groups), makespan=part.makespan, order=tuple(t.trajectory_id for t in ordered)
+    )
+
+
+def sort_workers(workers: Sequence[WorkerProfile]) -> list[WorkerProfile]:
+    """Validate and order the workers: descending TP, then faster ``t_base``, then id."""
+    if not workers:
+        raise SpecError("at least one worker is needed", field="workers", value=[])
+    ids = [w.worker_id for w in workers]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise SpecError(f"duplicate worker id {dup!r}", field="workers", value=dup)
+    return sorted(workers, key=lambda w: (-w.tp, w.t_base, w.worker_id))
+
+
+def solve(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]) -> Partition:
+    """Optimal contiguous partition of items (sorted descending) by parametric search; see module doc."""
+    prefix = _prefix(counts)
+    ends, covered, _, high = _greedy(math.inf, lengths, prefix, workers)
+    if not covered:
+        raise SpecError(
+            f"{prefix[-1]} trajectories exceed the workers' largest groups",
+            field="workers",
+            value=len(workers),
+        )
+    best = ends
+    if not lengths:
+        return Partition(ends=tuple(best), makespan=0.0)
+    low = lengths[0] * min(w.t_base * w.interference[0] for w in workers)
+    for _ in range(MAX_SEARCH_STEPS):
+        if low >= high:
+            break
+        mid = (low + high) / 2
+        ends, covered, next_event, makespan = _greedy(mid, lengths, prefix, workers)
+        if covered:
+            high, best = makespan, ends
+        else:
+            low = next_event
+    return Partition(ends=tuple(best), makespan=high)
+
+
+def balanced(
+    bound: float, lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]
+) -> Partition:
+    """Among the partitions whose every group costs at most ``bound``, the one with the most even sizes.
+
+    Eq. (2) fixes only the slowest group; with a long tail that is the longest trajectory alone and
+    any split of the rest under it is "optimal", including one that packs everything onto the first
+    few workers. We pick, worker by worker, an even share of the trajectories still unplaced, clamped
+    to what fits under ``bound`` (the forward reach) and to what the later workers need taken off
+    their hands (the backward greedy's minimal end), so feasibility is kept at every step.
+    """
+    prefix = _prefix(counts)
+    n = len(lengths)
+    lows = _backward_lows(bound, lengths, prefix, workers)
+    ends: list[int] = []
+    start = 0
+    makespan = 0.0
+    for j, worker in enumerate(workers):
+        reach = _reach(bound, worker, lengths, prefix, start)
+        share = -(-(prefix[n] - prefix[start]) // (len(workers) - j))
+        even = bisect.bisect_right(prefix, prefix[start] + share, start, n + 1) - 1
+        end = max(lows[j], min(reach, even))
+        if end > start:
+            makespan = max(makespan, _cost(worker, lengths[start], prefix[end] - prefix[start]))
+        ends.append(end)
+        start = end
+    if start < n:
+        raise SpecError(f"no partition fits under {bound}", field="bound", value=bound)
+    return Partition(ends=tuple(ends), makespan=makespan)
+
+
+def group_costs(
+    partition: Partition, lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]
+) -> list[float]:
+    """Predicted time of every worker's group under ``partition`` (0 for an empty one)."""
+    prefix = _prefix(counts)
+    out: list[float] = []
+    start = 0
+    for worker, end in zip(workers, partition.ends, strict=True):
+        out.append(_cost(worker, lengths[start], prefix[end] - prefix[start]) if end > start else 0.0)
+        start = end
+    return out
+
+
+def solve_dp(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]) -> Partition:
+    """Eq. (3) with back-pointers, ``O(n · m · log n)``.
+
+    ``D[k][j-1]`` grows with ``k`` and the new group's cost shrinks with ``k`` (a later head is
+    shorter and the group smaller), so the best split sits where they cross: a binary search, not a
+    scan over every ``k``.
+    """
+    prefix = _prefix(counts)
+    n = len(lengths)
+    previous = [0.0] + [math.inf] * n  # D[i][0]: nothing fits on zero workers
+    splits: list[list[int]] = []
+    for worker in workers:
+
+        def group_cost(k: int, i: int, worker: WorkerProfile = worker) -> float:
+            size = prefix[i] - prefix[k]
+            return 0.0 if size == 0 else _cost(worker, lengths[k], size)
+
+        current = [0.0] * (n + 1)
+        back = [0] * (n + 1)
+        for i in range(1, n + 1):
+            lo, hi = 0, i  # smallest k in [0, i] with D[k] >= cost(k, i); cost(i, i) = 0 so it exists
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if previous[mid] >= group_cost(mid, i):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            best_k, best = lo, max(previous[lo], group_cost(lo, i))
+            if lo > 0:
+                alt = max(previous[lo - 1], group_cost(lo - 1, i))
+                if alt <= best:
+                    best_k, best = lo - 1, alt
+            current[i], back[i] = best, best_k
+        splits.append(back)
+        previous = current
+    if math.isinf(previous[n]):
+        raise SpecError(f"{prefix[-1]} trajectories exceed the workers' largest groups", field="workers")
+    ends = [n]
+    for back in reversed(splits[1:]):
+        ends.append(back[ends[-1]])
+    return Partition(ends=tuple(reversed(ends)), makespan=previous[n])
+
+
+def _greedy(
+    bound: float, lengths: Sequence[float], prefix: Sequence[int], workers: Sequence[WorkerProfile]
+) -> tuple[list[int], bool, float, float]:
+    """Fill workers in order under ``bound``: (ends, all placed, next candidate bound, makespan)."""
+    n = len(lengths)
+    start = 0
+    ends: list[int] = []
+    next_event = math.inf
+    makespan = 0.0
+    for worker in workers:
+        end = _reach(bound, worker, lengths, prefix, start)
+        if start < n:
+            table = worker.interference
+            head = lengths[start] * worker.t_base
+            if end < n and prefix[end + 1] - prefix[start] <= len(table):
+                # the bound at which this worker could take one more item
+                next_event = min(next_event, head * table[prefix[end + 1] - prefix[start] - 1])
+            if end > start:
+                makespan = max(makespan, head * table[prefix[end] - prefix[start] - 1])
+        ends.append(end)
+        start = end
+    return ends, start >= n, next_event, makespan
+
+
+def _reach(
+    bound: float, worker: WorkerProfile, lengths: Sequence[float], prefix: Sequence[int], start: int
+) -> int:
+    """The furthest item end a group starting at ``start`` on ``worker`` reaches under ``bound``."""
+    n = len(lengths)
+    if start >= n:
+        return n
+    table = worker.interference
+    head = lengths[start] * worker.t_base
+    if head <= 0:
+        fit = len(table)
+    else:
+        fit = bisect.bisect_right(table, bound / head)
+        # the division can round either way; settle the boundary with the product itself
+        while fit < len(table) and head * table[fit] <= bound:
+            fit += 1
+        while fit > 0 and head * table[fit - 1] > bound:
+            fit -= 1
+    return bisect.bisect_right(prefix, prefix[start] + fit, start, n + 1) - 1
+
+
+def _backward_lows(
+    bound: float, lengths: Sequence[float], prefix: Sequence[int], workers: Sequence[WorkerProfile]
+) -> list[int]:
+    """``lows[j]``: the smallest end of worker ``j`` that leaves the rest coverable by workers ``j+1..``."""
+    n = len(lengths)
+    lows = [n] * len(workers)
+    end = n
+    for j in range(len(workers) - 1, 0, -1):
+        worker = workers[j]
+        lo, hi = 0, end  # smallest start a with cost(a, end) <= bound; cost falls as a grows
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _cost(worker, lengths[mid], prefix[end] - prefix[mid]) <= bound:
+                hi = mid
+            else:
+                lo = mid + 1
+        end = lo
+        lows[j - 1] = end
+    return lows
+
+
+def _cost(worker: WorkerProfile, head_length: float, size: int) -> float:
+    if size > len(worker.interference):
+        return math.inf
+    return head_length * worker.t_base * worker.interference[size - 1]
+
+
+def _prefix(counts: Sequence[int]) -> list[int]:
+    prefix = [0]
+    for c in counts:
+        prefix.append(prefix[-1] + c)
+    return prefix
+
+
+def _items(ordered: Sequence[Trajectory], merge: Merge | None) -> list[tuple[int, int]]:
+    """(index of the first member, member count) per item, in sorted order."""
+    if merge is None:
+        return [(i, 1) for i in range(len(ordered))]
+    if merge.block < 1:
+        raise SpecError("must be at least 1", field="merge.block", value=merge.block)
+    items: list[tuple[int, int]] = []
+    i = 0
+    while i < len(ordered):
+        if ordered[i].predicted_length >= merge.below:
+            items.append((i, 1))
+            i += 1
+        else:
+            size = min(merge.block, len(ordered) - i)
+            items.append((i, size))
+            i += size
+    return items
+
+
+def _check_trajectories(trajectories: Sequence[Trajectory]) -> None:
+    seen: set[str] = set()
+    for i, t in enumerate(trajectories):
+        if t.trajectory_id in seen:
+            raise SpecError(
+                f"duplicate trajectory id {t.trajectory_id!r}",
+                field=f"trajectories[{i}].trajectory_id",
+                value=t.trajectory_id,
+            )
+        seen.add(t.trajectory_id)
+        if not (t.predicted_length >= 0 and math.isfinite(t.predicted_length)):
+            raise SpecError(
+                "must be a finite number >= 0",
+                field=f"trajectories[{i}].predicted_length",
+                value=t.predicted_length,
+            )
