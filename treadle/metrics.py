@@ -59,3 +59,16 @@ BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"
 BUFFER_DELIVERED_TOTAL = f"{PREFIX}_buffer_delivered_total"
 BUFFER_EVICTED_TOTAL = f"{PREFIX}_buffer_evicted_total"
 BUFFER_STALENESS = f"{PREFIX}_buffer_staleness_versions"
+
+# --- operator (owner: operator) ---------------------------------------------------------------------
+# Controller health, shaped like controller-runtime's so KubeRay-style operator dashboards apply.
+OPERATOR_RECONCILE_TOTAL = f"{PREFIX}_operator_reconcile_total"  # label result: success|error|invalid
+OPERATOR_RECONCILE_SECONDS = f"{PREFIX}_operator_reconcile_seconds"  # histogram
+OPERATOR_RECONCILE_INFLIGHT = f"{PREFIX}_operator_reconcile_inflight"  # handlers running now
+OPERATOR_JOBS_PENDING = f"{PREFIX}_operator_jobs_pending"  # work-queue depth: generation > observed
+OPERATOR_CHILDREN_APPLIED_TOTAL = f"{PREFIX}_operator_children_applied_total"  # labels kind, action
+OPERATOR_STATUS_UPDATES_TOTAL = f"{PREFIX}_operator_status_updates_total"
+# Per-job state, like kuberay_*_info / *_condition_*.
+OPERATOR_JOB_INFO = f"{PREFIX}_operator_job_info"  # labels namespace, name, uid, phase
+OPERATOR_JOB_CONDITION = f"{PREFIX}_operator_job_condition"  # labels namespace, name, condition, reason
+OPERATOR_POOL_REPLICAS = f"{PREFIX}_operator_pool_replicas"  # labels namespace, name, pool, accelerator, state

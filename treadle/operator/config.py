@@ -1,0 +1,67 @@
+"""Operator-wide settings that are not part of any RolloutJob: images, ports, shared backends.
+
+Built once by ``treadle operator run`` from the environment the chart sets (``TREADLE_*``) and
+handed to the pure renderers, so a rendered child is a function of (job, config) only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Ports every per-job component listens on inside its pod; Services expose the same numbers.
+PORTS: Mapping[str, int] = {
+    "scheduler": 50051,
+    "placement": 50052,
+    "buffer": 50053,
+    "weights": 50054,
+    "env": 8000,
+    "reward": 8001,
+    "agent": 8002,
+    "vllm": 8080,
+}
+# Python modules each component runs as ``python -m <module> --host 0.0.0.0 --port N``.
+MODULES: Mapping[str, str] = {
+    "scheduler": "treadle.services.scheduler",
+    "placement": "treadle.services.placement",
+    "buffer": "treadle.services.buffer",
+    "env": "treadle.services.env",
+    "reward": "treadle.services.reward",
+    "agent": "treadle.services.agent",
+    "weights": "treadle.weights.store",
+}
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# The vLLM worker extension (weight pull under suspend) shipped in the inference image.
+VLLM_WORKER_EXTENSION = "treadle.weights.vllm_extension.WeightSyncExtension"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What the operator knows beyond the job: images and the shared Redis / Mooncake master."""
+
+    services_image: str = "ghcr.io/treadle-dev/treadle-services:0.1.0"
+    """Image of the coordination services (scheduler, placement, buffer, reward, agent sidecar)."""
+    redis_url: str = "redis://treadle-redis.treadle-system.svc:6379/0"
+    """Shared Redis (experience store); each job uses its own key prefix."""
+    mooncake_master: str = "treadle-mooncake.treadle-system.svc:50051"
+    """Shared Mooncake master address for weight publication."""
+    mooncake_metadata_url: str = "http://treadle-mooncake.treadle-system.svc:8080/metadata"
+    """Mooncake HTTP metadata server."""
+    image_pull_policy: str = "IfNotPresent"
+    """Pull policy for every container the operator renders."""
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels added to every child (e.g. a team or cost-centre label)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Read ``TREADLE_SERVICES_IMAGE``, ``TREADLE_REDIS_URL``, ``TREADLE_MOONCAKE_*`` (else defaults)."""
+        env = os.environ if env is None else env
+        default = cls()
+        return cls(
+            services_image=env.get("TREADLE_SERVICES_IMAGE", default.services_image),
+            redis_url=env.get("TREADLE_REDIS_URL", default.redis_url),
+            mooncake_master=env.get("TREADLE_MOONCAKE_MASTER", default.mooncake_master),
+            mooncake_metadata_url=env.get("TREADLE_MOONCAKE_METADATA_URL", default.mooncake_metadata_url),
+            image_pull_policy=env.get("TREADLE_IMAGE_PULL_POLICY", default.image_pull_policy),
+        )

@@ -1,0 +1,319 @@
+"""kopf handlers of the Treadle operator: read, render, diff, apply, report. Nothing else.
+
+Registered on import; run by ``treadle operator run`` (``treadle.operator.cli``). Handlers are
+synchronous and run on kopf's thread pool (``settings.execution.max_workers``), which bounds the
+concurrent API calls. Shared state lives in kopf's ``memo`` (a ``Runtime``), never in globals.
+
+No finalizers: children carry ownerReferences, so the Kubernetes garbage collector deletes them
+with their job even while the operator is down; no handler here is a timer, a daemon or a
+non-optional delete handler (each of those would make kopf add a finalizer that blocks deletion
+while the operator is away).
+
+Status is recomputed from kopf indexes (in-memory views of child Deployments, Pods, GPU nodes
+and jobs, kept current by their watch streams) whenever a child changes, so refreshing status
+costs no API reads, only a status patch when something changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import kubernetes
+
+from treadle import errors
+from treadle.api import v1alpha1
+from treadle.devcluster import nodes
+from treadle.operator import config, diff, kube, metrics, reasons, render, status
+
+JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
+JobKey = tuple[str, str]
+
+
+@dataclass
+class Runtime:
+    """What every handler shares; passed to kopf as ``memo``."""
+
+    kube: kube.Kube
+    cfg: config.OperatorConfig
+    metrics: metrics.OperatorMetrics
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    # The status each job was last given by us: two refreshes racing on a stale index must not
+    # both report the same transition as an Event.
+    last_status: dict[JobKey, tuple[int, v1alpha1.RolloutJobStatus]] = field(default_factory=dict)
+    _locks: dict[JobKey, threading.Lock] = field(default_factory=dict)
+    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
+    _http: Any = None
+
+    def lock(self, key: JobKey) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def forget(self, key: JobKey) -> None:
+        with self._locks_guard:
+            self._locks.pop(key, None)
+        self.last_status.pop(key, None)
+
+
+def _ours(spec: Mapping[str, Any], **_: Any) -> bool:
+    """Jobs handed to another controller (Kueue MultiKueue, ...) through ``managedBy`` are not ours."""
+    return spec.get("managedBy") in (None, v1alpha1.MANAGER)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: copy.deepcopy(body[k]) for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body
+    }
+
+
+def _ref(job: Mapping[str, Any]) -> kopf.Body:
+    """The minimal object reference kopf needs to post an Event about a job."""
+    meta = job["metadata"]
+    return kopf.Body(
+        {
+            "apiVersion": v1alpha1.API_VERSION,
+            "kind": v1alpha1.KIND,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+        }
+    )
+
+
+# --- lifecycle -----------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+def configure(*, settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> None:
+    # Watches end server-side after 60 s and client-side after 90 s: a stream that silently
+    # stalls (kopf #585, #787) leaves the operator blind for at most that long, then re-lists.
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    settings.watching.connect_timeout = 10
+    # Non-watch calls (patches, Events) give up after 30 s and are retried by the handler's backoff.
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    # Sync handlers run on this pool: it bounds concurrent API calls from reconciles and refreshes.
+    settings.execution.max_workers = 8
+    # Per-object workers (one per job / child with pending events); bounded so a burst of pod
+    # events from a large job cannot start thousands of tasks.
+    settings.queueing.worker_limit = 64
+    settings.posting.level = logging.INFO
+    # Progress and the last-handled spec live in our own annotations, not in status (which the
+    # CRD's structural schema would prune) and not under kopf's default prefix.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="treadle.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="treadle.dev", key="last-handled-configuration"
+    )
+    # One replica (Deployment strategy Recreate): no peering CRDs, no peering RBAC, and none of
+    # the freezes of a lingering old peer (kopf #1276). Two replicas would double-apply, not help.
+    settings.peering.standalone = True
+    if memo.metrics_port is not None:
+        import prometheus_client
+
+        memo._http = prometheus_client.start_http_server(
+            memo.metrics_port, addr=memo.metrics_addr, registry=memo.metrics.registry
+        )
+
+
+@kopf.on.cleanup()
+def shutdown(*, memo: Runtime, **_: Any) -> None:
+    if memo._http is not None:
+        server, thread = memo._http
+        server.shutdown()
+        thread.join(timeout=5)
+    memo.kube.close()
+
+
+@kopf.on.probe(id="jobs")
+def probe_jobs(**kwargs: Any) -> int:
+    """Liveness: the job index answers (kopf fails the probe if the event loop is stuck)."""
+    return len(kwargs["job_bodies"])
+
+
+# --- indexes: in-memory views the status computation reads ---------------------------------------
+
+
+@kopf.index(*JOBS, when=_ours)
+def job_bodies(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[JobKey, dict[str, Any]]:
+    return {(namespace or "", name): _plain(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels={render.JOB_LABEL: kopf.PRESENT})
+def child_deployments(
+    *, namespace: str | None, name: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[JobKey, tuple[str, status.DeploymentState]]:
+    return {(namespace or "", labels[render.JOB_LABEL]): (name, status.deployment_state(_plain(body)))}
+
+
+@kopf.index("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
+def child_pod_problems(
+    *, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[JobKey, status.PodProblem] | None:
+    problem = status.pod_problem(_plain(body))
+    return None if problem is None else {(namespace or "", labels[render.JOB_LABEL]): problem}
+
+
+@kopf.index("", "v1", "nodes")
+def gpu_nodes(*, body: kopf.Body, **_: Any) -> dict[str, int] | None:
+    found = status.node_gpus(_plain(body), nodes.ACCELERATOR_LABEL, nodes.GPU_RESOURCE)
+    return None if found is None else {found[0]: found[1]}
+
+
+# --- reconcile: render, diff, apply ----------------------------------------------------------------
+
+
+def _report_invalid(memo: Runtime, body: Mapping[str, Any], exc: errors.SpecError) -> None:
+    meta = body["metadata"]
+    generation = int(meta.get("generation", 0))
+    prev = v1alpha1.RolloutJobStatus.model_validate(body.get("status") or {})
+    conds, _ = status.set_condition(
+        prev.conditions, type="Degraded", status="True", reason=reasons.INVALID_SPEC,
+        message=str(exc), generation=generation, now=_now(),
+    )  # fmt: skip
+    conds, _ = status.set_condition(
+        conds, type="Ready", status="False", reason=reasons.INVALID_SPEC,
+        message=str(exc), generation=generation, now=_now(),
+    )  # fmt: skip
+    new = prev.model_copy(
+        update={"conditions": conds, "phase": "Degraded", "observed_generation": generation}
+    )
+    memo.kube.patch_status(meta["namespace"], meta["name"], _status_patch(new))
+    kopf.event(_ref(body), type="Warning", reason=reasons.INVALID_SPEC, message=str(exc))
+
+
+def _status_patch(st: v1alpha1.RolloutJobStatus) -> dict[str, Any]:
+    # policyVersion and step belong to the trainer side; the operator never overwrites them.
+    return st.model_dump(mode="json", by_alias=True, exclude={"policy_version", "step"})
+
+
+@kopf.on.resume(*JOBS, when=_ours, backoff=5, timeout=600)
+@kopf.on.create(*JOBS, when=_ours, backoff=5, timeout=600)
+@kopf.on.update(*JOBS, when=_ours, backoff=5, timeout=600)
+def reconcile(
+    *, body: kopf.Body, memo: Runtime, logger: logging.Logger | logging.LoggerAdapter[Any], **kwargs: Any
+) -> None:
+    raw = _plain(body)
+    with memo.metrics.reconciling():
+        try:
+            job = v1alpha1.parse_job(raw)
+        except errors.SpecError as exc:
+            memo.metrics.reconcile_total.labels("invalid").inc()
+            _report_invalid(memo, raw, exc)
+            raise kopf.PermanentError(str(exc)) from exc
+        try:
+            applied = _apply(memo, job)
+        except kubernetes.client.ApiException as exc:
+            memo.metrics.reconcile_total.labels("error").inc()
+            if exc.status in (409, 429) or (exc.status or 500) >= 500:
+                raise kopf.TemporaryError(f"API {exc.status} {exc.reason}: retrying", delay=5) from exc
+            raise kopf.PermanentError(f"API {exc.status} {exc.reason}: {exc.body}") from exc
+        memo.metrics.reconcile_total.labels("success").inc()
+    if applied:
+        logger.info("applied %s", ", ".join(applied))
+    refresh(memo, (job.namespace, job.name), job_snapshot=raw, **kwargs)
+
+
+def _apply(memo: Runtime, job: v1alpha1.RolloutJob) -> list[str]:
+    rendered = render.render_children(job, memo.cfg)
+    observed = memo.kube.list_children(job.namespace, job.name, str(job.metadata.get("uid", "")))
+    plan = diff.plan(rendered, observed)
+    done = []
+    for obj in plan.apply:
+        memo.kube.apply(obj)
+        action = "update" if render.key(obj) in observed else "create"
+        memo.metrics.children_applied.labels(obj["kind"], action).inc()
+        done.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    for kind, name in plan.delete:
+        memo.kube.delete(kind, job.namespace, name)
+        memo.metrics.children_applied.labels(kind, "delete").inc()
+    ref = _ref(job.model_dump(by_alias=True))
+    if done:
+        kopf.event(ref, type="Normal", reason=reasons.APPLIED, message="applied " + ", ".join(done))
+    if plan.delete:
+        gone = ", ".join(f"{k}/{n}" for k, n in plan.delete)
+        kopf.event(ref, type="Normal", reason=reasons.PRUNED, message="deleted " + gone)
+    return done
+
+
+@kopf.on.delete(*JOBS, optional=True)
+def forget(*, namespace: str | None, name: str, memo: Runtime, **_: Any) -> None:
+    """Drop the job's metric series; ``optional=True`` keeps kopf from adding a finalizer."""
+    memo.metrics.forget_job(namespace or "", name)
+    memo.forget((namespace or "", name))
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={render.JOB_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
+def child_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Runtime, **kwargs: Any) -> None:
+    refresh(memo, (namespace or "", labels[render.JOB_LABEL]), **kwargs)
+
+
+def _values(index: kopf.Index[JobKey, Any] | kopf.Index[str, Any], key: Any) -> Iterable[Any]:
+    return list(index.get(key, ()))
+
+
+def refresh(
+    memo: Runtime,
+    key: JobKey,
+    *,
+    job_bodies: kopf.Index[JobKey, dict[str, Any]],
+    child_deployments: kopf.Index[JobKey, tuple[str, status.DeploymentState]],
+    child_pod_problems: kopf.Index[JobKey, status.PodProblem],
+    gpu_nodes: kopf.Index[str, int],
+    job_snapshot: dict[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """Recompute one job's status from the indexes; patch it and post Events only on change."""
+    found = _values(job_bodies, key)
+    raw = job_snapshot or (found[0] if found else None)  # type: ignore[index]
+    if raw is None:
+        return
+    try:
+        job = v1alpha1.parse_job(raw)
+    except errors.SpecError:
+        return  # reported by reconcile
+    generation = int(job.metadata.get("generation", 0))
+    with memo.lock(key):
+        cached = memo.last_status.get(key)
+        prev = cached[1] if cached is not None and cached[0] == generation else job.status
+        # Conditions from what we last wrote (the index may lag); policyVersion/step from the job.
+        prev = prev.model_copy(update={"policy_version": job.status.policy_version, "step": job.status.step})
+        observed = status.Observed(
+            deployments=dict(_values(child_deployments, key)),
+            problems=list(_values(child_pod_problems, key)),
+            gpu_capacity={acc: sum(_values(gpu_nodes, acc)) for acc in gpu_nodes},
+        )
+        new, transitions = status.compute(job.model_copy(update={"status": prev}), observed, now=_now())
+        if new != prev or cached is None:
+            memo.kube.patch_status(job.namespace, job.name, _status_patch(new))
+            memo.metrics.status_updates.inc()
+        memo.last_status[key] = (generation, new)
+    ref = _ref(raw)
+    for t in transitions:
+        kopf.event(
+            ref, type=t.event_type, reason=t.reason, message=f"{t.type}={t.status}: {t.message}".rstrip(": ")
+        )
+    memo.metrics.observe_job(job.namespace, job.name, str(job.metadata.get("uid", "")), new)
+    pending = 0
+    for k in job_bodies:
+        body = _values(job_bodies, k)
+        if body and int(body[0]["metadata"].get("generation", 0)) > int(  # type: ignore[index]
+            (body[0].get("status") or {}).get("observedGeneration", 0)  # type: ignore[index]
+        ):
+            pending += 1
+    memo.metrics.jobs_pending.set(pending)

@@ -1,0 +1,116 @@
+"""The few Kubernetes API calls the operator makes, over the official client, with raw JSON dicts.
+
+Called by ``treadle.operator.handlers`` (from kopf's bounded thread pool) and by the benchmark.
+Children are written with server-side apply under one field manager, so re-applying an unchanged
+object is a no-op on the server and a user's own fields (e.g. an HPA-managed replica count on a
+different manager) are not clobbered beyond what Treadle renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+
+from treadle.api import v1alpha1
+from treadle.operator import render
+
+# Collection path of each child kind (namespaced).
+COLLECTIONS: Mapping[str, str] = {
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+}
+JOBS_PATH = f"/apis/{v1alpha1.GROUP}/{v1alpha1.VERSION}/namespaces/{{ns}}/{v1alpha1.PLURAL}"
+TIMEOUT = (5.0, 30.0)  # connect, read (seconds): a hung call must not hold a worker thread forever
+
+
+class Kube:
+    """A thread-safe client for children, job status and Events."""
+
+    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None, *, pool_size: int = 16) -> Kube:
+        """In-cluster credentials when running in a pod, else ``kubeconfig`` / ``$KUBECONFIG``."""
+        configuration = kubernetes.client.Configuration()
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        # One connection per worker thread, so calls never queue on the pool.
+        configuration.connection_pool_maxsize = pool_size
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """One request; the JSON reply as plain dicts; ``ApiException`` on any non-2xx status."""
+        _, url, headers, data, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,  # serialized as JSON, which is also valid for apply-patch+yaml
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, header_params=headers, body=data, _request_timeout=TIMEOUT)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            raise kubernetes.client.ApiException(http_resp=response)
+        return json.loads(response.data) if response.data else None
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply one child (create or update), taking ownership of the rendered fields."""
+        meta = obj["metadata"]
+        path = COLLECTIONS[obj["kind"]].format(ns=meta["namespace"]) + "/" + meta["name"]
+        out: dict[str, Any] = self._call(
+            "PATCH",
+            path,
+            query=[("fieldManager", render.FIELD_MANAGER), ("force", "true")],
+            body=obj,
+            content_type="application/apply-patch+yaml",  # JSON is YAML
+        )
+        return out
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        path = COLLECTIONS[kind].format(ns=namespace) + "/" + name
+        try:
+            self._call("DELETE", path, body={"propagationPolicy": "Background"})
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def list_children(self, namespace: str, job: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """Every child of the job that this job (by uid) controls, keyed by (kind, name)."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for kind, collection in COLLECTIONS.items():
+            listed = self._call(
+                "GET", collection.format(ns=namespace), query=[("labelSelector", f"{render.JOB_LABEL}={job}")]
+            )
+            for item in listed.get("items", []):
+                owners = item.get("metadata", {}).get("ownerReferences", [])
+                # A same-named job deleted and recreated leaves children of the old uid to the GC.
+                if any(o.get("uid") == uid and o.get("controller") for o in owners):
+                    item.setdefault("kind", kind)
+                    out[(kind, item["metadata"]["name"])] = item
+        return out
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        path = JOBS_PATH.format(ns=namespace) + f"/{name}/status"
+        self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]

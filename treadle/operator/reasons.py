@@ -1,0 +1,38 @@
+"""Machine-readable condition and Event reasons of a RolloutJob (CamelCase, stable API).
+
+Read by users (``kubectl get rj -o wide`` shows the Ready reason), dashboards and queueing
+systems; written only by ``treadle.operator.status`` and ``treadle.operator.handlers``.
+"""
+
+from __future__ import annotations
+
+ALL_RESOURCES_READY = "AllResourcesReady"
+"""Ready=True: every child Deployment has all its replicas ready on the latest spec."""
+PODS_NOT_READY = "PodsNotReady"
+"""Ready=False / Progressing=True: children exist but some replicas are starting or rolling."""
+INSUFFICIENT_GPU_CAPACITY = "InsufficientGPUCapacity"
+"""Degraded=True: the job asks more GPUs of a class than the cluster has, or pods cannot fit."""
+UNSCHEDULABLE = "Unschedulable"
+"""Degraded=True: pods cannot be scheduled for a reason other than GPUs (CPU, memory, selectors)."""
+IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+"""Degraded=True: a container image cannot be pulled."""
+CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+"""Degraded=True: a container keeps crashing."""
+INVALID_SPEC = "InvalidSpec"
+"""Degraded=True: the spec failed validation in the operator (the message names the field)."""
+SUSPENDED = "Suspended"
+"""Suspended=True: spec.suspend scaled every child to zero."""
+RUNNING = "Running"
+"""Suspended=False."""
+AS_EXPECTED = "AsExpected"
+"""Degraded=False."""
+RECONCILED = "Reconciled"
+"""Progressing=False: nothing left to roll."""
+APPLIED = "ChildrenApplied"
+"""Event: the reconciler created or updated children."""
+PRUNED = "ChildrenDeleted"
+"""Event: the reconciler deleted children the spec no longer asks for."""
+
+# Order in which pod problems decide the Degraded reason when several occur at once.
+DEGRADED_PRIORITY = (INSUFFICIENT_GPU_CAPACITY, IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, UNSCHEDULABLE)
+IMAGE_PULL_WAITING = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})

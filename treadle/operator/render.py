@@ -1,0 +1,467 @@
+"""Pure renderers: RolloutJob (+ operator config) -> the Kubernetes objects it owns.
+
+Called by ``treadle.operator.reconcile`` (which diffs and applies what these return) and by the
+snapshot tests. No I/O, no clock: the same job and config always render byte-identical objects,
+and each object carries a hash of itself so the reconciler re-applies only what changed.
+
+Children of job ``J`` (all in J's namespace, owned by J through a controller ownerReference, so
+the garbage collector deletes them with J even while the operator is down):
+
+- ``J-config`` ConfigMap: the validated spec and the endpoint map every component reads.
+- ``J-scheduler``, ``J-placement``, ``J-buffer`` Deployments + Services: per-job coordination.
+- ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
+- ``J-env`` Deployment + Service: CPU environment pods.
+- ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
+- ``J-pool-P`` Deployment + headless Service per inference pool: vLLM + the agent sidecar.
+
+Per-job coordination services, not shared ones: the scheduler, placement and buffer hold per-job
+state (staleness window, policy version, sticky worker map, group bookkeeping) and per-job policy
+choices (``rollout.schedulingPolicy``/``placementPolicy``); one process per job keeps a crash or a
+restart inside one job, lets a job be suspended or deleted by scaling or garbage-collecting its
+own pods, and needs no registration protocol or multi-tenant authorization inside the services.
+Only the stateful backends are shared and installed by the chart: Redis (the experience store,
+keys prefixed ``<namespace>/<job>``) and the Mooncake master (object keys prefixed the same way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from treadle.api import v1alpha1
+from treadle.devcluster import nodes
+from treadle.operator import config
+
+HASH_ANNOTATION = "treadle.dev/spec-hash"
+JOB_LABEL = "treadle.dev/job"
+COMPONENT_LABEL = "treadle.dev/component"
+POOL_LABEL = nodes.POOL_LABEL
+REWARD_DEMAND_ANNOTATION = "treadle.dev/reward-demand"
+"""Scoring requests waiting or in flight, written on the job by the scheduler; drives the gateway."""
+REWARD_REQUESTS_PER_REPLICA = 32
+CONFIG_MOUNT = "/etc/treadle"
+FIELD_MANAGER = "treadle-operator"
+COORDINATION = ("buffer", "scheduler", "placement")
+
+
+def child_name(job: v1alpha1.RolloutJob, component: str, pool: str | None = None) -> str:
+    return f"{job.name}-pool-{pool}" if pool is not None else f"{job.name}-{component}"
+
+
+def selector(job: v1alpha1.RolloutJob, component: str, pool: str | None = None) -> dict[str, str]:
+    """The labels that select one component's pods (stable across spec changes)."""
+    labels = {JOB_LABEL: job.name, COMPONENT_LABEL: component}
+    if pool is not None:
+        labels[POOL_LABEL] = pool
+    return labels
+
+
+def _labels(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str, pool: str | None
+) -> dict[str, str]:
+    return {
+        **cfg.extra_labels,
+        "app.kubernetes.io/name": "treadle",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        **selector(job, component, pool),
+    }
+
+
+def owner_reference(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    return {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": v1alpha1.KIND,
+        "name": job.name,
+        "uid": str(job.metadata.get("uid", "")),
+        "controller": True,
+        # Foreground deletion of the job waits for its children.
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str, pool: str | None = None
+) -> dict[str, Any]:
+    return {
+        "name": child_name(job, component, pool),
+        "namespace": job.namespace,
+        "labels": _labels(job, cfg, component, pool),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def spec_hash(obj: dict[str, Any]) -> str:
+    """A short digest of an object as rendered, excluding the hash annotation itself."""
+    body = json.loads(json.dumps(obj))
+    meta = body.get("metadata", {})
+    meta.get("annotations", {}).pop(HASH_ANNOTATION, None)
+    if meta.get("annotations") == {}:
+        del meta["annotations"]
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _stamp(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = spec_hash(obj)
+    return obj
+
+
+def endpoints(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    """Where each component of the job listens, as in-cluster DNS names."""
+    ns = job.namespace
+
+    def host(component: str) -> str:
+        return f"{child_name(job, component)}.{ns}.svc"
+
+    out: dict[str, Any] = {name: f"{host(name)}:{config.PORTS[name]}" for name in (*COORDINATION, "weights")}
+    out["env"] = f"http://{host('env')}:{config.PORTS['env']}"
+    out["reward"] = f"http://{host('reward')}:{config.PORTS['reward']}"
+    out["pools"] = {
+        p.name: {
+            "service": f"{child_name(job, 'pool', p.name)}.{ns}.svc",
+            "agentPort": config.PORTS["agent"],
+            "agent": p.agent,
+            "accelerator": p.accelerator,
+            "preferredWork": p.preferred_work,
+            "tensorParallelSize": p.tensor_parallel_size,
+        }
+        for p in job.spec.pools
+    }
+    return out
+
+
+def _env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    ep = endpoints(job)
+    pairs = {
+        "TREADLE_JOB": job.name,
+        "TREADLE_NAMESPACE": job.namespace,
+        "TREADLE_CONFIG": f"{CONFIG_MOUNT}/job.json",
+        "TREADLE_ENDPOINTS": f"{CONFIG_MOUNT}/endpoints.json",
+        "TREADLE_KEY_PREFIX": f"{job.namespace}/{job.name}",
+        "TREADLE_REDIS_URL": cfg.redis_url,
+        "TREADLE_MOONCAKE_MASTER": cfg.mooncake_master,
+        "TREADLE_MOONCAKE_METADATA_URL": cfg.mooncake_metadata_url,
+        "TREADLE_SCHEDULER_ADDR": ep["scheduler"],
+        "TREADLE_PLACEMENT_ADDR": ep["placement"],
+        "TREADLE_BUFFER_ADDR": ep["buffer"],
+        "TREADLE_ENV_URL": ep["env"],
+        "TREADLE_REWARD_URL": ep["reward"],
+    }
+    return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def _config_volume(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    return {"name": "treadle-config", "configMap": {"name": child_name(job, "config")}}
+
+
+def _config_mount() -> dict[str, Any]:
+    return {"name": "treadle-config", "mountPath": CONFIG_MOUNT, "readOnly": True}
+
+
+def _service_container(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    component: str,
+    *,
+    image: str | None = None,
+    resources: dict[str, Any] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    port = config.PORTS[component]
+    grpc = component in (*COORDINATION, "weights")
+    probe: dict[str, Any] = (
+        {"grpc": {"port": port}} if grpc else {"httpGet": {"path": "/healthz", "port": port}}
+    )
+    env = _env(job, cfg) + [{"name": k, "value": v} for k, v in (extra_env or {}).items()]
+    return {
+        "name": component,
+        "image": image or cfg.services_image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", config.MODULES[component], "--host", "0.0.0.0", "--port", str(port)],
+        "ports": [{"name": "grpc" if grpc else "http", "containerPort": port, "protocol": "TCP"}],
+        "env": env,
+        "resources": resources
+        or {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [_config_mount()],
+    }
+
+
+def _deployment(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    component: str,
+    *,
+    replicas: int,
+    pod_spec: dict[str, Any],
+    pool: str | None = None,
+    max_surge: int = 1,
+) -> dict[str, Any]:
+    meta = _meta(job, cfg, component, pool)
+    return _stamp(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": 0 if job.spec.suspend else replicas,
+                "selector": {"matchLabels": selector(job, component, pool)},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": 1},
+                },
+                "template": {
+                    "metadata": {"labels": dict(meta["labels"])},
+                    "spec": {
+                        "enableServiceLinks": False,
+                        "volumes": [_config_volume(job)],
+                        **pod_spec,
+                    },
+                },
+            },
+        }
+    )
+
+
+def _service(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    component: str,
+    ports: dict[str, int],
+    *,
+    pool: str | None = None,
+    headless: bool = False,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": selector(job, component, pool),
+        "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports.items()],
+    }
+    if headless:
+        # Placement addresses each inference replica itself, so DNS must list every pod.
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = False
+    return _stamp({"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, cfg, component, pool),
+                   "spec": spec})  # fmt: skip
+
+
+def render_config(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[str, Any]:
+    """The ConfigMap every component mounts at ``/etc/treadle``."""
+    spec_json = json.dumps(job.spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+    return _stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(job, cfg, "config"),
+            "data": {
+                "job.json": spec_json,
+                "endpoints.json": json.dumps(endpoints(job), sort_keys=True),
+            },
+        }
+    )
+
+
+def render_coordination(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
+) -> list[dict[str, Any]]:
+    """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
+    extra = {
+        "TREADLE_SCHEDULING_POLICY": job.spec.rollout.scheduling_policy,
+        "TREADLE_PLACEMENT_POLICY": job.spec.rollout.placement_policy,
+        "TREADLE_STALENESS": str(job.spec.rollout.staleness),
+        "TREADLE_BATCH_SIZE": str(job.spec.rollout.batch_size),
+    }
+    container = _service_container(job, cfg, component, extra_env=extra)
+    # One replica: the service's state is per job and lives in this one process (or in Redis).
+    deployment = _deployment(job, cfg, component, replicas=1, max_surge=0,
+                             pod_spec={"containers": [container]})  # fmt: skip
+    deployment["spec"]["strategy"] = {"type": "Recreate"}
+    deployment = _stamp(deployment)
+    service = _service(job, cfg, component, {"grpc": config.PORTS[component]})
+    return [deployment, service]
+
+
+def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """Mooncake store processes holding published weights (``weights.replicas`` copies); none for local."""
+    if job.spec.weights.store != "mooncake":
+        return []
+    container = _service_container(
+        job,
+        cfg,
+        "weights",
+        resources={"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"memory": "64Gi"}},
+        extra_env={"MC_TCP_BIND_ADDRESS": "0.0.0.0"},
+    )
+    # Spread the copies: two replicas on one node would lose both with it.
+    spread = {
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector(job, "weights")},
+            }
+        ]
+    }
+    deployment = _deployment(
+        job,
+        cfg,
+        "weights",
+        replicas=job.spec.weights.replicas,
+        pod_spec={"containers": [container], **spread},
+    )
+    return [deployment, _service(job, cfg, "weights", {"grpc": config.PORTS["weights"]})]
+
+
+def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """The CPU environment pool: sandboxed sessions, one container per pod (RollArt §3.1 isolation)."""
+    env = job.spec.environment
+    quantity = {"cpu": env.cpu, "memory": env.memory}
+    container = _service_container(
+        job,
+        cfg,
+        "env",
+        image=env.image,
+        resources={"requests": dict(quantity), "limits": dict(quantity)},
+        extra_env={
+            "TREADLE_WARM_POOL": str(env.warm_pool),
+            "TREADLE_CPU_PER_ACTION": job.spec.external_resources.cpu_cores_per_action,
+            "TREADLE_ENVIRONMENTS": ",".join(sorted({t.environment for t in job.spec.tasks})),
+        },
+    )
+    # CPU pods stay off GPU nodes: the GPU taint already keeps them away, the selector makes it explicit.
+    pod = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
+    deployment = _deployment(job, cfg, "env", replicas=env.replicas, pod_spec=pod)
+    return [deployment, _service(job, cfg, "env", {"http": config.PORTS["env"]})]
+
+
+def reward_replicas(job: v1alpha1.RolloutJob) -> int:
+    """Gateway replicas for the current demand: 0 when idle and scale-to-zero, up to maxReplicas."""
+    reward = job.spec.reward
+    raw = str(job.metadata.get("annotations", {}).get(REWARD_DEMAND_ANNOTATION, "0"))
+    demand = int(raw) if raw.isdigit() else 0
+    idle = reward.min_replicas if reward.scale_to_zero else max(reward.min_replicas, 1)
+    if demand == 0:
+        return idle
+    wanted = math.ceil(demand / REWARD_REQUESTS_PER_REPLICA)
+    return min(reward.max_replicas, max(idle, 1, wanted))
+
+
+def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """The reward gateway; its replicas follow ``reward_replicas``."""
+    reward = job.spec.reward
+    extra: dict[str, str] = {"TREADLE_REWARD_TYPE": reward.type}
+    if reward.url is not None:
+        extra["TREADLE_REWARD_EXTERNAL_URL"] = reward.url
+    if reward.judge_model is not None:
+        extra["TREADLE_REWARD_JUDGE_MODEL"] = reward.judge_model
+    container = _service_container(job, cfg, "reward", extra_env=extra)
+    pod: dict[str, Any] = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
+    gpus = job.spec.external_resources.reward_model_gpus
+    if reward.type == "llm-judge" and gpus > 0:
+        # The judge model runs on GPUs of its own (any class), as RollArt's reward LLM does.
+        container["resources"] = {"limits": {nodes.GPU_RESOURCE: str(gpus)}, "requests": {"cpu": "2"}}
+        pod["nodeSelector"] = {}
+        pod["tolerations"] = [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    deployment = _deployment(job, cfg, "reward", replicas=reward_replicas(job), pod_spec=pod)
+    return [deployment, _service(job, cfg, "reward", {"http": config.PORTS["reward"]})]
+
+
+def render_pool(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, pool: v1alpha1.Pool
+) -> list[dict[str, Any]]:
+    """One inference pool: vLLM (``nvidia.com/gpu`` = TP) plus the Treadle agent sidecar."""
+    agent = next(a for a in job.spec.agents if a.name == pool.agent)
+    tp = pool.tensor_parallel_size
+    vllm_port = config.PORTS["vllm"]
+    vllm = {
+        "name": "vllm",
+        "image": agent.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", config.VLLM_MODULE],
+        "args": [
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(vllm_port),
+            "--model",
+            agent.model,
+            "--served-model-name",
+            agent.name,
+            "--tensor-parallel-size",
+            str(tp),
+            "--max-model-len",
+            str(agent.max_model_len),
+            "--dtype",
+            agent.dtype,
+            "--worker-extension-cls",
+            config.VLLM_WORKER_EXTENSION,
+        ],
+        "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, *_env(job, cfg)],
+        "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": str(4 * tp), "memory": f"{32 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
+            "limits": {"memory": f"{64 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
+        },
+        # Loading a large model takes minutes: the startup probe covers it, not liveness.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": vllm_port},
+            "periodSeconds": 10,
+            "failureThreshold": 90,
+        },
+        "readinessProbe": {"httpGet": {"path": "/health", "port": vllm_port}, "periodSeconds": 5},
+        "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    sidecar = _service_container(
+        job,
+        cfg,
+        "agent",
+        extra_env={
+            "TREADLE_ENGINE_URL": f"http://127.0.0.1:{vllm_port}",
+            "TREADLE_AGENT": agent.name,
+            "TREADLE_POOL": pool.name,
+            "TREADLE_ACCELERATOR": pool.accelerator,
+            "TREADLE_PREFERRED_WORK": pool.preferred_work,
+        },
+    )
+    pod = {
+        "containers": [vllm, sidecar],
+        "nodeSelector": {**pool.node_selector, nodes.ACCELERATOR_LABEL: pool.accelerator},
+        "tolerations": [
+            {"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+            *(t.model_dump(exclude_none=True) for t in pool.tolerations),
+        ],
+        "terminationGracePeriodSeconds": 60,
+    }
+    deployment = _deployment(
+        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0
+    )
+    # TP > 1 shares tensors through /dev/shm (NCCL); the container default of 64 MiB is too small.
+    deployment["spec"]["template"]["spec"]["volumes"].append(
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * tp}Gi"}}
+    )
+    deployment = _stamp(deployment)
+    ports = {"agent": config.PORTS["agent"], "openai": vllm_port}
+    return [deployment, _service(job, cfg, "pool", ports, pool=pool.name, headless=True)]
+
+
+def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """Every child of the job, in apply order (config first, inference pools last)."""
+    out = [render_config(job, cfg)]
+    for component in COORDINATION:
+        out += render_coordination(job, cfg, component)
+    out += render_weights(job, cfg)
+    out += render_environment(job, cfg)
+    out += render_reward(job, cfg)
+    for pool in job.spec.pools:
+        out += render_pool(job, cfg, pool)
+    return out
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    """How children are matched between rendered and observed: (kind, name)."""
+    return (str(obj["kind"]), str(obj["metadata"]["name"]))

@@ -1,0 +1,262 @@
+"""Pure status computation: observed children + cluster capacity -> RolloutJob status and Events.
+
+Called by ``treadle.operator.handlers`` whenever a child Deployment or Pod of a job changes, and
+after each reconcile. ``set_condition`` is the one writer of conditions: it keeps
+``lastTransitionTime`` unless the status flips and always stamps ``observedGeneration``.
+
+Reasons are machine-readable (``reasons``) so a user, a dashboard or Kueue can tell "the cluster
+has too few H800 GPUs" (InsufficientGPUCapacity) from "pods are starting" (PodsNotReady) from
+"the image cannot be pulled" (ImagePullBackOff).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from treadle.api import v1alpha1
+from treadle.operator import reasons, render
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """What the operator reads from one child Deployment."""
+
+    desired: int
+    ready: int
+    updated: int
+    current: bool
+    """The Deployment controller has observed the latest spec (status.observedGeneration >= generation)."""
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """A pod that will not become ready on its own, and why."""
+
+    component: str
+    pool: str | None
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything status depends on, gathered by the caller from the API (or kopf indexes)."""
+
+    deployments: Mapping[str, DeploymentState] = field(default_factory=dict)
+    """By Deployment name."""
+    problems: Sequence[PodProblem] = ()
+    gpu_capacity: Mapping[str, int] = field(default_factory=dict)
+    """Allocatable ``nvidia.com/gpu`` summed over schedulable nodes, by accelerator class."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A condition that changed status: posted as a Kubernetes Event."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+    @property
+    def event_type(self) -> Literal["Normal", "Warning"]:
+        bad = (self.type == "Degraded" and self.status == "True") or (
+            self.type == "Ready" and self.status == "False" and self.reason != reasons.SUSPENDED
+        )
+        return "Warning" if bad else "Normal"
+
+
+def set_condition(
+    conditions: Sequence[v1alpha1.Condition],
+    *,
+    type: v1alpha1.ConditionType,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    generation: int,
+    now: str,
+) -> tuple[list[v1alpha1.Condition], bool]:
+    """Upsert one condition; returns the new list and whether ``status`` flipped."""
+    old = next((c for c in conditions if c.type == type), None)
+    flipped = old is None or old.status != status
+    new = v1alpha1.Condition(
+        type=type,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=now if flipped or old is None else old.last_transition_time,
+        observed_generation=generation,
+    )
+    out = [c for c in conditions if c.type != type] + [new]
+    order = {t: i for i, t in enumerate(("Ready", "Progressing", "Degraded", "Suspended"))}
+    return sorted(out, key=lambda c: order[c.type]), flipped
+
+
+def gpu_shortfalls(job: v1alpha1.RolloutJob, capacity: Mapping[str, int]) -> list[str]:
+    """One sentence per accelerator class the job asks more GPUs of than the whole cluster has."""
+    demand: dict[str, tuple[int, list[str]]] = {}
+    for pool in job.spec.pools:
+        gpus = pool.replicas * pool.tensor_parallel_size
+        total, names = demand.get(pool.accelerator, (0, []))
+        demand[pool.accelerator] = (total + gpus, [*names, pool.name])
+    out = []
+    for accelerator, (gpus, names) in sorted(demand.items()):
+        have = capacity.get(accelerator, 0)
+        if gpus > have:
+            out.append(
+                f"pools {', '.join(names)} ask {gpus} {accelerator} GPUs (replicas x tensorParallelSize); "
+                f"the cluster has {have} allocatable {accelerator} GPUs"
+            )
+    return out
+
+
+def _components(job: v1alpha1.RolloutJob) -> list[tuple[str, str, str | None]]:
+    """(deployment name, component, pool) of every Deployment the job renders."""
+    out: list[tuple[str, str, str | None]] = [
+        (render.child_name(job, c), c, None) for c in render.COORDINATION
+    ]
+    if job.spec.weights.store == "mooncake":
+        out.append((render.child_name(job, "weights"), "weights", None))
+    out += [(render.child_name(job, "env"), "env", None), (render.child_name(job, "reward"), "reward", None)]
+    out += [(render.child_name(job, "pool", p.name), "pool", p.name) for p in job.spec.pools]
+    return out
+
+
+def _classify(job: v1alpha1.RolloutJob, observed: Observed) -> tuple[str, str] | None:
+    """The Degraded reason and message, or None when nothing is broken."""
+    if short := gpu_shortfalls(job, observed.gpu_capacity):
+        return reasons.INSUFFICIENT_GPU_CAPACITY, "; ".join(short)
+    by_reason: dict[str, list[PodProblem]] = {}
+    for problem in observed.problems:
+        by_reason.setdefault(problem.reason, []).append(problem)
+    for reason in reasons.DEGRADED_PRIORITY:
+        if found := by_reason.get(reason):
+            where = sorted({(p.pool and f"pool {p.pool}") or p.component for p in found})
+            return reason, f"{', '.join(where)}: {found[0].message}"
+    return None
+
+
+def compute(
+    job: v1alpha1.RolloutJob, observed: Observed, *, now: str
+) -> tuple[v1alpha1.RolloutJobStatus, list[Transition]]:
+    """The job's new status and the condition transitions to report as Events."""
+    generation = int(job.metadata.get("generation", 0))
+    prev = job.status
+    pools = []
+    for pool in job.spec.pools:
+        state = observed.deployments.get(render.child_name(job, "pool", pool.name))
+        desired = 0 if job.spec.suspend else pool.replicas
+        ready = min(state.ready, desired) if state is not None else 0
+        pools.append(
+            v1alpha1.PoolStatus(
+                name=pool.name,
+                accelerator=pool.accelerator,
+                desired=desired,
+                ready=ready,
+                gpus=desired * pool.tensor_parallel_size,
+            )
+        )
+    not_ready = []
+    for name, component, pool_name in _components(job):
+        state = observed.deployments.get(name)
+        label = f"pool {pool_name}" if pool_name else component
+        if state is None:
+            not_ready.append(f"{label} not created yet")
+        elif not state.current or state.ready < state.desired or state.updated < state.desired:
+            not_ready.append(f"{label} {state.ready}/{state.desired} ready")
+    degraded = None if job.spec.suspend else _classify(job, observed)
+
+    conds: list[v1alpha1.Condition] = list(prev.conditions)
+    transitions: list[Transition] = []
+
+    def put(
+        type: v1alpha1.ConditionType, status: Literal["True", "False"], reason: str, message: str
+    ) -> None:
+        nonlocal conds
+        conds, flipped = set_condition(
+            conds, type=type, status=status, reason=reason, message=message, generation=generation, now=now
+        )
+        if flipped:
+            transitions.append(Transition(type, status, reason, message))
+
+    if job.spec.suspend:
+        put("Suspended", "True", reasons.SUSPENDED, "spec.suspend is true: every child scaled to zero")
+        put("Ready", "False", reasons.SUSPENDED, "the job is suspended")
+        put("Progressing", "False", reasons.SUSPENDED, "the job is suspended")
+        put("Degraded", "False", reasons.AS_EXPECTED, "")
+        phase: v1alpha1.Phase = "Suspended"
+    else:
+        put("Suspended", "False", reasons.RUNNING, "")
+        if degraded is not None:
+            put("Degraded", "True", *degraded)
+        else:
+            put("Degraded", "False", reasons.AS_EXPECTED, "")
+        if not_ready:
+            why = degraded[0] if degraded is not None else reasons.PODS_NOT_READY
+            put("Ready", "False", why, "; ".join(not_ready))
+            put("Progressing", "True", reasons.PODS_NOT_READY, "; ".join(not_ready))
+        else:
+            put("Ready", "True", reasons.ALL_RESOURCES_READY, "every component is ready")
+            put("Progressing", "False", reasons.RECONCILED, "")
+        phase = "Degraded" if degraded is not None else ("Progressing" if not_ready else "Ready")
+    full = sum(1 for p in pools if p.ready >= p.desired and (p.desired > 0 or job.spec.suspend))
+    status = v1alpha1.RolloutJobStatus(
+        observed_generation=generation,
+        phase=phase,
+        conditions=conds,
+        pools=pools,
+        pools_ready=f"{full}/{len(pools)}",
+        policy_version=prev.policy_version,
+        step=prev.step,
+    )
+    return status, transitions
+
+
+def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
+    """Classify one Pod object (as the API returns it) into a problem, if it has one."""
+    labels = pod.get("metadata", {}).get("labels", {})
+    component = str(labels.get(render.COMPONENT_LABEL, "?"))
+    pool = labels.get(render.POOL_LABEL) if component == "pool" else None
+    status = pod.get("status", {})
+    for cs in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]:
+        waiting = cs.get("state", {}).get("waiting") or {}
+        reason = waiting.get("reason", "")
+        if reason in reasons.IMAGE_PULL_WAITING:
+            image = cs.get("image", "?")
+            return PodProblem(component, pool, reasons.IMAGE_PULL_BACK_OFF, f"cannot pull image {image}")
+        if reason == "CrashLoopBackOff":
+            name = cs.get("name", "?")
+            return PodProblem(
+                component, pool, reasons.CRASH_LOOP_BACK_OFF, f"container {name} keeps crashing"
+            )
+    for cond in status.get("conditions", []):
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            message = str(cond.get("message", ""))
+            why = reasons.INSUFFICIENT_GPU_CAPACITY if "nvidia.com/gpu" in message else reasons.UNSCHEDULABLE
+            return PodProblem(component, pool, why, message or "pod cannot be scheduled")
+    return None
+
+
+def deployment_state(deployment: Mapping[str, Any]) -> DeploymentState:
+    """Read one Deployment object (as the API returns it)."""
+    spec = deployment.get("spec", {})
+    status = deployment.get("status", {})
+    generation = int(deployment.get("metadata", {}).get("generation", 0))
+    return DeploymentState(
+        desired=int(spec.get("replicas", 1)),
+        ready=int(status.get("readyReplicas", 0)),
+        updated=int(status.get("updatedReplicas", 0)),
+        current=int(status.get("observedGeneration", 0)) >= generation,
+    )
+
+
+def node_gpus(node: Mapping[str, Any], accelerator_label: str, gpu_resource: str) -> tuple[str, int] | None:
+    """(accelerator class, allocatable GPUs) of a schedulable GPU node; None for others."""
+    labels = node.get("metadata", {}).get("labels", {})
+    accelerator = labels.get(accelerator_label)
+    if not accelerator or accelerator == "none" or node.get("spec", {}).get("unschedulable"):
+        return None
+    raw = str(node.get("status", {}).get("allocatable", {}).get(gpu_resource, "0"))
+    return str(accelerator), int(raw) if raw.isdigit() else 0
