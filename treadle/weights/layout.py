@@ -1,0 +1,222 @@
+"""Where a weight version lives in a store, and its manifest: the version's commit record.
+
+Used by the publisher (which writes buckets, then the manifest last) and by readers (which trust
+nothing a manifest does not vouch for). Keys for version ``v`` under a job prefix ``p``::
+
+    p/v000000000042/bucket00000 ... bucketNNNNN    raw bytes, tensors packed 256-byte aligned
+    p/v000000000042/MANIFEST                       JSON below, written only after every bucket
+    p/HEAD                                         latest committed version (a hint, see below)
+
+The manifest names every bucket with its size and xxh3-128 digest and every tensor with its bucket,
+offset, dtype and shape; it carries a digest of its own canonical JSON so a damaged manifest is
+rejected too. HEAD is written after the manifest and is only a hint for ``latest``: a publisher that
+dies between the two leaves HEAD one behind, which readers repair by probing the next manifests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from treadle import errors
+
+FORMAT = "treadle.weights/1"
+ALIGN = 256
+"""Tensor offsets inside a bucket are multiples of this, so every tensor view is aligned."""
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+_VERSION_DIGITS = 12
+
+
+class CorruptVersion(errors.TreadleError):
+    """A committed version whose bytes do not match its manifest; it must never be applied."""
+
+
+def check_prefix(prefix: str) -> str:
+    """A job prefix is slash-separated path segments; it becomes part of every key and of regexes."""
+    if not _PREFIX_RE.match(prefix):
+        raise errors.SpecError(
+            "must be slash-separated segments of letters, digits, '.', '_' or '-'",
+            field="prefix",
+            value=prefix,
+        )
+    return prefix
+
+
+def check_version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 10**_VERSION_DIGITS:
+        raise errors.SpecError(
+            f"must be an integer in [0, 1e{_VERSION_DIGITS})", field="version", value=version
+        )
+    return version
+
+
+def version_dir(prefix: str, version: int) -> str:
+    return f"{prefix}/v{version:0{_VERSION_DIGITS}d}"
+
+
+def bucket_key(prefix: str, version: int, index: int) -> str:
+    return f"{version_dir(prefix, version)}/bucket{index:05d}"
+
+
+def manifest_key(prefix: str, version: int) -> str:
+    return f"{version_dir(prefix, version)}/MANIFEST"
+
+
+def head_key(prefix: str) -> str:
+    return f"{prefix}/HEAD"
+
+
+def digest(data: Any) -> str:
+    """xxh3-128 of a bytes-like object (numpy arrays included), as hex."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketEntry:
+    key: str
+    nbytes: int
+    xxh3_128: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    version: int
+    prefix: str
+    buckets: tuple[BucketEntry, ...]
+    tensors: tuple[TensorEntry, ...]
+    published_at: float
+    """Unix seconds when the last bucket was written (the publisher's clock)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def bucket_offsets(self) -> list[int]:
+        """Where each bucket starts when readers lay all buckets out in one buffer (ALIGN-aligned)."""
+        out, at = [], 0
+        for b in self.buckets:
+            out.append(at)
+            at = aligned(at + b.nbytes)
+        return out
+
+    @property
+    def layout_bytes(self) -> int:
+        """Size of the one buffer that holds every bucket at ``bucket_offsets``."""
+        starts = self.bucket_offsets()
+        return starts[-1] + self.buckets[-1].nbytes if self.buckets else 0
+
+    def to_json(self) -> bytes:
+        body = self._body()
+        body["digest"] = digest(_canonical(body))
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": self.version,
+            "prefix": self.prefix,
+            "published_at": self.published_at,
+            "buckets": [dataclasses.asdict(b) for b in self.buckets],
+            "tensors": [{**dataclasses.asdict(t), "shape": list(t.shape)} for t in self.tensors],
+        }
+
+    @classmethod
+    def from_json(cls, raw: bytes, *, prefix: str, version: int) -> Manifest:
+        """Parse and check a manifest read from ``manifest_key(prefix, version)``.
+
+        Raises CorruptVersion when it is damaged, for another version, or describes tensors that
+        do not fit inside their buckets: such a version can never be applied.
+        """
+        try:
+            body = json.loads(raw)
+            claimed = body.pop("digest")
+            if digest(_canonical(body)) != claimed:
+                raise CorruptVersion(f"{manifest_key(prefix, version)}: manifest digest mismatch")
+            manifest = cls(
+                version=int(body["version"]),
+                prefix=str(body["prefix"]),
+                published_at=float(body["published_at"]),
+                buckets=tuple(
+                    BucketEntry(str(b["key"]), int(b["nbytes"]), str(b["xxh3_128"])) for b in body["buckets"]
+                ),
+                tensors=tuple(
+                    TensorEntry(
+                        name=str(t["name"]), dtype=str(t["dtype"]), shape=tuple(int(d) for d in t["shape"]),
+                        bucket=int(t["bucket"]), offset=int(t["offset"]), nbytes=int(t["nbytes"]),
+                    )
+                    for t in body["tensors"]
+                ),
+            )  # fmt: skip
+            fmt = body["format"]
+        except CorruptVersion:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptVersion(f"{manifest_key(prefix, version)}: unreadable manifest ({exc!r})") from exc
+        if fmt != FORMAT:
+            raise CorruptVersion(f"{manifest_key(prefix, version)}: format {fmt!r}, expected {FORMAT!r}")
+        if manifest.version != version or manifest.prefix != prefix:
+            raise CorruptVersion(
+                f"{manifest_key(prefix, version)}: manifest is for {manifest.prefix!r} v{manifest.version}"
+            )
+        _check_consistent(manifest)
+        return manifest
+
+
+def _check_consistent(m: Manifest) -> None:
+    where = manifest_key(m.prefix, m.version)
+    for i, b in enumerate(m.buckets):
+        if b.key != bucket_key(m.prefix, m.version, i) or b.nbytes < 0:
+            raise CorruptVersion(f"{where}: bucket {i} is {b.key!r} with {b.nbytes} bytes")
+    names: set[str] = set()
+    for t in m.tensors:
+        fits = (
+            0 <= t.bucket < len(m.buckets)
+            and t.offset >= 0
+            and t.offset + t.nbytes <= m.buckets[t.bucket].nbytes
+        )
+        if not fits or t.name in names:
+            raise CorruptVersion(f"{where}: tensor {t.name!r} is duplicated or lies outside its bucket")
+        names.add(t.name)
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[tuple[int, int]]:
+    """(bucket index, offset) for tensors of ``sizes`` packed in order, each ALIGN-aligned.
+
+    A tensor never straddles buckets; one larger than ``bucket_bytes`` gets a bucket of its own
+    (checkpoint-engine sizes buckets as max(bucket size, largest tensor) for the same reason).
+    """
+    if bucket_bytes < ALIGN:
+        raise errors.SpecError(f"must be at least {ALIGN}", field="bucket_bytes", value=bucket_bytes)
+    out: list[tuple[int, int]] = []
+    bucket, used = 0, 0
+    for size in sizes:
+        start = aligned(used)
+        if used > 0 and start + size > bucket_bytes:
+            bucket, start = bucket + 1, 0
+        out.append((bucket, start))
+        used = start + size
+    return out
