@@ -163,14 +163,19 @@ class ReleaseRequest(_message.Message):
     FINAL_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
+    TURN_FINISHED_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     worker_id: _builtins.str
+    """Worker of the finished turn; required with turn_finished."""
     prompt_tokens: _builtins.int
     output_tokens: _builtins.int
     final: _builtins.bool
     """The trajectory ended: forget its sticky worker and add its turns to the task profile."""
     task: _builtins.str
     turns: _builtins.int
+    """Turns the trajectory generated in all; with final."""
+    turn_finished: _builtins.bool
+    """One assigned turn is over: it no longer counts as outstanding on worker_id."""
     def __init__(
         self,
         *,
@@ -181,10 +186,11 @@ class ReleaseRequest(_message.Message):
         final: _builtins.bool = ...,
         task: _builtins.str = ...,
         turns: _builtins.int = ...,
+        turn_finished: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "output_tokens", b"output_tokens", "prompt_tokens", b"prompt_tokens", "task", b"task", "trajectory_id", b"trajectory_id", "turns", b"turns", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "output_tokens", b"output_tokens", "prompt_tokens", b"prompt_tokens", "task", b"task", "trajectory_id", b"trajectory_id", "turn_finished", b"turn_finished", "turns", b"turns", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

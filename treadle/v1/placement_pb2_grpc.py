@@ -90,7 +90,8 @@ class PlacementServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """The turn finished (or failed); final forgets the trajectory's sticky worker and records its profile.
+        """A turn finished on worker_id (turn_finished), and/or the trajectory ended (final: forget its
+        sticky worker and add it to its task's measured profile).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

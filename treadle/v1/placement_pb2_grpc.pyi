@@ -39,7 +39,9 @@ class PlacementStub:
     Assign: _grpc.UnaryUnaryMultiCallable[_placement_pb2.AssignRequest, _placement_pb2.Assignment]
     """Choose the worker for one turn; the turn counts as outstanding on it until Release."""
     Release: _grpc.UnaryUnaryMultiCallable[_placement_pb2.ReleaseRequest, _placement_pb2.ReleaseResponse]
-    """The turn finished (or failed); final forgets the trajectory's sticky worker and records its profile."""
+    """A turn finished on worker_id (turn_finished), and/or the trajectory ended (final: forget its
+    sticky worker and add it to its task's measured profile).
+    """
     Migrate: _grpc.UnaryUnaryMultiCallable[_placement_pb2.MigrateRequest, _placement_pb2.MigrateResponse]
     """Move every trajectory sticky to a worker elsewhere (drain, failure); returns how many moved."""
     PoolState: _grpc.UnaryUnaryMultiCallable[_placement_pb2.PoolStateRequest, _placement_pb2.PoolStateResponse]
@@ -53,7 +55,9 @@ class PlacementAsyncStub(PlacementStub):
     Assign: _aio.UnaryUnaryMultiCallable[_placement_pb2.AssignRequest, _placement_pb2.Assignment]  # type: ignore[assignment]
     """Choose the worker for one turn; the turn counts as outstanding on it until Release."""
     Release: _aio.UnaryUnaryMultiCallable[_placement_pb2.ReleaseRequest, _placement_pb2.ReleaseResponse]  # type: ignore[assignment]
-    """The turn finished (or failed); final forgets the trajectory's sticky worker and records its profile."""
+    """A turn finished on worker_id (turn_finished), and/or the trajectory ended (final: forget its
+    sticky worker and add it to its task's measured profile).
+    """
     Migrate: _aio.UnaryUnaryMultiCallable[_placement_pb2.MigrateRequest, _placement_pb2.MigrateResponse]  # type: ignore[assignment]
     """Move every trajectory sticky to a worker elsewhere (drain, failure); returns how many moved."""
     PoolState: _aio.UnaryUnaryMultiCallable[_placement_pb2.PoolStateRequest, _placement_pb2.PoolStateResponse]  # type: ignore[assignment]
@@ -88,7 +92,9 @@ class PlacementServicer(metaclass=_abc_1.ABCMeta):
         request: _placement_pb2.ReleaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_placement_pb2.ReleaseResponse, _abc.Awaitable[_placement_pb2.ReleaseResponse]]:
-        """The turn finished (or failed); final forgets the trajectory's sticky worker and records its profile."""
+        """A turn finished on worker_id (turn_finished), and/or the trajectory ended (final: forget its
+        sticky worker and add it to its task's measured profile).
+        """
 
     @_abc_1.abstractmethod
     def Migrate(

@@ -1,0 +1,224 @@
+"""The scheduler's agent loop, admission, commits, suspend/resume and failure handling.
+
+Dependencies are in-process: the real ``PlacementService`` and ``BufferService`` (memory store) and
+the fakes in ``dataplane_fakes`` for env, agent and reward; retries use zero backoff, so nothing
+sleeps. The same paths over real services on 127.0.0.1 are in tests/integration/dataplane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import dataplane_fakes as fakes
+import pytest
+
+from treadle import errors
+from treadle.policy import registry
+from treadle.services.buffer import service as buffer_service
+from treadle.services.buffer import store
+from treadle.services.grpcutil import backpressure
+from treadle.services.placement import service as placement_service
+from treadle.services.scheduler import protocol, service
+from treadle.v1 import placement_pb2, scheduler_pb2
+
+TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
+
+
+class Stack:
+    def __init__(
+        self, *, env: fakes.Env | None = None, reward: fakes.Reward | None = None, **settings: object
+    ):
+        self.env = env or fakes.Env()
+        self.agent = fakes.Agent()
+        self.reward = reward or fakes.Reward()
+        self.placement = placement_service.PlacementService(
+            pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        )
+        for i in range(2):
+            self.placement.register_worker(
+                placement_pb2.Worker(worker_id=f"w{i}", pool="decode", address=f"a{i}")
+            )
+        self.buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1)
+        defaults: dict[str, object] = {"alpha": 1, "batch_size": 8, "max_in_flight": 64, "backoff_s": 0.0}
+        self.svc = service.SchedulerService(
+            tasks={"math": TASK},
+            settings=protocol.Settings(**{**defaults, **settings}),  # type: ignore[arg-type]
+            envs=[self.env],
+            agent_for=lambda address: self.agent,
+            placement=placement_service.InProcess(self.placement),
+            reward=self.reward,
+            buffer=self.buffer,
+        )
+
+    async def submit(self, *group_ids: str) -> None:
+        groups = [scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
+        await self.svc.submit(groups)
+
+    async def collect(self, n: int, results: AsyncIterator[scheduler_pb2.TrajectoryResult]) -> list[str]:
+        out = []
+        async with asyncio.timeout(10):
+            async for r in results:
+                out.append(f"{r.trajectory_id}:{r.status}")
+                if len(out) == n:
+                    break
+        return sorted(out)
+
+
+def adds_up(s: scheduler_pb2.SchedulerStats) -> bool:
+    return s.submitted == s.pending + s.in_flight + s.unsaved + s.completed + s.failed + s.aborted
+
+
+async def test_trajectories_complete_and_land_in_the_buffer() -> None:
+    st = Stack()
+    results = st.svc.results()
+    await st.submit("g1", "g2")
+    done = await st.collect(8, results)
+    assert done == sorted(f"{g}-{i}:completed" for g in ("g1", "g2") for i in range(4))
+    stats = st.svc.stats()
+    assert (stats.completed, stats.turns, stats.in_flight, stats.pending) == (8, 16, 0, 0)  # 2 steps each
+    assert adds_up(stats)
+    assert set(stats.stage_seconds) == {"generation", "environment", "reward", "waiting"}
+    batch = await st.buffer.get_batch(batch_size=8, version=0, timeout_s=0)
+    t = batch.trajectories[0]
+    assert (t.group_size, t.status, t.reward, len(t.turns)) == (4, "completed", 1.0, 2)
+    assert list(t.turns[0].output_token_ids) == [7, 8] and list(t.turns[0].output_versions) == [0, 0]
+    assert t.turns[0].observation == "obs 1" and t.prompt.startswith("task ")
+    assert sorted(st.env.closed) == sorted(f"{g}-{i}" for g in ("g1", "g2") for i in range(4))
+    # every sticky entry was forgotten at the end of its trajectory
+    assert all(w.sticky_trajectories == 0 and w.outstanding == 0 for w in st.placement.pool_state().workers)
+    await st.svc.aclose()
+
+
+async def test_admission_waits_for_the_version_and_commit_aborts_stale() -> None:
+    # alpha 0, batch 4: one group of 4 may start per version
+    st = Stack(alpha=0, batch_size=4)
+    st.agent.hold = asyncio.Event()
+    results = st.svc.results()
+    await st.submit("g1", "g2")
+    stats = st.svc.stats()
+    assert (stats.in_flight, stats.pending) == (4, 4)
+    reply = await st.svc.commit_version(1)  # g1 was initiated at 0 < 1 - 0: aborted
+    assert list(reply.aborted_trajectory_ids) == [f"g1-{i}" for i in range(4)]
+    done = await st.collect(4, results)
+    assert done == [f"g1-{i}:aborted" for i in range(4)]
+    stats = st.svc.stats()
+    assert (stats.in_flight, stats.pending, stats.aborted) == (4, 0, 4)  # g2 admitted under version 1
+    st.agent.hold.set()
+    assert await st.collect(4, results) == [f"g2-{i}:completed" for i in range(4)]
+    assert adds_up(st.svc.stats())
+    with pytest.raises(errors.Conflict):
+        await st.svc.commit_version(0)
+    await st.svc.aclose()
+
+
+async def test_env_failures_are_retried_then_fail_with_reason() -> None:
+    st = Stack(env=fakes.Env(fail_open=2), env_attempts=4)
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    assert st.svc.stats().env_retries == 2
+
+    broken = Stack(env=fakes.Env(fail_step=1000), env_attempts=3)
+    results = broken.svc.results()
+    await broken.submit("g1")
+    assert await broken.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
+    stats = broken.svc.stats()
+    assert dict(stats.failed_by_reason) == {"environment: step failed after 3 attempts": 4}
+    assert adds_up(stats)
+    batch = await broken.buffer.stats()
+    assert (batch.failed, batch.retired_empty_groups) == (4, 0)  # stored with the reason, never lost
+    await st.svc.aclose()
+    await broken.svc.aclose()
+
+
+async def test_non_retryable_env_error_fails_at_once() -> None:
+    st = Stack(env=fakes.Env(step_error=errors.NotFound("session gone")))
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
+    assert st.env.calls == 8  # one open and one step each, no retry
+    assert dict(st.svc.stats().failed_by_reason) == {"environment: step": 4}
+    await st.svc.aclose()
+
+
+async def test_reward_failure_is_retried() -> None:
+    st = Stack(reward=fakes.Reward(fail=3), reward_attempts=4)
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    await st.svc.aclose()
+
+
+async def test_worker_abort_reissues_the_turn() -> None:
+    st = Stack()
+    st.agent.abort_next = 2
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    assert st.svc.stats().turns == 8 and st.agent.started == 10
+    await st.svc.aclose()
+
+
+async def test_suspend_holds_admission_and_turns() -> None:
+    st = Stack()
+    st.svc.suspend()
+    results = st.svc.results()
+    await st.submit("g1")
+    stats = st.svc.stats()
+    assert (stats.suspended, stats.in_flight, stats.pending) == (True, 0, 4)
+    st.svc.resume()
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    await st.svc.aclose()
+
+
+@pytest.mark.parametrize(
+    ("group", "field"),
+    [
+        (scheduler_pb2.PromptGroup(group_id="g", task="nope"), "groups[1].task"),
+        (scheduler_pb2.PromptGroup(group_id="bad id!", task="math"), "groups[1].group_id"),
+        (scheduler_pb2.PromptGroup(group_id="g", task="math", seed=-1), "groups[1].seed"),
+        (scheduler_pb2.PromptGroup(group_id="g", task="math", options_json="[1]"), "groups[1].options_json"),
+        (scheduler_pb2.PromptGroup(group_id="g", task="math", options_json="{"), "groups[1].options_json"),
+    ],
+    ids=["unknown-task", "bad-group-id", "negative-seed", "options-not-object", "options-not-json"],
+)
+async def test_bad_submit_names_the_field_and_queues_nothing(
+    group: scheduler_pb2.PromptGroup, field: str
+) -> None:
+    st = Stack()
+    with pytest.raises(errors.SpecError) as err:
+        await st.svc.submit([scheduler_pb2.PromptGroup(group_id="ok", task="math"), group])
+    assert err.value.field == field
+    assert (st.svc.stats().submitted, st.svc.stats().pending) == (0, 0)
+
+
+async def test_backpressure_and_idempotent_submit() -> None:
+    st = Stack(max_pending_trajectories=4)
+    st.svc.suspend()
+    await st.submit("g1")
+    await st.submit("g1")  # a repeated group is accepted once
+    assert st.svc.stats().submitted == 4
+    with pytest.raises(backpressure.Overloaded):
+        await st.submit("g2")
+    await st.svc.aclose()
+
+
+def test_gate_orders_waiters_by_policy() -> None:
+    async def scenario() -> list[str]:
+        gate = service.Gate(1, registry.scheduling_policy("progressive-priority"))
+        await gate.acquire("first", turn=0, task="m")
+        order: list[str] = []
+
+        async def wait(tid: str, turn: int) -> None:
+            await gate.acquire(tid, turn=turn, task="m")
+            order.append(tid)
+            gate.release()
+
+        waiters = [asyncio.create_task(wait(tid, turn)) for tid, turn in [("a", 0), ("b", 3), ("c", 1)]]
+        await asyncio.sleep(0)  # let every waiter queue
+        gate.release()
+        await asyncio.gather(*waiters)
+        return order
+
+    assert asyncio.run(scenario()) == ["b", "c", "a"]  # most turns first, FIFO among equals

@@ -1,0 +1,1 @@
+"""The scheduler: drives every trajectory's agent loop under staleness-bounded admission."""

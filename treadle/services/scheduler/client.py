@@ -1,0 +1,70 @@
+"""Async gRPC client of the scheduler, used by trainers (commit, suspend/resume), local mode and tests.
+
+Raises the same ``treadle.errors`` the service raises (``grpcutil.status.from_rpc_error``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from treadle.services.grpcutil import status
+from treadle.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+class SchedulerClient:
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.aio.insecure_channel(address, options=status.channel_options())
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    async def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> scheduler_pb2.SubmitResponse:
+        try:
+            reply: scheduler_pb2.SubmitResponse = await self._stub.Submit(
+                scheduler_pb2.SubmitRequest(groups=groups)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.Submit") from exc
+        return reply
+
+    async def results(self) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
+        try:
+            async for result in self._stub.StreamResults(scheduler_pb2.StreamResultsRequest()):
+                yield result
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.StreamResults") from exc
+
+    async def commit_version(self, version: int) -> scheduler_pb2.CommitVersionResponse:
+        try:
+            reply: scheduler_pb2.CommitVersionResponse = await self._stub.CommitVersion(
+                scheduler_pb2.CommitVersionRequest(version=version)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.CommitVersion") from exc
+        return reply
+
+    async def suspend(self) -> scheduler_pb2.SchedulerStats:
+        try:
+            reply: scheduler_pb2.SchedulerStats = await self._stub.Suspend(scheduler_pb2.SuspendRequest())
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.Suspend") from exc
+        return reply
+
+    async def resume(self) -> scheduler_pb2.SchedulerStats:
+        try:
+            reply: scheduler_pb2.SchedulerStats = await self._stub.Resume(scheduler_pb2.ResumeRequest())
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.Resume") from exc
+        return reply
+
+    async def stats(self) -> scheduler_pb2.SchedulerStats:
+        try:
+            reply: scheduler_pb2.SchedulerStats = await self._stub.Stats(
+                scheduler_pb2.SchedulerStatsRequest()
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.Stats") from exc
+        return reply
+
+    async def aclose(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,142 @@
+"""Scheduler configuration, the interfaces of its dependencies, and validation of submitted work.
+
+Used by ``service.SchedulerService`` (dependencies are injected by keyword, as these ``Protocol``s,
+so the gRPC clients and the in-process services are interchangeable) and by local mode, which
+builds ``TaskConfig`` / ``Settings`` from a RolloutJob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from treadle.errors import SpecError
+from treadle.policy import registry
+from treadle.services.agent import protocol as agent_protocol
+from treadle.services.buffer import protocol as buffer_protocol
+from treadle.services.env import protocol as env_protocol
+from treadle.services.reward import protocol as reward_protocol
+from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
+
+GROUP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,150}$")
+MAX_OPTIONS_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """One task domain as the scheduler runs it."""
+
+    name: str
+    env: str
+    agent: str = "default"
+    reward_fn: str = ""
+    """Reward function; empty takes the one the environment names in ``info["reward_fn"]``."""
+    group_size: int = 8
+    redundancy: float = 0.0
+    """Extra members started per group as a fraction of ``group_size`` (the DARTS seam: the buffer
+    receives them all; selecting ``group_size`` of them is DARTS's job)."""
+    max_turns: int = 8
+    max_tokens: int = 256
+    temperature: float = 1.0
+    system_prompt: str = ""
+
+    @property
+    def members(self) -> int:
+        return self.group_size + int(self.redundancy * self.group_size + 0.999999)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Admission, retry and scheduling knobs (all counts in trajectories)."""
+
+    alpha: int = 1
+    batch_size: int = 64
+    max_in_flight: int = 1024
+    max_pending_trajectories: int = 1_000_000
+    max_concurrent_generations: int = 1_000_000
+    """Turns generating at once; when more wait, ``scheduling_policy`` orders them."""
+    scheduling_policy: str = registry.DEFAULT_SCHEDULING
+    env_attempts: int = 4
+    reward_attempts: int = 4
+    backoff_s: float = 0.05
+    """First retry delay; doubles per attempt up to ``max_backoff_s``."""
+    max_backoff_s: float = 2.0
+    buffer_put_max: int = 256
+    """Finished trajectories put to the buffer in one call at most."""
+
+
+class Env(Protocol):
+    async def open(
+        self, *, env: str, session_id: str, seed: int, options: dict[str, Any] | None = None
+    ) -> env_protocol.Observation: ...
+
+    async def step(self, session_id: str, action: str) -> env_protocol.StepResult: ...
+
+    async def close(self, session_id: str) -> None: ...
+
+
+class Agent(Protocol):
+    async def generate(self, req: agent_protocol.GenerateRequest) -> agent_protocol.GenerateResult: ...
+
+    async def abort(self, trajectory_id: str) -> bool: ...
+
+
+class Reward(Protocol):
+    async def score(self, req: reward_protocol.ScoreRequest) -> reward_protocol.ScoreResult: ...
+
+
+class Placement(Protocol):
+    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment: ...
+
+    async def release(self, req: placement_pb2.ReleaseRequest) -> None: ...
+
+
+class Buffer(Protocol):
+    async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> buffer_protocol.PutResult: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """A validated prompt group."""
+
+    group_id: str
+    task: TaskConfig
+    seed: int
+    options: dict[str, Any] | None
+
+
+def validate_groups(
+    groups: Sequence[scheduler_pb2.PromptGroup], tasks: Mapping[str, TaskConfig]
+) -> list[Work]:
+    """Check every group (all or nothing); errors name ``groups[i].<field>``."""
+    if not groups:
+        raise SpecError("at least one group is required", field="groups")
+    out = []
+    ids: set[str] = set()
+    for i, g in enumerate(groups):
+        at = f"groups[{i}]"
+        if not GROUP_ID.match(g.group_id):
+            raise SpecError(f"must match {GROUP_ID.pattern}", field=f"{at}.group_id", value=g.group_id[:50])
+        if g.group_id in ids:
+            raise SpecError("repeated within one request", field=f"{at}.group_id", value=g.group_id)
+        ids.add(g.group_id)
+        if g.task not in tasks:
+            raise SpecError(f"unknown task; known: {sorted(tasks)}", field=f"{at}.task", value=g.task[:50])
+        if g.seed < 0:
+            raise SpecError("must be >= 0", field=f"{at}.seed", value=g.seed)
+        options: dict[str, Any] | None = None
+        if g.options_json:
+            if len(g.options_json) > MAX_OPTIONS_BYTES:
+                raise SpecError(f"longer than {MAX_OPTIONS_BYTES} bytes", field=f"{at}.options_json")
+            try:
+                parsed = json.loads(g.options_json)
+            except ValueError as exc:
+                raise SpecError(f"not JSON: {exc}", field=f"{at}.options_json") from exc
+            if not isinstance(parsed, dict):
+                raise SpecError("must be a JSON object", field=f"{at}.options_json")
+            options = parsed
+        out.append(Work(group_id=g.group_id, task=tasks[g.task], seed=g.seed, options=options))
+    return out

@@ -1,0 +1,594 @@
+"""Scheduler logic: the agent loop of every trajectory, admission, suspend/resume and version commits.
+
+Built by ``grpc_server.build_server`` (``python -m treadle.services.scheduler``), by local mode and
+by the benchmark, with its dependencies injected (``protocol.Env`` / ``Agent`` / ``Reward`` /
+``Placement`` / ``Buffer``). One asyncio task per trajectory (RollArt's EnvManager: each runs on its
+own timeline, so a slow environment never blocks another)::
+
+    env.open -> [gate -> placement.assign -> agent.generate -> placement.release -> env.step]*
+             -> env.close -> reward.score -> buffer.put (batched)
+
+* **Admission** (``treadle.policy.admission``, AReaL's rule): whole groups start only while the
+  trajectories started stay within ``(alpha + version + 1) * batch_size`` and ``max_in_flight``.
+* **Per-iteration staleness check** (RollArt): ``commit_version(v)`` aborts every in-flight
+  trajectory initiated before ``v - alpha`` (ABORT to its worker, status ``aborted``).
+* **Suspend/resume**: while suspended no group starts and no new turn is issued; turns already
+  generating finish (RollArt keeps in-flight trajectories across a weight swap).
+* **Gate**: at most ``max_concurrent_generations`` turns generate at once; waiting turns are
+  released in the order of the scheduling policy named in the job (``treadle.policy.registry``).
+* **Failures**: ``Unavailable`` (and timeouts) from the environment or the reward gateway are
+  retried with exponential backoff (``env.open`` moves to the next env server); after the last
+  attempt, or on any other error, the trajectory is stored as ``failed`` with the reason. A
+  generation aborted by the worker (pause with abort) is re-issued, as ROLL does after resume.
+* **Nothing is lost**: every admitted trajectory ends in exactly one of completed / failed /
+  aborted and is put to the buffer (put is retried until the buffer takes it; until then it counts
+  as ``unsaved``), so ``submitted == pending + in_flight + unsaved + completed + failed + aborted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import functools
+import itertools
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import prometheus_client as prom
+
+from treadle import errors, metrics
+from treadle.policy import admission, registry
+from treadle.services.agent import protocol as agent_protocol
+from treadle.services.grpcutil import backpressure
+from treadle.services.reward import protocol as reward_protocol
+from treadle.services.scheduler import protocol
+from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+STAGES = ("generation", "environment", "reward", "waiting")
+RETRYABLE = (errors.Unavailable, TimeoutError)
+
+
+class _Failed(Exception):
+    """The trajectory cannot go on; ``str()`` is the reason stored with it."""
+
+
+class SchedulerMetrics:
+    def __init__(self, registry_: prom.CollectorRegistry) -> None:
+        self.stage = prom.Histogram(
+            metrics.SCHED_STAGE_SECONDS, "Seconds per stage call", ["stage"], registry=registry_,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )  # fmt: skip
+        self.turns = prom.Counter(metrics.SCHED_TURNS_TOTAL, "Turns generated", ["task"], registry=registry_)
+        self.trajectories = prom.Counter(
+            metrics.SCHED_TRAJECTORIES_TOTAL,
+            "Finished trajectories by status",
+            ["task", "status"],
+            registry=registry_,
+        )
+        self.inflight = prom.Gauge(metrics.SCHED_INFLIGHT, "Trajectories in flight", registry=registry_)
+        self.pending = prom.Gauge(
+            metrics.SCHED_PENDING, "Trajectories waiting for admission", registry=registry_
+        )
+        self.env_failures = prom.Counter(
+            metrics.SCHED_ENV_FAILURES_TOTAL,
+            "Failed environment calls, by call",
+            ["call"],
+            registry=registry_,
+        )
+        self.reward_seconds = prom.Histogram(
+            metrics.SCHED_REWARD_SECONDS, "Reward gateway latency", registry=registry_,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+        )  # fmt: skip
+        self.version = prom.Gauge(metrics.SCHED_POLICY_VERSION, "Policy version served", registry=registry_)
+
+
+@dataclasses.dataclass
+class _Traj:
+    tid: str
+    work: protocol.Work
+    init_version: int
+    task: asyncio.Task[None] | None = None
+    worker: placement_pb2.Assignment | None = None
+    abort_reason: str = ""
+    turns: list[common_pb2.Turn] = dataclasses.field(default_factory=list)
+    stage: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    started: float = 0.0
+
+
+@dataclasses.dataclass
+class _TaskCounts:
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    aborted: int = 0
+    reward_sum: float = 0.0
+
+
+class Gate:
+    """Bounds concurrent generations, holds turns while suspended, and orders the waiting ones."""
+
+    def __init__(self, limit: int, policy: registry.SchedulingPolicy) -> None:
+        self.limit = limit
+        self.policy = policy
+        self.active = 0
+        self.suspended = False
+        self._seq = itertools.count()
+        self._waiting: dict[str, tuple[registry.QueuedTurn, asyncio.Future[None]]] = {}
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def acquire(self, tid: str, *, turn: int, task: str) -> None:
+        if not self.suspended and not self._waiting and self.active < self.limit:
+            self.active += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[tid] = (registry.QueuedTurn(tid, next(self._seq), turn, task), fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._waiting.pop(tid, None)
+            if fut.done() and not fut.cancelled():
+                self.release()  # the slot was granted just as we were cancelled
+            raise
+
+    def release(self) -> None:
+        self.active -= 1
+        self.wake()
+
+    def wake(self) -> None:
+        free = self.limit - self.active
+        if self.suspended or free <= 0 or not self._waiting:
+            return
+        for tid in self.policy([q for q, _ in self._waiting.values()])[:free]:
+            _, fut = self._waiting.pop(tid)
+            self.active += 1
+            fut.set_result(None)
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        *,
+        tasks: Mapping[str, protocol.TaskConfig],
+        settings: protocol.Settings,
+        envs: Sequence[protocol.Env],
+        agent_for: Callable[[str], protocol.Agent],
+        placement: protocol.Placement,
+        reward: protocol.Reward,
+        buffer: protocol.Buffer,
+        registry_: prom.CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not envs:
+            raise errors.SpecError("at least one environment server is required", field="envs")
+        self.tasks = dict(tasks)
+        self.settings = settings
+        self.envs = list(envs)
+        self.agent_for = agent_for
+        self.placement = placement
+        self.reward = reward
+        self.buffer = buffer
+        self.clock = clock
+        self.limits = admission.Limits(
+            alpha=settings.alpha, batch_size=settings.batch_size, max_in_flight=settings.max_in_flight
+        )
+        self.gate = Gate(
+            settings.max_concurrent_generations, registry.scheduling_policy(settings.scheduling_policy)
+        )
+        self.registry = registry_ or prom.CollectorRegistry()
+        self.metrics = SchedulerMetrics(self.registry)
+        self.version = 0
+        self._pending: collections.deque[protocol.Work] = collections.deque()
+        self._pending_trajectories = 0
+        self._known_groups: set[str] = set()
+        self._inflight: dict[str, _Traj] = {}
+        self._unsaved: list[tuple[common_pb2.Trajectory, scheduler_pb2.TrajectoryResult]] = []
+        self._saving = 0
+        self._save_wake = asyncio.Event()
+        self._saver: asyncio.Task[None] | None = None
+        self._subscribers: set[asyncio.Queue[scheduler_pb2.TrajectoryResult | None]] = set()
+        self._per_task = {name: _TaskCounts() for name in tasks}
+        self._finished = 0
+        self._turns = 0
+        self._env_retries = 0
+        self._failed_by_reason: collections.Counter[str] = collections.Counter()
+        self._stage_totals = dict.fromkeys(STAGES, 0.0)
+        self._closed = False
+
+    # --- API ------------------------------------------------------------------------------------
+
+    async def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> scheduler_pb2.SubmitResponse:
+        work = protocol.validate_groups(groups, self.tasks)
+        fresh = [w for w in work if w.group_id not in self._known_groups]
+        members = sum(w.task.members for w in fresh)
+        if self._pending_trajectories + members > self.settings.max_pending_trajectories:
+            raise backpressure.Overloaded(
+                f"{self._pending_trajectories} trajectories pending; {members} more would exceed "
+                f"max_pending_trajectories={self.settings.max_pending_trajectories}"
+            )
+        for w in fresh:
+            self._known_groups.add(w.group_id)
+            self._pending.append(w)
+            self._pending_trajectories += w.task.members
+            self._per_task[w.task.name].submitted += w.task.members
+        self.metrics.pending.set(self._pending_trajectories)
+        self._admit()
+        return scheduler_pb2.SubmitResponse(accepted_groups=len(fresh), trajectories=members)
+
+    async def commit_version(self, version: int) -> scheduler_pb2.CommitVersionResponse:
+        if version < self.version:
+            raise errors.Conflict(f"version {version} is older than the committed version {self.version}")
+        self.version = version
+        self.metrics.version.set(version)
+        init = {tid: t.init_version for tid, t in self._inflight.items() if not t.abort_reason}
+        stale = admission.stale_in_flight(init, version=version, alpha=self.settings.alpha)
+        aborts = []
+        for tid in stale:
+            t = self._inflight[tid]
+            t.abort_reason = f"stale: initiated at version {t.init_version}, committed {version}"
+            if t.worker is not None:
+                aborts.append(self.agent_for(t.worker.address).abort(tid))
+            if t.task is not None:
+                t.task.cancel()
+        # ABORT on the workers too: cancelling the call alone leaves the engine decoding until it notices.
+        await asyncio.gather(*aborts, return_exceptions=True)
+        self._admit()
+        return scheduler_pb2.CommitVersionResponse(version=version, aborted_trajectory_ids=stale)
+
+    def suspend(self) -> scheduler_pb2.SchedulerStats:
+        self.gate.suspended = True
+        return self.stats()
+
+    def resume(self) -> scheduler_pb2.SchedulerStats:
+        self.gate.suspended = False
+        self.gate.wake()
+        self._admit()
+        return self.stats()
+
+    def stats(self) -> scheduler_pb2.SchedulerStats:
+        out = scheduler_pb2.SchedulerStats(
+            version=self.version,
+            suspended=self.gate.suspended,
+            submitted=sum(c.submitted for c in self._per_task.values()),
+            pending=self._pending_trajectories,
+            in_flight=len(self._inflight),
+            completed=sum(c.completed for c in self._per_task.values()),
+            failed=sum(c.failed for c in self._per_task.values()),
+            aborted=sum(c.aborted for c in self._per_task.values()),
+            unsaved=len(self._unsaved) + self._saving,
+            turns=self._turns,
+            env_retries=self._env_retries,
+            failed_by_reason=dict(self._failed_by_reason),
+            stage_seconds=self._stage_totals,
+        )
+        for name, c in sorted(self._per_task.items()):
+            done = c.completed
+            out.tasks.add(
+                task=name, submitted=c.submitted, completed=c.completed, failed=c.failed, aborted=c.aborted,
+                mean_reward=c.reward_sum / done if done else 0.0,
+            )  # fmt: skip
+        return out
+
+    def results(self, *, max_queue: int = 100_000) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
+        """Every trajectory stored from this call on; ends when the scheduler closes.
+
+        Subscribes at the call, not at the first iteration, so nothing stored in between is missed.
+        """
+        queue: asyncio.Queue[scheduler_pb2.TrajectoryResult | None] = asyncio.Queue(max_queue)
+        self._subscribers.add(queue)
+        return self._drain(queue)
+
+    async def _drain(
+        self, queue: asyncio.Queue[scheduler_pb2.TrajectoryResult | None]
+    ) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            self._subscribers.discard(queue)
+
+    async def aclose(self) -> None:
+        """Cancel in-flight work (shutdown, not abort: nothing is stored for it) and flush the saver."""
+        self._closed = True
+        tasks = [t.task for t in self._inflight.values() if t.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._saver is not None:
+            self._saver.cancel()
+            await asyncio.gather(self._saver, return_exceptions=True)
+        for q in self._subscribers:
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(None)
+
+    # --- admission --------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        if self.gate.suspended or self._closed:
+            return
+        while self._pending:
+            work = self._pending[0]
+            state = admission.AdmissionState(
+                version=self.version, accepted=self._finished, running=len(self._inflight)
+            )
+            if admission.admit_groups(state, self.limits, group_size=work.task.members, pending_groups=1) < 1:
+                break
+            self._pending.popleft()
+            self._pending_trajectories -= work.task.members
+            for i in range(work.task.members):
+                t = _Traj(
+                    tid=f"{work.group_id}-{i}", work=work, init_version=self.version, started=self.clock()
+                )
+                self._inflight[t.tid] = t
+                t.task = asyncio.create_task(self._run(t), name=f"trajectory {t.tid}")
+                t.task.add_done_callback(functools.partial(self._on_done, t))
+        self.metrics.pending.set(self._pending_trajectories)
+        self.metrics.inflight.set(len(self._inflight))
+
+    # --- one trajectory -------------------------------------------------------------------------
+
+    async def _run(self, t: _Traj) -> None:
+        task = t.work.task
+        env = self.envs[zlib.crc32(t.tid.encode()) % len(self.envs)]
+        status, reason, reward, prompt = "completed", "", 0.0, ""
+        opened = False
+        try:
+            obs, env = await self._open(t, env)
+            opened = True
+            prompt = obs.observation
+            messages = [agent_protocol.ChatMessage(role="user", content=obs.observation)]
+            if task.system_prompt:
+                messages.insert(0, agent_protocol.ChatMessage(role="system", content=task.system_prompt))
+            done = obs.done
+            while not done and len(t.turns) < task.max_turns:
+                result = await self._generate(t, messages)
+                if result is None:
+                    continue  # the worker aborted the turn (pause with abort): issue it again
+                turn = common_pb2.Turn(
+                    prompt_token_ids=result.prompt_token_ids, output_token_ids=result.output_token_ids,
+                    output_logprobs=result.output_logprobs, output_versions=result.output_versions,
+                    text=result.text, worker_id=t.worker.worker_id if t.worker else "",
+                )  # fmt: skip
+                t.turns.append(turn)
+                self._turns += 1
+                self.metrics.turns.labels(task.name).inc()
+                messages.append(agent_protocol.ChatMessage(role="assistant", content=result.text))
+                step = await self._retrying(
+                    t, "environment", "step", functools.partial(env.step, t.tid, result.text)
+                )
+                turn.observation = step.observation
+                done = step.done
+                if not done:
+                    messages.append(agent_protocol.ChatMessage(role="user", content=step.observation))
+            await self._close_env(t, env)
+            opened = False
+            reward = await self._score(t, obs.info, prompt)
+        except _Failed as exc:
+            status, reason = "failed", str(exc)
+        except asyncio.CancelledError:
+            if not t.abort_reason:
+                raise  # shutdown
+            status, reason = "aborted", t.abort_reason
+        finally:
+            if opened:
+                await self._close_env(t, env)
+            if t.worker is not None:
+                # Forget the sticky worker and feed the task profile (auto affinity).
+                with contextlib.suppress(errors.TreadleError):
+                    await self.placement.release(
+                        placement_pb2.ReleaseRequest(
+                            trajectory_id=t.tid, task=task.name, final=True, turns=len(t.turns)
+                        )
+                    )
+        self._finish(t, status=status, reason=reason, reward=reward, prompt=prompt)
+
+    def _on_done(self, t: _Traj, task: asyncio.Task[None]) -> None:
+        """Account for a trajectory whose ``_run`` did not: aborted before it started, or a bug."""
+        if t.tid not in self._inflight or self._closed:
+            return
+        if task.cancelled():
+            if t.abort_reason:
+                self._finish(t, status="aborted", reason=t.abort_reason, reward=0.0, prompt="")
+            return
+        exc = task.exception()
+        log.error("trajectory %s: internal error", t.tid, exc_info=exc)
+        self._finish(t, status="failed", reason=f"internal: {exc!r}", reward=0.0, prompt="")
+
+    async def _open(self, t: _Traj, first: protocol.Env) -> tuple[Any, protocol.Env]:
+        """Open the session, moving to the next env server on each retry."""
+        task = t.work.task
+        start = self.envs.index(first)
+        attempt = 0
+
+        async def call() -> Any:
+            nonlocal attempt
+            env = self.envs[(start + attempt) % len(self.envs)]
+            attempt += 1
+            options = {"max_turns": task.max_turns, **(t.work.options or {})}
+            return env, await env.open(env=task.env, session_id=t.tid, seed=t.work.seed, options=options)
+
+        env, obs = await self._retrying(t, "environment", "open", call)
+        return obs, env
+
+    async def _close_env(self, t: _Traj, env: protocol.Env) -> None:
+        began = self.clock()
+        try:
+            await env.close(t.tid)
+        except errors.TreadleError as exc:
+            # The trajectory is complete; a session the env server lost is reaped there by idle TTL.
+            log.info("trajectory %s: env close failed: %s", t.tid, exc)
+        finally:
+            self._spent(t, "environment", began)
+
+    async def _generate(
+        self, t: _Traj, messages: list[agent_protocol.ChatMessage]
+    ) -> agent_protocol.GenerateResult | None:
+        task = t.work.task
+        turn = len(t.turns)
+        began = self.clock()
+        await self.gate.acquire(t.tid, turn=turn, task=task.name)
+        self._spent(t, "waiting", began)
+        began = self.clock()
+        try:
+            try:
+                t.worker = await self.placement.assign(
+                    placement_pb2.AssignRequest(trajectory_id=t.tid, task=task.name, turn=turn)
+                )
+            except errors.TreadleError as exc:
+                raise _Failed(f"placement: {exc}") from exc
+            req = agent_protocol.GenerateRequest(
+                trajectory_id=t.tid, turn=turn, messages=messages, max_tokens=task.max_tokens,
+                temperature=task.temperature,
+            )  # fmt: skip
+            result: agent_protocol.GenerateResult | None = None
+            try:
+                result = await self.agent_for(t.worker.address).generate(req)
+            except errors.TreadleError as exc:
+                raise _Failed(f"generation on {t.worker.worker_id}: {exc}") from exc
+            finally:
+                with contextlib.suppress(errors.TreadleError):
+                    await self.placement.release(
+                        placement_pb2.ReleaseRequest(
+                            trajectory_id=t.tid, worker_id=t.worker.worker_id, task=task.name,
+                            turn_finished=True,
+                            prompt_tokens=len(result.prompt_token_ids) if result else 0,
+                            output_tokens=len(result.output_token_ids) if result else 0,
+                        )
+                    )  # fmt: skip
+        finally:
+            self.gate.release()
+            self._spent(t, "generation", began)
+        return None if result.finish_reason == "abort" else result
+
+    async def _retrying(self, t: _Traj, stage: str, call: str, fn: Callable[[], Awaitable[T]]) -> T:
+        attempts = self.settings.env_attempts if stage == "environment" else self.settings.reward_attempts
+        delay = self.settings.backoff_s
+        for attempt in range(1, attempts + 1):
+            began = self.clock()
+            try:
+                return await fn()
+            except RETRYABLE as exc:
+                if stage == "environment":
+                    self.metrics.env_failures.labels(call).inc()
+                if attempt == attempts:
+                    raise _Failed(f"{stage}: {call} failed after {attempts} attempts: {exc}") from exc
+                if stage == "environment":
+                    self._env_retries += 1
+            except errors.TreadleError as exc:
+                if stage == "environment":
+                    self.metrics.env_failures.labels(call).inc()
+                raise _Failed(f"{stage}: {call}: {exc}") from exc
+            finally:
+                self._spent(t, stage, began)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.max_backoff_s)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _score(self, t: _Traj, info: Mapping[str, Any], prompt: str) -> float:
+        task = t.work.task
+        reward_fn = task.reward_fn or str(info.get("reward_fn") or "")
+        if not reward_fn:
+            raise _Failed(
+                f"reward: task {task.name!r} names no reward function and the environment gave none"
+            )
+        reference = info.get("reference")
+        req = reward_protocol.ScoreRequest(
+            trajectory_id=t.tid, reward_fn=reward_fn, response=t.turns[-1].text if t.turns else "",
+            reference=None if reference is None else str(reference), prompt=prompt,
+            metadata={"task": task.name, "turns": len(t.turns)},
+        )  # fmt: skip
+        began = self.clock()
+        result = await self._retrying(t, "reward", "score", lambda: self.reward.score(req))
+        self.metrics.reward_seconds.observe(self.clock() - began)
+        return float(result.reward)
+
+    def _spent(self, t: _Traj, stage: str, began: float) -> None:
+        seconds = self.clock() - began
+        t.stage[stage] += seconds
+        self.metrics.stage.labels(stage).observe(seconds)
+
+    # --- finishing --------------------------------------------------------------------------------
+
+    def _finish(self, t: _Traj, *, status: str, reason: str, reward: float, prompt: str) -> None:
+        task = t.work.task
+        versions = [v for turn in t.turns for v in turn.output_versions] or [t.init_version]
+        traj = common_pb2.Trajectory(
+            trajectory_id=t.tid, group_id=t.work.group_id, task=task.name, agent=task.agent, turns=t.turns,
+            reward=reward, status=status, reason=reason, min_version=min(versions), max_version=max(versions),
+            group_size=task.members, init_version=t.init_version, prompt=prompt,
+        )  # fmt: skip
+        result = scheduler_pb2.TrajectoryResult(
+            trajectory_id=t.tid, group_id=t.work.group_id, task=task.name, status=status, reason=reason,
+            reward=reward, turns=len(t.turns), init_version=t.init_version, min_version=min(versions),
+            max_version=max(versions), output_tokens=sum(len(x.output_token_ids) for x in t.turns),
+            seconds=self.clock() - t.started,
+        )  # fmt: skip
+        for stage, seconds in t.stage.items():
+            self._stage_totals[stage] += seconds
+        del self._inflight[t.tid]
+        self._finished += 1
+        self._unsaved.append((traj, result))
+        self._save_wake.set()
+        if self._saver is None or self._saver.done():
+            self._saver = asyncio.create_task(self._save_forever(), name="buffer saver")
+        self._admit()
+
+    async def _save_forever(self) -> None:
+        """Put finished trajectories to the buffer in batches; retry until it takes them."""
+        delay = self.settings.backoff_s
+        while True:
+            if not self._unsaved:
+                self._save_wake.clear()
+                await self._save_wake.wait()
+            chunk = self._unsaved[: self.settings.buffer_put_max]
+            del self._unsaved[: len(chunk)]
+            self._saving = len(chunk)
+            try:
+                await self.buffer.put([traj for traj, _ in chunk])
+            except errors.TreadleError as exc:
+                log.warning(
+                    "buffer put of %d trajectories failed (retrying in %.2fs): %s", len(chunk), delay, exc
+                )
+                self._unsaved[:0] = chunk
+                self._saving = 0
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.max_backoff_s)
+                continue
+            delay = self.settings.backoff_s
+            self._saving = 0
+            for traj, result in chunk:
+                self._record(traj, result)
+
+    def _record(self, traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult) -> None:
+        counts = self._per_task[traj.task]
+        setattr(counts, traj.status, getattr(counts, traj.status) + 1)
+        if traj.status == "completed":
+            counts.reward_sum += traj.reward
+        else:
+            self._failed_by_reason[_reason_kind(traj.reason)] += 1
+        self.metrics.trajectories.labels(traj.task, traj.status).inc()
+        self.metrics.inflight.set(len(self._inflight))
+        for q in list(self._subscribers):
+            try:
+                q.put_nowait(result)
+            except asyncio.QueueFull:
+                # A subscriber this far behind is dropped rather than growing memory without bound.
+                self._subscribers.discard(q)
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+                q.put_nowait(None)
+
+
+def _reason_kind(reason: str) -> str:
+    """The stats key of a failure reason: its text up to the first detail (ids and versions vary)."""
+    head = reason.split(":", 2)
+    return ":".join(head[:2]).strip() if len(head) > 1 else reason
