@@ -22,6 +22,11 @@ task, so the estimate follows policy drift; a trajectory already longer than eve
 is predicted to run as long again (``x``), the heavy-tail (Lindy) guess, which keeps it at the
 front of an LPT queue; with no history at all the prediction is ``prior``. Cost per prediction:
 two binary searches, ``O(log window)``.
+
+Known limit (measured in the unit test on a synthetic task): siblings finished so far are the
+group's short ones, so once a trajectory has outrun them the group term falls back to the task,
+and trajectories of one group at one progress point get one number. Ranking inside a group needs
+the text, which is what the paper's model reads; plug such a model in through ``Predictor``.
 """
 
 from __future__ import annotations
@@ -88,7 +93,8 @@ class _Lengths:
         return self.suffix[i] / above - x, above
 
 
-_EMPTY: Mapping[str, _Lengths] = MappingProxyType({})
+def _empty() -> Mapping[str, _Lengths]:
+    return MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +109,8 @@ class HistoryModel:
     """Weight of the task estimate against ``n_g`` finished siblings."""
     prior: float = 0.0
     """Prediction when the task has no history yet (0 ranks such trajectories by arrival)."""
-    tasks: Mapping[str, _Lengths] = _EMPTY
-    groups: Mapping[str, _Lengths] = _EMPTY
+    tasks: Mapping[str, _Lengths] = dataclasses.field(default_factory=_empty)
+    groups: Mapping[str, _Lengths] = dataclasses.field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         for name in ("window", "groups_kept"):

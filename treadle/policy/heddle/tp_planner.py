@@ -134,20 +134,19 @@ def plan(
         current, current_energy = best, best_energy
     temperature = current_energy
     floor = annealing.min_temperature_ratio * current_energy
+    proposals = 0
     while temperature > floor and len(scorer.memo) < annealing.max_evaluations:
-        for _ in range(annealing.moves_per_temperature):
-            candidate = _perturb(current, set(degrees), rng)
-            if candidate is None:
-                break
-            delta = scorer.score(candidate).energy - current_energy
-            if delta < 0 or rng.random() < math.exp(-delta / temperature):
-                current, current_energy = candidate, current_energy + delta
-                if current_energy < best_energy:
-                    best, best_energy = current, current_energy
-        else:
+        candidate = _perturb(current, set(degrees), rng)
+        if candidate is None:
+            break  # no move exists (a single worker of the only degree)
+        delta = scorer.score(candidate).energy - current_energy
+        if delta < 0 or rng.random() < math.exp(-delta / temperature):
+            current, current_energy = candidate, current_energy + delta
+            if current_energy < best_energy:
+                best, best_energy = current, current_energy
+        proposals += 1
+        if proposals % annealing.moves_per_temperature == 0:
             temperature *= annealing.cooling
-            continue
-        break  # no move exists from here (a single worker of the only degree)
     chosen = scorer.score(best)
     return Plan(
         degrees=best,
