@@ -42,6 +42,7 @@ UID_BASE = 1_800_000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+PR_SET_CHILD_SUBREAPER = 36
 
 # Runs in the child before the user's file: the fallback socket block, then the user code as __main__.
 _BOOTSTRAP = """
@@ -109,6 +110,11 @@ class Sandbox:
             self.workroot = os.environ.get("TREADLE_SANDBOX_DIR", "/var/lib/treadle-sandbox")
             os.makedirs(self.workroot, mode=0o711, exist_ok=True)
             os.chmod(self.workroot, 0o711)
+            # Orphans of a run (a fork bomb's children) become our children, so we can reap them:
+            # unreaped zombies would keep counting against the slot uid's RLIMIT_NPROC.
+            libc = _libc()
+            if libc is not None:
+                libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     async def run(self, code: str, *, stdin: str = "", limits: Limits | None = None) -> Result:
         limits = limits or self.limits
@@ -146,6 +152,7 @@ class Sandbox:
             status, out, err = await self._collect(proc, stdin, limits)
             if isolated:
                 _kill_uid(uid)
+                await _reap_uid(uid)
             else:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -284,3 +291,40 @@ def _kill_uid(uid: int) -> None:
                 pass
             os._exit(0)
         os.waitpid(pid, 0)
+
+
+async def _reap_uid(uid: int, *, attempts: int = 50) -> None:
+    """Wait for the killed processes of ``uid`` that were re-parented to us (we are their subreaper).
+
+    Only pids this process never spawned are waited for, so asyncio's own child watcher (which waits
+    on the pids it started) is not disturbed.
+    """
+    me = os.getpid()
+    for _ in range(attempts):
+        left = 0
+        for pid, ppid in processes_of(uid):
+            if ppid != me:
+                left += 1
+                continue
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:  # noqa: ASYNC222 (WNOHANG never blocks)
+                    left += 1
+        if left == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
+def processes_of(uid: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process whose real uid is ``uid``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            found.append((int(entry.name), int(fields.get("PPid", "0").strip())))
+    return found

@@ -120,15 +120,16 @@ def build_app(
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": out.text, "refusal": None, "annotations": None,
-                        "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
+                        "audio": None, "function_call": None, "reasoning": None},
             "logprobs": logprobs, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
-            "token_ids": out.token_ids if req.return_token_ids else None,
+            "token_ids": out.token_ids if req.return_token_ids else None, "routed_experts": None,
         }  # fmt: skip
         body = {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": MODEL, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,
             "usage": _usage(len(prompt), len(out.token_ids)), "prompt_logprobs": None,
-            "prompt_token_ids": prompt if req.return_token_ids else None, "kv_transfer_params": None,
+            "prompt_token_ids": prompt if req.return_token_ids else None, "prompt_text": None,
+            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
         }  # fmt: skip
         return responses.JSONResponse(body)
 
@@ -161,11 +162,13 @@ def build_app(
             "index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason, "token_ids": out.token_ids if req.return_token_ids else None,
             "prompt_logprobs": None, "prompt_token_ids": prompt if req.return_token_ids else None,
+            "routed_experts": None,
         }  # fmt: skip
         body = {
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": MODEL, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,
             "usage": _usage(len(prompt), len(out.token_ids)), "kv_transfer_params": None,
+            "ec_transfer_params": None, "metrics": None,
         }  # fmt: skip
         return responses.JSONResponse(body)
 
@@ -212,7 +215,7 @@ def build_app(
 
 def _check(req: _Sampling) -> None:
     if req.model is not None and req.model != MODEL:
-        raise errors.NotFound(f"The model `{req.model}` does not exist.")
+        raise errors.NotFound(f"The model `{req.model}` does not exist. Valid aliases: {MODEL}.")
     if req.n != 1:
         raise errors.SpecError("the simulated engine supports n=1 only", field="n")
     if req.stream:
@@ -225,7 +228,7 @@ def _stops(req: _Sampling) -> list[str]:
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None}  # fmt: skip
+            "prompt_tokens_details": None, "completion_tokens_details": None}  # fmt: skip
 
 
 def _chat_logprob(token_id: int, logprob: float) -> dict[str, Any]:

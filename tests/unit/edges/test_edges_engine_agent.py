@@ -1,0 +1,67 @@
+"""The simulated engine's determinism and limits, its tokenizer, and the agent's parsers (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle import errors
+from treadle.services.agent import service
+from treadle.services.fakevllm import engine, tokenizer
+
+
+def test_tokenizer_round_trip_and_chat_template() -> None:
+    assert tokenizer.decode(tokenizer.encode("héllo <x>")) == "héllo <x>"
+    ids = tokenizer.apply_chat_template([("user", "hi")])
+    assert ids[0] == tokenizer.BOS and ids[1] == tokenizer.IM_START
+    assert tokenizer.decode(ids) == "user\nhi\nassistant\n"
+
+
+async def test_engine_is_deterministic_and_version_changes_output() -> None:
+    eng = engine.SimulatedEngine(eos_probability=0.0)
+    a = await eng.generate([1, 2, 3], max_tokens=32)
+    b = await eng.generate([1, 2, 3], max_tokens=32)
+    assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
+    assert a.finish_reason == "length" and len(a.token_ids) == 32
+    assert all(-5.02 <= lp < 0 for lp in a.logprobs)
+    eng.weight_version = "step-1"
+    c = await eng.generate([1, 2, 3], max_tokens=32)
+    assert c.token_ids != a.token_ids
+
+
+async def test_engine_stop_string_and_eos() -> None:
+    eng = engine.SimulatedEngine(eos_probability=0.0)
+    full = await eng.generate([9], max_tokens=64)
+    stop = full.text[10:12]
+    cut = await eng.generate([9], max_tokens=64, stop=[stop])
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop and stop not in cut.text
+    always_eos = engine.SimulatedEngine(eos_probability=1.0)
+    out = await always_eos.generate([9], max_tokens=64)
+    assert out.finish_reason == "stop" and out.token_ids[-1] == tokenizer.EOS and len(out.token_ids) == 2
+
+
+async def test_engine_refuses_over_max_model_len_and_keeps_accounts() -> None:
+    eng = engine.SimulatedEngine(max_model_len=16)
+    with pytest.raises(errors.SpecError) as exc:
+        await eng.generate(list(range(10)), max_tokens=7)
+    assert exc.value.field == "max_tokens"
+    assert (eng.waiting, len(eng.running), eng.kv_tokens) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("label", "version"),
+    [(None, 0), ("", 0), ("7", 7), ("step-12", 12), ("v3 ", 3), ("latest", 0)],
+    ids=["none", "empty", "int", "step-n", "space", "no-digits"],
+)
+def test_parse_version(label: str | None, version: int) -> None:
+    assert service.parse_version(label) == version
+
+
+def test_parse_metrics_sums_labelled_samples() -> None:
+    text = (
+        "# HELP vllm:num_requests_waiting x\n"
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 3.0\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+        "garbage line\n"
+    )
+    assert service.parse_metrics(text) == {"vllm:num_requests_waiting": 5.0, "vllm:kv_cache_usage_perc": 0.25}

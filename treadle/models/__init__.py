@@ -1,0 +1,1 @@
+"""Tiny models generated locally (no hub): the random Llama + byte-level BPE tokenizer for real vLLM."""
