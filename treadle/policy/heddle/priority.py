@@ -47,10 +47,25 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerQueue:
+    """One worker's requests, both tuples in dispatch order (``of``, ``insert`` and ``apply`` keep it).
+
+    The order is a precondition rather than re-checked on every call: a step update must stay far
+    under 50 us, and the scheduler only ever edits the queues through ``insert``/``apply``.
+    """
+
     running: tuple[Request, ...]
     waiting: tuple[Request, ...]
     slots: int
     """Most requests this worker decodes at once (the engine's running-batch cap)."""
+
+    @staticmethod
+    def of(
+        running: Iterable[Request], waiting: Iterable[Request], slots: int, *, key: Key = "remaining"
+    ) -> WorkerQueue:
+        """Build from requests in any order."""
+        return WorkerQueue(
+            running=tuple(order(running, key=key)), waiting=tuple(order(waiting, key=key)), slots=slots
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +99,10 @@ def ranks(requests: Iterable[Request], *, key: Key = "remaining") -> dict[str, i
 
 
 def insert(waiting: Sequence[Request], request: Request, *, key: Key = "remaining") -> tuple[Request, ...]:
-    """Put a step's new request into an already ordered waiting queue (replacing an older one)."""
+    """Put a step's new request into an ordered queue (replacing the trajectory's older one)."""
     kept = [r for r in waiting if r.trajectory_id != request.trajectory_id]
-    keys = [sort_key(r, key=key) for r in kept]
-    kept.insert(bisect.bisect_left(keys, sort_key(request, key=key)), request)
+    at = bisect.bisect_left(kept, sort_key(request, key=key), key=lambda r: sort_key(r, key=key))
+    kept.insert(at, request)
     return tuple(kept)
 
 
@@ -99,31 +114,33 @@ def next_action(state: WorkerQueue, *, key: Key = "remaining", margin: float = 0
         raise SpecError("must be >= 0", field="margin", value=margin)
     if not state.waiting:
         return None
-    head = min(state.waiting, key=lambda r: sort_key(r, key=key))
+    head = state.waiting[0]
     if len(state.running) < state.slots:
         return Action(admit=head.trajectory_id)
     if not state.running:
         return None
-    victim = max(state.running, key=lambda r: sort_key(r, key=key))
+    victim = state.running[-1]
     if priority(head, key=key) > priority(victim, key=key) * (1.0 + margin):
         return Action(admit=head.trajectory_id, preempt=victim.trajectory_id)
     return None
 
 
-def apply(state: WorkerQueue, action: Action) -> WorkerQueue:
+def apply(state: WorkerQueue, action: Action, *, key: Key = "remaining") -> WorkerQueue:
     """The queue after ``action`` (what the shell observes once the engine has done it)."""
-    waiting = {r.trajectory_id: r for r in state.waiting}
-    running = {r.trajectory_id: r for r in state.running}
-    if action.admit not in waiting:
+    admitted = next((r for r in state.waiting if r.trajectory_id == action.admit), None)
+    if admitted is None:
         raise SpecError(f"{action.admit!r} is not waiting", field="action.admit", value=action.admit)
-    running[action.admit] = waiting.pop(action.admit)
+    waiting = tuple(r for r in state.waiting if r is not admitted)
+    running = insert(state.running, admitted, key=key)
     if action.preempt is not None:
-        if action.preempt not in running:
+        victim = next((r for r in running if r.trajectory_id == action.preempt), None)
+        if victim is None:
             raise SpecError(
                 f"{action.preempt!r} is not running", field="action.preempt", value=action.preempt
             )
-        waiting[action.preempt] = running.pop(action.preempt)
-    return WorkerQueue(running=tuple(running.values()), waiting=tuple(waiting.values()), slots=state.slots)
+        running = tuple(r for r in running if r is not victim)
+        waiting = insert(waiting, victim, key=key)
+    return WorkerQueue(running=running, waiting=waiting, slots=state.slots)
 
 
 def run_to_completion(
@@ -137,5 +154,5 @@ def run_to_completion(
         if action is None:
             return actions, state
         actions.append(action)
-        state = apply(state, action)
+        state = apply(state, action, key=key)
     raise RuntimeError(f"priority round did not settle in {cap} steps")

@@ -15,9 +15,9 @@ A = priority.Action
 
 def q(running: list[tuple[str, float]], waiting: list[tuple[str, float]], slots: int) -> priority.WorkerQueue:
     seq = iter(range(100))
-    return priority.WorkerQueue(
-        running=tuple(R(t, p, next(seq)) for t, p in running),
-        waiting=tuple(R(t, p, next(seq)) for t, p in waiting),
+    return priority.WorkerQueue.of(
+        running=[R(t, p, next(seq)) for t, p in running],
+        waiting=[R(t, p, next(seq)) for t, p in waiting],
         slots=slots,
     )
 
@@ -114,6 +114,8 @@ def test_round_invariants(running: list[float], waiting: list[float], slots: int
     )
     _, after = priority.run_to_completion(state, margin=margin)
     assert len(after.running) <= slots
+    assert list(after.running) == priority.order(after.running)  # apply keeps dispatch order
+    assert list(after.waiting) == priority.order(after.waiting)
     assert len(after.running) + len(after.waiting) == len(running) + len(waiting)
     if after.waiting:
         assert len(after.running) == slots  # no free slot while requests wait

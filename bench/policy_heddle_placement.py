@@ -1,0 +1,99 @@
+"""Benchmark: Heddle presorted-DP placement time for a rollout batch (Heddle Table 2: ~36-38 ms).
+
+Run: ``python bench/policy_heddle_placement.py [--trajectories 1024] [--workers 64] [--out DIR]``.
+Times ``presorted_dp.plan`` (parametric search, the default), the same with the Eq. (3) DP
+(``exact_dp``), and with short-trajectory merging, on lognormal predicted lengths and an
+interference table from the roofline cost model (Qwen3-14B, H800, TP 1, up to 100 running).
+Prints figures only; nothing is asserted. Writes ``config.json`` and ``results.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from treadle.policy import costmodel
+from treadle.policy.heddle import presorted_dp
+
+PAPER_MS = (36.0, 38.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    trajectories: int = 1024
+    """Trajectories in the batch."""
+    workers: int = 64
+    """Identical rollout workers (TP 1)."""
+    repeats: int = 50
+    """Timed runs per variant; the median is reported."""
+    context_tokens: int = 4096
+    """Mean context per running sequence when profiling decode steps."""
+    max_running: int = 100
+    """Running batch cap per worker (the paper's baselines use 100)."""
+    seed: int = 0
+
+
+def profile(cfg: Config) -> tuple[float, tuple[float, ...]]:
+    steps = [
+        costmodel.decode_step_time(
+            costmodel.H800, costmodel.QWEN3_14B, batch=b, context_tokens=b * cfg.context_tokens, tp=1
+        )
+        for b in range(1, cfg.max_running + 1)
+    ]
+    return steps[0], presorted_dp.interference_from_step_times(steps, max_group=cfg.trajectories)
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=Config.trajectories)
+    parser.add_argument("--workers", type=int, default=Config.workers)
+    parser.add_argument("--repeats", type=int, default=Config.repeats)
+    parser.add_argument("--seed", type=int, default=Config.seed)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+    cfg = Config(trajectories=args.trajectories, workers=args.workers, repeats=args.repeats, seed=args.seed)
+    rng = random.Random(cfg.seed)
+    trajs = [presorted_dp.Trajectory(f"t{i}", rng.lognormvariate(8.0, 1.0)) for i in range(cfg.trajectories)]
+    t_base, table = profile(cfg)
+    workers = [presorted_dp.WorkerProfile(f"w{j}", t_base, table) for j in range(cfg.workers)]
+    p50 = statistics.median(t.predicted_length for t in trajs)
+    merge = presorted_dp.Merge(below=p50, block=8)
+    variants: dict[str, Callable[[], presorted_dp.Placement]] = {
+        "plan (parametric, default)": lambda: presorted_dp.plan(trajs, workers),
+        "plan with merging (< p50, blocks of 8)": lambda: presorted_dp.plan(trajs, workers, merge=merge),
+        "plan with the Eq. (3) DP (bisected k)": lambda: presorted_dp.plan(trajs, workers, exact_dp=True),
+    }
+    results = {}
+    print(
+        f"Heddle placement, {cfg.trajectories} trajectories on {cfg.workers} workers (pure Python, this host)"
+    )
+    print(f"{'variant':44} {'median ms':>10} {'makespan s':>11}   paper: {PAPER_MS[0]}-{PAPER_MS[1]} ms")
+    for name, fn in variants.items():
+        ms = median_ms(fn, cfg.repeats if "Eq." not in name else max(3, cfg.repeats // 10))
+        makespan = fn().makespan
+        results[name] = {"median_ms": ms, "predicted_makespan_s": makespan}
+        print(f"{name:44} {ms:10.2f} {makespan:11.1f}")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
