@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import treadle
 
 # Modules that contribute subcommands, in the order ``--help`` lists them.
-COMMAND_MODULES = ("treadle.devcluster.cli", "treadle.api.cli", "treadle.operator.cli")
+COMMAND_MODULES = (
+    "treadle.devcluster.cli",
+    "treadle.api.cli",
+    "treadle.operator.cli",
+    "treadle.weights.cli",
+    "treadle.localmode.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

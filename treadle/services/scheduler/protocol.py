@@ -61,6 +61,7 @@ class Settings:
     scheduling_policy: str = registry.DEFAULT_SCHEDULING
     env_attempts: int = 4
     reward_attempts: int = 4
+    generation_attempts: int = 3
     backoff_s: float = 0.05
     """First retry delay; doubles per attempt up to ``max_backoff_s``."""
     max_backoff_s: float = 2.0

@@ -444,16 +444,18 @@ class SchedulerService:
                     placement_pb2.AssignRequest(trajectory_id=t.tid, task=task.name, turn=turn)
                 )
             except errors.TreadleError as exc:
-                raise _Failed(f"placement: {exc}") from exc
+                raise _Failed(f"placement: assign: {exc}") from exc
             req = agent_protocol.GenerateRequest(
                 trajectory_id=t.tid, turn=turn, messages=messages, max_tokens=task.max_tokens,
                 temperature=task.temperature,
             )  # fmt: skip
             result: agent_protocol.GenerateResult | None = None
+            agent = self.agent_for(t.worker.address)
             try:
-                result = await self.agent_for(t.worker.address).generate(req)
-            except errors.TreadleError as exc:
-                raise _Failed(f"generation on {t.worker.worker_id}: {exc}") from exc
+                # A retried (trajectory, turn) joins the request already in flight on the agent.
+                call = f"generate on {t.worker.worker_id}"
+                generate = functools.partial(agent.generate, req)
+                result = await self._retrying(t, "generation", call, generate, account=False)
             finally:
                 with contextlib.suppress(errors.TreadleError):
                     await self.placement.release(
@@ -469,8 +471,18 @@ class SchedulerService:
             self._spent(t, "generation", began)
         return None if result.finish_reason == "abort" else result
 
-    async def _retrying(self, t: _Traj, stage: str, call: str, fn: Callable[[], Awaitable[T]]) -> T:
-        attempts = self.settings.env_attempts if stage == "environment" else self.settings.reward_attempts
+    async def _retrying(
+        self, t: _Traj, stage: str, call: str, fn: Callable[[], Awaitable[T]], *, account: bool = True
+    ) -> T:
+        """``fn()``, retried with backoff on ``Unavailable``/timeouts; ``_Failed`` with the reason after.
+
+        ``account`` adds the time to ``stage`` (generation is timed by its caller, placement included).
+        """
+        attempts = {
+            "environment": self.settings.env_attempts,
+            "reward": self.settings.reward_attempts,
+            "generation": self.settings.generation_attempts,
+        }[stage]
         delay = self.settings.backoff_s
         for attempt in range(1, attempts + 1):
             began = self.clock()
@@ -488,7 +500,8 @@ class SchedulerService:
                     self.metrics.env_failures.labels(call).inc()
                 raise _Failed(f"{stage}: {call}: {exc}") from exc
             finally:
-                self._spent(t, stage, began)
+                if account:
+                    self._spent(t, stage, began)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.settings.max_backoff_s)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -589,6 +602,6 @@ class SchedulerService:
 
 
 def _reason_kind(reason: str) -> str:
-    """The stats key of a failure reason: its text up to the first detail (ids and versions vary)."""
-    head = reason.split(":", 2)
-    return ":".join(head[:2]).strip() if len(head) > 1 else reason
+    """The stats key of a reason: ``"<stage>: <call>"`` without the detail (ids, URLs, versions vary)."""
+    head = reason.split(": ", 2)
+    return ": ".join(head[:2]) if len(head) > 1 else reason

@@ -1,0 +1,61 @@
+"""``treadle run FILE``: the subcommand that runs a RolloutJob locally (see ``treadle.localmode.run``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from treadle import errors
+from treadle.api import v1alpha1
+from treadle.localmode import plan, run, stack
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run a RolloutJob on this machine (every service a local process; SIMULATED ENGINE)",
+        description=run.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", type=Path, help="RolloutJob YAML")
+    p.add_argument("--trajectories", type=int, default=256, help="trajectories to run (whole groups)")
+    p.add_argument("--workers-per-pool", type=int, default=2, help="simulated engines per pool at most")
+    p.add_argument("--env-servers", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per turn at most")
+    p.add_argument("--max-in-flight", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--redis", default="", help="Redis URL for the buffer (default: embedded memory store)")
+    p.add_argument(
+        "--run-dir", type=Path, default=None, help="logs and summary.json (default: under the cache)"
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between progress lines")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        job = v1alpha1.parse_job(yaml.safe_load(args.file.read_text()))
+        options = plan.Options(
+            trajectories=args.trajectories, max_workers_per_pool=args.workers_per_pool,
+            env_servers=args.env_servers, max_tokens=args.max_tokens, max_in_flight=args.max_in_flight,
+            seed=args.seed,
+        )  # fmt: skip
+        run_dir = args.run_dir or run.default_run_dir(job.name)
+        summary = asyncio.run(
+            run.run(job, options, run_dir=run_dir, redis_url=args.redis, interval_s=args.interval,
+                    timeout_s=args.timeout)
+        )  # fmt: skip
+    except errors.SpecError as exc:
+        print(f"treadle run: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, yaml.YAMLError, stack.StartFailed) as exc:
+        print(f"treadle run: {exc}", file=sys.stderr)
+        return 1
+    return 0 if summary["unfinished"] == 0 and summary["adds_up"] else 1

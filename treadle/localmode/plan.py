@@ -1,0 +1,111 @@
+"""What local mode starts for a RolloutJob: the pure translation from the job to service configs.
+
+Called by ``treadle.localmode.run`` before any process starts, and by its unit tests. Everything the
+services need comes from the job (``treadle.api.v1alpha1``); what only local mode decides (how many
+simulated workers fit on this machine, how many trajectories to run, tokens per turn) comes from
+the command line as ``Options``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from treadle.api import v1alpha1
+from treadle.errors import SpecError
+from treadle.services.placement import service as placement_service
+from treadle.services.scheduler import protocol as scheduler_protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    trajectories: int = 256
+    """Trajectories to run in all (rounded up to whole groups)."""
+    max_workers_per_pool: int = 2
+    """Simulated engines started per pool at most (the job's replica count is for a cluster)."""
+    env_servers: int = 2
+    max_tokens: int = 128
+    max_in_flight: int = 256
+    max_num_seqs: int = 256
+    """Sequences each simulated engine runs at once."""
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    pool: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    job: str
+    tasks: list[scheduler_protocol.TaskConfig]
+    settings: scheduler_protocol.Settings
+    pools: dict[str, str]
+    task_placement: dict[str, placement_service.TaskPlacement]
+    task_weights: dict[str, float]
+    workers: list[Worker]
+    replicas_in_job: dict[str, int]
+    groups: list[tuple[str, str, int]]
+    """(group id, task, seed) to submit, tasks in turn by weight order."""
+    batch_size: int
+    alpha: int
+    max_model_len: int
+    placement_policy: str
+    trajectories: int
+
+
+def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
+    spec = job.spec
+    if options.trajectories < 1:
+        raise SpecError("must be >= 1", field="--trajectories", value=options.trajectories)
+    tasks = [
+        scheduler_protocol.TaskConfig(
+            name=t.name, env=t.environment, agent=t.agents[0], reward_fn=t.reward, group_size=t.group_size,
+            redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=options.max_tokens,
+        )
+        for t in spec.tasks
+    ]  # fmt: skip
+    workers = [
+        Worker(worker_id=f"{pool.name}-{i}", pool=pool.name)
+        for pool in spec.pools
+        for i in range(min(pool.replicas, options.max_workers_per_pool))
+    ]
+    if not workers:
+        raise SpecError("every pool has 0 replicas: nothing can generate", field="spec.pools")
+    settings = scheduler_protocol.Settings(
+        alpha=spec.rollout.staleness,
+        batch_size=spec.rollout.batch_size,
+        max_in_flight=options.max_in_flight,
+        max_concurrent_generations=len(workers) * options.max_num_seqs,
+        scheduling_policy=spec.rollout.scheduling_policy,
+    )
+    # Whole groups, tasks taken in proportion to their weights (largest share first, then by name).
+    members = {t.name: t.members for t in tasks}
+    total_weight = sum(t.weight for t in spec.tasks)
+    groups: list[tuple[str, str, int]] = []
+    started = 0
+    for t in sorted(spec.tasks, key=lambda t: (-t.weight, t.name)):
+        want = math.ceil(options.trajectories * t.weight / total_weight / members[t.name])
+        for g in range(want):
+            groups.append((f"{t.name}-{g}", t.name, options.seed * 1_000_003 + g))
+        started += want * members[t.name]
+    return Plan(
+        job=job.name,
+        tasks=tasks,
+        settings=settings,
+        pools={p.name: p.preferred_work for p in spec.pools},
+        task_placement={
+            t.name: placement_service.TaskPlacement(t.affinity, tuple(t.pools)) for t in spec.tasks
+        },
+        task_weights={t.name: t.weight for t in spec.tasks},
+        workers=workers,
+        replicas_in_job={p.name: p.replicas for p in spec.pools},
+        groups=groups,
+        batch_size=spec.rollout.batch_size,
+        alpha=spec.rollout.staleness,
+        max_model_len=max(a.max_model_len for a in spec.agents),
+        placement_policy=spec.rollout.placement_policy,
+        trajectories=started,
+    )

@@ -1,0 +1,398 @@
+"""``treadle run FILE``: a whole RolloutJob on this machine, every service a process on 127.0.0.1.
+
+Called by ``treadle.localmode.cli`` and by the integration tests (``start_services`` alone, to
+crash parts of a live stack). The order of a run:
+
+1. ``plan.make_plan`` turns the job into service configs (pure).
+2. ``start_services``: per worker a SIMULATED vLLM engine (``treadle.services.fakevllm``) and its
+   inference agent; the environment servers; the reward gateway; the buffer (embedded memory store,
+   or Redis with ``--redis``); placement; the scheduler. Workers are registered with placement and
+   a load reporter forwards each agent's ``/v1/load`` to placement (in a cluster the agent would).
+3. The prompt groups are submitted; a SIMULATED TRAINER (no gradient step) runs RollArt's loop:
+   ``get_batch`` -> suspend -> bump the engines' weight version -> ``commit_version`` -> resume ->
+   ``ack``, so admission, staleness eviction and version tags are exercised for real.
+4. A progress line per interval, and the summary (also written to ``<run dir>/summary.json``).
+
+The engine is always the simulated one here and every line printed says so: real vLLM on CPU runs in
+the slow test tier, not (yet) in local mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from treadle import errors
+from treadle.api import v1alpha1
+from treadle.localmode import plan as plan_mod
+from treadle.localmode import stack as stack_mod
+from treadle.services.agent import client as agent_client
+from treadle.services.buffer import client as buffer_client
+from treadle.services.placement import client as placement_client
+from treadle.services.scheduler import client as scheduler_client
+from treadle.testing import procs
+from treadle.v1 import placement_pb2, scheduler_pb2
+
+log = logging.getLogger(__name__)
+LABEL = "SIMULATED ENGINE"
+STAGES = ("generation", "environment", "reward", "waiting")
+
+
+@dataclasses.dataclass
+class Services:
+    """Addresses of a started stack."""
+
+    scheduler: str
+    placement: str
+    buffer: str
+    reward: str
+    envs: list[str]
+    agents: dict[str, str]
+    engines: dict[str, str]
+    metrics: dict[str, str]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+async def start_services(
+    stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
+) -> Services:
+    """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
+    engines: dict[str, str] = {}
+    agents: dict[str, str] = {}
+    for w in plan.workers:
+        eng = await stack.start(
+            f"engine-{w.worker_id}", "treadle.services.fakevllm",
+            ["--max-num-seqs", str(options.max_num_seqs), "--max-model-len", str(plan.max_model_len)],
+            kind="http", health_path="/health",
+        )  # fmt: skip
+        engines[w.worker_id] = eng.url
+        agent = await stack.start(
+            f"agent-{w.worker_id}", "treadle.services.agent",
+            ["--engine-url", eng.url, "--worker-id", w.worker_id, "--poll-interval-s", "0.2"], kind="http",
+        )  # fmt: skip
+        agents[w.worker_id] = agent.url
+    envs = [
+        (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http")).url
+        for i in range(options.env_servers)
+    ]
+    reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
+    await _check_reward_functions(reward, plan)
+    metrics: dict[str, str] = {}
+    buffer_args = [
+        "--alpha",
+        str(plan.alpha),
+        "--task-weights",
+        _json(plan.task_weights),
+        "--namespace",
+        plan.job,
+    ]
+    if redis_url:
+        buffer_args += ["--redis", redis_url]
+    buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics)
+    tasks = {
+        name: {"affinity": t.affinity, "pools": list(t.pools)} for name, t in plan.task_placement.items()
+    }
+    placement = await _start_grpc(
+        stack, "placement", "treadle.services.placement",
+        ["--pools", _json(plan.pools), "--tasks", _json(tasks), "--policy", plan.placement_policy], metrics,
+    )  # fmt: skip
+    sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in plan.tasks])]
+    sched_args += ["--settings", _json(dataclasses.asdict(plan.settings)), "--reward-url", reward]
+    sched_args += ["--placement", placement, "--buffer", buffer]
+    for url in envs:
+        sched_args += ["--env-url", url]
+    scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics)
+    client = placement_client.PlacementClient(placement)
+    try:
+        for w in plan.workers:
+            await client.register_worker(
+                placement_pb2.Worker(worker_id=w.worker_id, pool=w.pool, address=agents[w.worker_id])
+            )
+    finally:
+        await client.aclose()
+    return Services(scheduler=scheduler, placement=placement, buffer=buffer, reward=reward, envs=envs,
+                    agents=agents, engines=engines, metrics=metrics)  # fmt: skip
+
+
+async def _start_grpc(
+    stack: stack_mod.Stack, name: str, module: str, args: list[str], metrics: dict[str, str]
+) -> str:
+    port = procs.free_port()
+    proc = await stack.start(name, module, [*args, "--metrics-port", str(port)], kind="grpc")
+    metrics[name] = f"http://127.0.0.1:{port}/metrics"
+    return proc.address
+
+
+async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        known = {f["name"] for f in (await client.get(reward_url + "/v1/functions")).json()}
+    for i, task in enumerate(plan.tasks):
+        if task.reward_fn not in known and not task.reward_fn.startswith("py:"):
+            raise errors.SpecError(
+                f"the reward gateway has no function {task.reward_fn!r}; it serves {sorted(known)}",
+                field=f"spec.tasks[{i}].reward", value=task.reward_fn,
+            )  # fmt: skip
+
+
+async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
+    """Forward every agent's load to placement until cancelled (the agent's job in a cluster)."""
+    agents = {wid: agent_client.AgentClient(url, timeout_s=5.0) for wid, url in services.agents.items()}
+    placement = placement_client.PlacementClient(services.placement)
+    try:
+        while True:
+            for wid, agent in agents.items():
+                try:
+                    load = await agent.load()
+                    await placement.report_load(
+                        placement_pb2.WorkerLoad(
+                            worker_id=wid, running=load.running, waiting=load.waiting,
+                            kv_cache_usage=load.kv_cache_usage, policy_version=load.policy_version,
+                            healthy=load.healthy,
+                        )
+                    )  # fmt: skip
+                except errors.TreadleError as exc:
+                    log.info("load report for %s failed: %s", wid, exc)
+            await asyncio.sleep(interval_s)
+    finally:
+        for agent in agents.values():
+            await agent.aclose()
+        await placement.aclose()
+
+
+@dataclasses.dataclass
+class TrainerLog:
+    version: int = 0
+    batches: int = 0
+    trajectories: int = 0
+    evicted_groups: int = 0
+    staleness: list[int] = dataclasses.field(default_factory=list)
+
+
+async def simulated_trainer(services: Services, *, batch_size: int, out: TrainerLog) -> None:
+    """RollArt's per-iteration protocol without a gradient step, until cancelled."""
+    buffer = buffer_client.BufferClient(services.buffer)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler)
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            while True:
+                try:
+                    batch = await buffer.get_batch(batch_size=batch_size, version=out.version, timeout_s=1.0)
+                except TimeoutError:
+                    continue
+                await scheduler.suspend()
+                out.version += 1
+                for url in services.engines.values():
+                    await http.post(url + "/update_weight_version", json={"new_version": str(out.version)})
+                await scheduler.commit_version(out.version)
+                await scheduler.resume()
+                await buffer.ack(batch.batch_id)
+                out.batches += 1
+                out.trajectories += len(batch.trajectories)
+                out.evicted_groups += batch.evicted_groups
+                out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
+    finally:
+        await buffer.aclose()
+        await scheduler.aclose()
+
+
+def progress_line(
+    stats: scheduler_pb2.SchedulerStats, *, elapsed: float, total: int, rewards: list[float]
+) -> str:
+    done = stats.completed + stats.failed + stats.aborted
+    stage = dict(stats.stage_seconds)
+    spent = sum(stage.values()) or 1.0
+    split = " ".join(f"{s[:3]} {100 * stage.get(s, 0.0) / spent:.0f}%" for s in STAGES)
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    return (
+        f"[{LABEL}] {elapsed:6.1f}s  done {done}/{total} ({stats.completed} ok, {stats.failed} failed, "
+        f"{stats.aborted} aborted)  {done / max(elapsed, 1e-9):.1f} traj/s  in flight {stats.in_flight}  "
+        f"pending {stats.pending}  turns {stats.turns}  reward {mean:.3f}  v{stats.version}  [{split}]"
+    )
+
+
+async def run(
+    job: v1alpha1.RolloutJob,
+    options: plan_mod.Options,
+    *,
+    run_dir: Path,
+    redis_url: str = "",
+    interval_s: float = 1.0,
+    timeout_s: float = 600.0,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the job to the last trajectory (or ``timeout_s``); returns the summary it printed."""
+    plan = plan_mod.make_plan(job, options)
+    echo(f"[{LABEL}] treadle run {job.name}: {plan.trajectories} trajectories in {len(plan.groups)} groups, "
+         f"{len(plan.workers)} simulated workers, logs in {run_dir}")  # fmt: skip
+    for pool, replicas in plan.replicas_in_job.items():
+        local = sum(1 for w in plan.workers if w.pool == pool)
+        echo(f"[{LABEL}] pool {pool}: {replicas} replicas in the job, {local} simulated engines here")
+    with stack_mod.Stack(run_dir) as stack:
+        began = time.monotonic()
+        services = await start_services(stack, plan, options, redis_url=redis_url)
+        echo(f"[{LABEL}] {len(stack.procs)} processes healthy in {time.monotonic() - began:.1f}s")
+        summary = await drive(services, plan, interval_s=interval_s, timeout_s=timeout_s, echo=echo)
+    summary["run_dir"] = str(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    for line in summary_lines(summary):
+        echo(line)
+    return summary
+
+
+async def drive(
+    services: Services,
+    plan: plan_mod.Plan,
+    *,
+    interval_s: float,
+    timeout_s: float,
+    echo: Callable[[str], None] = print,
+    on_tick: Callable[[scheduler_pb2.SchedulerStats], Any] | None = None,
+) -> dict[str, Any]:
+    """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored."""
+    scheduler = scheduler_client.SchedulerClient(services.scheduler)
+    buffer = buffer_client.BufferClient(services.buffer)
+    trainer = TrainerLog()
+    rewards: list[float] = []
+    results: list[scheduler_pb2.TrajectoryResult] = []
+
+    async def collect() -> None:
+        async for r in scheduler.results():
+            results.append(r)
+            if r.status == "completed":
+                rewards.append(r.reward)
+
+    background = [
+        asyncio.create_task(report_loads(services), name="load reporter"),
+        asyncio.create_task(
+            simulated_trainer(services, batch_size=plan.batch_size, out=trainer), name="trainer"
+        ),
+        asyncio.create_task(collect(), name="results"),
+    ]
+    began = time.monotonic()
+    try:
+        groups = [scheduler_pb2.PromptGroup(group_id=g, task=t, seed=s) for g, t, s in plan.groups]
+        await scheduler.submit(groups)
+        while True:
+            await asyncio.sleep(interval_s)
+            stats = await scheduler.stats()
+            elapsed = time.monotonic() - began
+            echo(progress_line(stats, elapsed=elapsed, total=stats.submitted, rewards=rewards))
+            if on_tick is not None:
+                await on_tick(stats)
+            finished = stats.completed + stats.failed + stats.aborted
+            if finished == stats.submitted and stats.unsaved == 0:
+                break
+            if elapsed > timeout_s:
+                echo(f"[{LABEL}] timed out after {timeout_s}s; {stats.submitted - finished} unfinished")
+                break
+        elapsed = time.monotonic() - began
+        stats = await scheduler.stats()
+        buffer_stats = await buffer.stats()
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await scheduler.aclose()
+        await buffer.aclose()
+    return summarize(stats, buffer_stats, trainer, results, elapsed=elapsed)
+
+
+def summarize(
+    stats: scheduler_pb2.SchedulerStats,
+    buffer_stats: Any,
+    trainer: TrainerLog,
+    results: list[scheduler_pb2.TrajectoryResult],
+    *,
+    elapsed: float,
+) -> dict[str, Any]:
+    done = stats.completed + stats.failed + stats.aborted
+    completed = [r for r in results if r.status == "completed"]
+    stage = dict(stats.stage_seconds)
+    return {
+        "engine": LABEL,
+        "seconds": round(elapsed, 3),
+        "submitted": stats.submitted,
+        "completed": stats.completed,
+        "failed": stats.failed,
+        "aborted": stats.aborted,
+        "unfinished": stats.submitted - done,
+        "adds_up": stats.submitted == stats.pending + stats.in_flight + stats.unsaved + done,
+        "trajectories_per_s": round(done / max(elapsed, 1e-9), 2),
+        "turns": stats.turns,
+        "mean_turns": round(sum(r.turns for r in completed) / max(1, len(completed)), 3),
+        "output_tokens": sum(r.output_tokens for r in results),
+        "mean_reward": round(sum(r.reward for r in completed) / max(1, len(completed)), 4),
+        "mean_trajectory_seconds": round(sum(r.seconds for r in results) / max(1, len(results)), 3),
+        "stage_seconds": {k: round(v, 3) for k, v in stage.items()},
+        "env_retries": stats.env_retries,
+        "failed_by_reason": dict(stats.failed_by_reason),
+        "failure_examples": sorted({r.reason for r in results if r.status != "completed"})[:5],
+        "versions_committed": trainer.version,
+        "batches_trained": trainer.batches,
+        "trajectories_trained": trainer.trajectories,
+        "evicted_groups": trainer.evicted_groups,
+        "staleness_max": max(trainer.staleness, default=0),
+        "buffer": {
+            "stored": buffer_stats.stored,
+            "delivered": buffer_stats.delivered,
+            "acked": buffer_stats.acked,
+            "evicted": buffer_stats.evicted,
+            "redelivered": buffer_stats.redelivered,
+        },
+        "per_task": {
+            t.task: {
+                "completed": t.completed,
+                "failed": t.failed,
+                "aborted": t.aborted,
+                "mean_reward": round(t.mean_reward, 4),
+            }
+            for t in stats.tasks
+        },
+    }
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    spent = sum(s["stage_seconds"].values()) or 1.0
+    split = ", ".join(f"{k} {v:.1f}s ({100 * v / spent:.0f}%)" for k, v in s["stage_seconds"].items())
+    lines = [
+        f"[{LABEL}] ===== summary (rewards and tokens come from a simulated engine) =====",
+        f"[{LABEL}] trajectories: {s['submitted']} submitted, {s['completed']} completed, "
+        f"{s['failed']} failed, {s['aborted']} aborted, {s['unfinished']} unfinished; "
+        f"stats add up: {s['adds_up']}",
+        f"[{LABEL}] throughput: {s['trajectories_per_s']} trajectories/s over {s['seconds']}s; "
+        f"{s['turns']} turns ({s['mean_turns']} per completed trajectory), "
+        f"{s['output_tokens']} output tokens",
+        f"[{LABEL}] mean reward {s['mean_reward']}; mean trajectory time {s['mean_trajectory_seconds']}s",
+        f"[{LABEL}] time per stage (summed over trajectories): {split}",
+        f"[{LABEL}] simulated trainer: {s['batches_trained']} batches, "
+        f"{s['trajectories_trained']} trajectories, {s['versions_committed']} versions committed, "
+        f"{s['evicted_groups']} groups evicted, "
+        f"max staleness {s['staleness_max']}",
+        f"[{LABEL}] buffer: {s['buffer']}; env retries {s['env_retries']}",
+    ]
+    if s["failed_by_reason"]:
+        lines.append(f"[{LABEL}] failures by reason: {s['failed_by_reason']}")
+        lines += [f"[{LABEL}]   e.g. {reason}" for reason in s["failure_examples"]]
+    lines.append(f"[{LABEL}] summary written to {s.get('run_dir', '.')}/summary.json")
+    return lines
+
+
+def default_run_dir(job: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(os.environ.get("TREADLE_CACHE", Path.home() / ".cache" / "treadle")) / "runs"
+    with contextlib.suppress(OSError):
+        base.mkdir(parents=True, exist_ok=True)
+    return base / f"{job}-{stamp}"

@@ -1,0 +1,128 @@
+"""Start Treadle's services as processes on 127.0.0.1, wait until each is healthy, and stop them.
+
+Used by ``treadle.localmode.run`` (``treadle run``) and by the integration tests, which also kill
+and restart single processes (an environment server mid-run). Each process logs to
+``<run dir>/<name>.log``; a process that exits or does not become healthy in time raises
+``StartFailed`` with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from treadle.services.grpcutil import server as grpc_server
+from treadle.testing import procs
+
+
+class StartFailed(RuntimeError):
+    """A service process exited or stayed unhealthy; the message carries its log's tail."""
+
+
+@dataclasses.dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    port: int
+    kind: str
+    """"http" (GET /healthz or /health) or "grpc" (standard health service)."""
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+
+class Stack:
+    """The processes of one local run, started in order and stopped in reverse."""
+
+    def __init__(self, run_dir: Path, *, python: str = sys.executable) -> None:
+        self.run_dir = run_dir
+        self.python = python
+        self.procs: dict[str, Proc] = {}
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    async def start(
+        self, name: str, module: str, args: Sequence[str], *, kind: str, health_path: str = "/healthz",
+        timeout_s: float = 60.0,
+    ) -> Proc:  # fmt: skip
+        """Run ``python -m module --host 127.0.0.1 --port <free> *args`` and wait until healthy."""
+        port = procs.free_port()
+        argv = [self.python, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
+        proc = Proc(name=name, argv=argv, port=port, kind=kind, log=self.run_dir / f"{name}.log")
+        self.procs[name] = proc
+        await self._spawn(proc, health_path=health_path, timeout_s=timeout_s)
+        return proc
+
+    async def _spawn(self, proc: Proc, *, health_path: str, timeout_s: float) -> None:
+        proc.popen = _popen(proc)
+        deadline = time.monotonic() + timeout_s
+        while not await self._healthy(proc, health_path):
+            if proc.popen.poll() is not None:
+                raise StartFailed(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.tail()}")
+            if time.monotonic() > deadline:
+                raise StartFailed(f"{proc.name} not healthy after {timeout_s}s:\n{proc.tail()}")
+            await asyncio.sleep(0.1)
+
+    async def _healthy(self, proc: Proc, health_path: str) -> bool:
+        if proc.kind == "grpc":
+            return await grpc_server.check_health(proc.address, timeout_s=1.0)
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as client:
+                return (await client.get(proc.url + health_path)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process (the failure tests' crash), without waiting for anything."""
+        popen = self.procs[name].popen
+        if popen is not None and popen.poll() is None:
+            popen.send_signal(signal.SIGKILL)
+            popen.wait()
+
+    async def restart(self, name: str, *, health_path: str = "/healthz", timeout_s: float = 60.0) -> Proc:
+        """Start a killed process again on the same port."""
+        proc = self.procs[name]
+        self.kill(name)
+        await self._spawn(proc, health_path=health_path, timeout_s=timeout_s)
+        return proc
+
+    def stop(self) -> None:
+        """SIGTERM every process in reverse start order, SIGKILL after a grace period."""
+        for proc in reversed(list(self.procs.values())):
+            if proc.popen is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    procs.stop(proc.popen, grace=5.0)
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _popen(proc: Proc) -> subprocess.Popen[bytes]:
+    # Popen returns at once (the child is forked, not waited for); the log is appended across restarts.
+    with open(proc.log, "ab") as log:
+        return subprocess.Popen(
+            proc.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
