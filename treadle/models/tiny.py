@@ -22,9 +22,24 @@ CHAT_TEMPLATE = (
 
 
 def _corpus() -> list[str]:
-    words = (
-        "the a calculator answer compute result left right up down python def return test lake goal".split()
-    )
+    words = [
+        "the",
+        "a",
+        "calculator",
+        "answer",
+        "compute",
+        "result",
+        "left",
+        "right",
+        "up",
+        "down",
+        "python",
+        "def",
+        "return",
+        "test",
+        "lake",
+        "goal",
+    ]
     lines = []
     for i in range(2000):
         lines.append(
