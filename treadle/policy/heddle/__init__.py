@@ -6,5 +6,6 @@ Pure policy code, called by the scheduler and placement services and by the simu
 * ``priority``: progressive priority (LPT on predicted remaining work) with preemption (§4.2);
 * ``presorted_dp``: presorted partition of trajectories over workers, Eq. (2)-(3) (§5.1-5.2);
 * ``migration``: opportunistic migration during tool calls, its cost and transfer schedule (§5.3);
+* ``router``: per-trajectory worker, prediction and rank, updated at every step boundary (§3);
 * ``tp_planner``: sort-initialised simulated annealing over TP degrees -> a pool reshape (§6).
 """
