@@ -22,24 +22,8 @@ CHAT_TEMPLATE = (
 
 
 def _corpus() -> list[str]:
-    words = [
-        "the",
-        "a",
-        "calculator",
-        "answer",
-        "compute",
-        "result",
-        "left",
-        "right",
-        "up",
-        "down",
-        "python",
-        "def",
-        "return",
-        "test",
-        "lake",
-        "goal",
-    ]
+    words = ["the", "a", "calculator", "answer", "compute", "result", "left", "right", "up", "down",
+             "python", "def", "return", "test", "lake", "goal"]  # fmt: skip
     lines = []
     for i in range(2000):
         lines.append(
@@ -63,7 +47,7 @@ def generate(out: pathlib.Path, *, seed: int = 0, vocab_size: int = 512) -> path
         vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = transformers.PreTrainedTokenizerFast(
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|im_end|>", pad_token="<|pad|>"
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -72,10 +56,10 @@ def generate(out: pathlib.Path, *, seed: int = 0, vocab_size: int = 512) -> path
         vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
         tie_word_embeddings=True, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id, torch_dtype="float32",
+        pad_token_id=fast.pad_token_id, dtype="float32",
     )  # fmt: skip
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config)
+    model = transformers.LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(str(out), safe_serialization=True)
     meta: dict[str, Any] = {
         "generator": "treadle.models.tiny",
