@@ -30,8 +30,36 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 Register = Callable[[grpc.aio.Server], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Malformed:
+    """Stands in for a request whose bytes did not parse, so the handler can answer INVALID_ARGUMENT."""
+
+    error: str
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    # grpc answers a deserializer exception with INTERNAL; bad bytes are the caller's error.
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:
+            return _Malformed(f"{type(exc).__name__}: {exc}")
+
+    return parse
+
+
+async def _reject_malformed(req: Any, ctx: grpc.aio.ServicerContext) -> None:
+    if isinstance(req, _Malformed):
+        await ctx.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid message of this method ({req.error})"
+        )
+
+
 class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Request id in a ContextVar, and every servicer exception mapped to a status."""
+    """Request id in a ContextVar, malformed requests rejected, every exception mapped to a status."""
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
@@ -46,13 +74,14 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary(req: Any, ctx: grpc.aio.ServicerContext) -> Any:
                 request_id.set(rid)
+                await _reject_malformed(req, ctx)
                 try:
                     return await inner(req, ctx)
                 except Exception as exc:  # every failure leaves as a status
                     await _abort(ctx, exc, method, rid)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary, request_deserializer=handler.request_deserializer,
+                unary, request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )  # fmt: skip
         if handler.unary_stream is not None:
@@ -60,6 +89,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def stream(req: Any, ctx: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 request_id.set(rid)
+                await _reject_malformed(req, ctx)
                 try:
                     async for item in inner_stream(req, ctx):
                         yield item
@@ -67,7 +97,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     await _abort(ctx, exc, method, rid)
 
             return grpc.unary_stream_rpc_method_handler(
-                stream, request_deserializer=handler.request_deserializer,
+                stream, request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )  # fmt: skip
         return handler
