@@ -41,13 +41,9 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("kopf.objects").addFilter(
             lambda record: not str(record.msg).startswith("Handler 'child_changed'")
         )
-    if args.kubeconfig:
-        # kopf's own login reads $KUBECONFIG; keep both clients on the same credentials.
-        import os
-
-        os.environ["KUBECONFIG"] = args.kubeconfig
     memo = handlers.Runtime(
         kube=kube.Kube.from_environment(args.kubeconfig),
+        kubeconfig=args.kubeconfig,
         cfg=config.OperatorConfig.from_env(),
         metrics=metrics.OperatorMetrics(),
         metrics_port=args.metrics_port or None,

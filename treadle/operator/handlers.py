@@ -42,6 +42,7 @@ class Runtime:
 
     kube: kube.Kube
     cfg: config.OperatorConfig
+    kubeconfig: str | None
     metrics: metrics.OperatorMetrics
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
@@ -123,6 +124,26 @@ def configure(*, settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> No
         memo._http = prometheus_client.start_http_server(
             memo.metrics_port, addr=memo.metrics_addr, registry=memo.metrics.registry
         )
+
+
+@kopf.on.login()
+def login(*, memo: Runtime, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches use exactly the credentials of our own client (a kubeconfig or the pod's
+    ServiceAccount), re-read on every login so a rotated token is picked up."""
+    c = kube.load_configuration(memo.kubeconfig)
+    keys = c.api_key or {}
+    # The client files a kubeconfig/ServiceAccount token under "BearerToken" (older: "authorization").
+    auth = keys.get("BearerToken") or keys.get("authorization") or ""
+    token = auth.removeprefix("Bearer ").strip() or None
+    return kopf.ConnectionInfo(
+        server=c.host,
+        ca_path=c.ssl_ca_cert,
+        insecure=not c.verify_ssl,
+        token=token,
+        scheme="Bearer" if token else None,
+        certificate_path=c.cert_file,
+        private_key_path=c.key_file,
+    )
 
 
 @kopf.on.cleanup()
@@ -218,6 +239,9 @@ def reconcile(
             memo.metrics.reconcile_total.labels("error").inc()
             if exc.status in (409, 429) or (exc.status or 500) >= 500:
                 raise kopf.TemporaryError(f"API {exc.status} {exc.reason}: retrying", delay=5) from exc
+            if exc.status in (401, 403):
+                # RBAC can be fixed without touching the job: keep retrying, slowly.
+                raise kopf.TemporaryError(f"API {exc.status}: {exc.body}", delay=30) from exc
             raise kopf.PermanentError(f"API {exc.status} {exc.reason}: {exc.body}") from exc
         memo.metrics.reconcile_total.labels("success").inc()
     if applied:

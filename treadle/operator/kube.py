@@ -28,6 +28,23 @@ JOBS_PATH = f"/apis/{v1alpha1.GROUP}/{v1alpha1.VERSION}/namespaces/{{ns}}/{v1alp
 TIMEOUT = (5.0, 30.0)  # connect, read (seconds): a hung call must not hold a worker thread forever
 
 
+def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+    """Fresh credentials: in-cluster in a pod (unless a kubeconfig is given), else the kubeconfig.
+
+    Read anew on every call, so a re-login picks up a rotated ServiceAccount token.
+    """
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        # Pass the path explicitly: the client reads $KUBECONFIG only once, at import time.
+        path = kubeconfig or os.environ.get("KUBECONFIG") or None
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, client_configuration=configuration
+        )
+    return configuration
+
+
 class Kube:
     """A thread-safe client for children, job status and Events."""
 
@@ -37,13 +54,7 @@ class Kube:
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, *, pool_size: int = 16) -> Kube:
         """In-cluster credentials when running in a pod, else ``kubeconfig`` / ``$KUBECONFIG``."""
-        configuration = kubernetes.client.Configuration()
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
+        configuration = load_configuration(kubeconfig)
         # One connection per worker thread, so calls never queue on the pool.
         configuration.connection_pool_maxsize = pool_size
         return cls(kubernetes.client.ApiClient(configuration))

@@ -1,0 +1,49 @@
+{{- define "treadle.fullname" -}}
+{{- printf "%s-treadle" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "treadle.labels" -}}
+app.kubernetes.io/name: treadle
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "treadle.operatorSelector" -}}
+app.kubernetes.io/name: treadle
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "treadle.serviceAccountName" -}}
+{{- if .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name -}}
+{{- else -}}
+{{- printf "%s-operator" (include "treadle.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "treadle.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s-redis.%s.svc:6379/0" (include "treadle.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "treadle.mooncakeMaster" -}}
+{{- if .Values.mooncake.enabled -}}
+{{- printf "%s-mooncake.%s.svc:50051" (include "treadle.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- required "mooncake.externalMaster is required when mooncake.enabled is false" .Values.mooncake.externalMaster -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "treadle.mooncakeMetadataUrl" -}}
+{{- if .Values.mooncake.enabled -}}
+{{- printf "http://%s-mooncake.%s.svc:8080/metadata" (include "treadle.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.mooncake.externalMetadataUrl -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,245 @@
+"""The operator on a real API server with KWOK GPU pools, running as the chart's ServiceAccount.
+
+Covers: each example lands on the right pool with TP GPUs per pod and reaches Ready; printer
+columns; scaling one pool leaves the other children untouched; suspend and resume; delete with
+the operator down still removes every child (ownerReferences, no finalizers); the API server
+rejects every manifest in manifests/invalid naming its field; a job asking more H800 GPUs than
+exist goes Degraded with InsufficientGPUCapacity while another job stays Ready; metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import op_harness
+import pytest
+import yaml
+
+EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
+INVALID = sorted((op_harness.ROOT / "manifests" / "invalid").glob("*.yaml"))
+ApplyJob = Callable[[dict[str, Any]], str]
+
+
+def _doc(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    return doc
+
+
+def _header(path: Path, key: str) -> str | None:
+    for line in path.read_text().splitlines():
+        if line.startswith(f"# {key}:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _ready(kubectl: op_harness.Kubectl, name: str) -> bool:
+    job = kubectl.job(name)
+    st = job.get("status", {})
+    cond = kubectl.condition(name, "Ready")
+    return bool(
+        cond
+        and cond["status"] == "True"
+        and st.get("observedGeneration") == job["metadata"]["generation"]
+        and st.get("phase") == "Ready"
+    )
+
+
+def _pods(kubectl: op_harness.Kubectl, job: str, component: str | None = None) -> list[dict[str, Any]]:
+    selector = f"treadle.dev/job={job}" + (f",treadle.dev/component={component}" if component else "")
+    items: list[dict[str, Any]] = kubectl.json("pods", "-n", op_harness.JOBS_NS, "-l", selector)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_lands_on_its_pools_and_becomes_ready(
+    path: Path, operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    doc = _doc(path)
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kubectl.json("nodes")["items"]}
+    for pool in doc["spec"]["pools"]:
+        pods = _pods(kubectl, name, "pool")
+        pods = [p for p in pods if p["metadata"]["labels"]["treadle.dev/pool"] == pool["name"]]
+        assert len(pods) == pool["replicas"], pool["name"]
+        for pod in pods:
+            assert pod["status"]["phase"] == "Running"
+            node = nodes[pod["spec"]["nodeName"]]
+            assert node["treadle.dev/accelerator"] == pool["accelerator"], (
+                pool["name"],
+                pod["spec"]["nodeName"],
+            )
+            vllm = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
+            assert vllm["resources"]["limits"]["nvidia.com/gpu"] == str(pool.get("tensorParallelSize", 1))
+    # CPU components stay on the CPU pool.
+    for pod in _pods(kubectl, name, "env"):
+        assert nodes[pod["spec"]["nodeName"]]["treadle.dev/accelerator"] == "none"
+    job = kubectl.job(name)
+    assert job["status"]["poolsReady"] == f"{len(doc['spec']['pools'])}/{len(doc['spec']['pools'])}"
+    assert not job["metadata"].get("finalizers"), "the operator must not add finalizers"
+    wide = kubectl("get", "rolloutjob", name, "-n", op_harness.JOBS_NS, "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["NAME", "PHASE", "POOLS", "POLICY", "STEP", "REASON", "AGE"]
+    assert wide[1].split()[:6] == [name, "Ready", job["status"]["poolsReady"], "0", "0", "AllResourcesReady"]
+    events = kubectl.json(
+        "events", "-n", op_harness.JOBS_NS, "--field-selector", f"involvedObject.name={name}"
+    )["items"]
+    assert {"ChildrenApplied", "AllResourcesReady"} <= {e["reason"] for e in events}
+
+
+def _versions(kubectl: op_harness.Kubectl, job: str) -> dict[str, str]:
+    out = {}
+    for kind in ("deployments", "services", "configmaps"):
+        for item in kubectl.json(kind, "-n", op_harness.JOBS_NS, "-l", f"treadle.dev/job={job}")["items"]:
+            out[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
+    return out
+
+
+def test_scaling_one_pool_rolls_only_that_pool(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    doc = _doc(op_harness.ROOT / "manifests" / "examples" / "multi-task-mixed.yaml")
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    before = _versions(kubectl, name)
+    patch = '[{"op": "replace", "path": "/spec/pools/1/replicas", "value": 1}]'
+    kubectl("patch", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--type=json", "-p", patch)
+    op_harness.wait_for("decode pool scaled to 1", lambda: len(
+        [p for p in _pods(kubectl, name, "pool") if p["metadata"]["labels"]["treadle.dev/pool"] == "decode"]
+    ) == 1)  # fmt: skip
+    op_harness.wait_for(f"{name} Ready again", lambda: _ready(kubectl, name))
+    after = _versions(kubectl, name)
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    assert changed == ["configmaps/multi-task-config", "deployments/multi-task-pool-decode"]
+    pools = {p["name"]: p for p in kubectl.job(name)["status"]["pools"]}
+    assert pools["decode"]["desired"] == 1 and pools["decode"]["ready"] == 1
+    assert pools["prefill"]["desired"] == 2
+
+
+def test_suspend_scales_to_zero_and_resume_restores(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    doc = _doc(op_harness.ROOT / "manifests" / "examples" / "two-agent-flexmarl.yaml")
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    running = len(_pods(kubectl, name))
+    kubectl(
+        "patch",
+        "rolloutjob",
+        name,
+        "-n",
+        op_harness.JOBS_NS,
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": true}}',
+    )
+    op_harness.wait_for("no pods while suspended", lambda: not _pods(kubectl, name))
+    op_harness.wait_for("phase Suspended", lambda: kubectl.job(name)["status"].get("phase") == "Suspended")
+    assert (kubectl.condition(name, "Suspended") or {}).get("status") == "True"
+    kubectl(
+        "patch",
+        "rolloutjob",
+        name,
+        "-n",
+        op_harness.JOBS_NS,
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": false}}',
+    )
+    op_harness.wait_for(f"{name} Ready after resume", lambda: _ready(kubectl, name))
+    assert len(_pods(kubectl, name)) == running
+    assert (kubectl.condition(name, "Suspended") or {}).get("status") == "False"
+
+
+def test_delete_with_operator_down_removes_every_child(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    doc = copy.deepcopy(_doc(op_harness.ROOT / "manifests" / "examples" / "math-tool-h20.yaml"))
+    doc["metadata"]["name"] = "math-delete"
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    assert _versions(kubectl, name)
+    operator.stop()
+    try:
+        kubectl("delete", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--wait=true", "--timeout=60s")
+        op_harness.wait_for(
+            "garbage collection of every child",
+            lambda: not _versions(kubectl, name) and not _pods(kubectl, name),
+        )
+    finally:
+        operator.start()
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_manifest_is_rejected_by_the_api_server_naming_the_field(
+    path: Path, chart: str, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    field = _header(path, "field")
+    assert field
+    doc = _doc(path)
+    if base := _header(path, "update-of"):
+        original = _doc(op_harness.ROOT / "manifests" / "examples" / base)
+        original["metadata"]["name"] = doc["metadata"]["name"] = f"immutable-{path.stem[:2]}"
+        apply_job(original)
+        proc = kubectl("apply", "-n", op_harness.JOBS_NS, "-f", "-", stdin=yaml.safe_dump(doc), check=False)
+    else:
+        proc = kubectl(
+            "apply",
+            "--dry-run=server",
+            "-n",
+            op_harness.JOBS_NS,
+            "-f",
+            "-",
+            stdin=yaml.safe_dump(doc),
+            check=False,
+        )
+    assert proc.returncode != 0, f"{path.name} was accepted"
+    assert field in proc.stderr, proc.stderr
+
+
+def test_more_h800_gpus_than_exist_is_degraded_and_nothing_else_breaks(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    healthy = apply_job(_doc(op_harness.ROOT / "manifests" / "examples" / "math-tool-h20.yaml"))
+    doc = _doc(op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml")
+    doc["metadata"]["name"] = "swe-too-big"
+    doc["spec"]["pools"][0] |= {"replicas": 5, "tensorParallelSize": 8}  # 40 H800 GPUs; the cluster has 16
+    big = apply_job(doc)
+
+    def degraded() -> dict[str, Any] | None:
+        cond = kubectl.condition(big, "Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = op_harness.wait_for(f"{big} Degraded", degraded)
+    assert cond["reason"] == "InsufficientGPUCapacity"
+    assert (
+        "ask 40 H800 GPUs" in cond["message"]
+        and "the cluster has 16 allocatable H800 GPUs" in cond["message"]
+    )
+    assert kubectl.job(big)["status"]["phase"] == "Degraded"
+    op_harness.wait_for(f"{healthy} Ready beside it", lambda: _ready(kubectl, healthy))
+    events = kubectl.json(
+        "events", "-n", op_harness.JOBS_NS, "--field-selector", f"involvedObject.name={big}"
+    )["items"]
+    assert any(e["reason"] == "InsufficientGPUCapacity" and e["type"] == "Warning" for e in events)
+
+
+def test_operator_metrics(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    name = apply_job(_doc(op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml"))
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+
+    def scrape() -> str | None:
+        text = operator.metrics()
+        return text if f'name="{name}"' in text else None
+
+    text = op_harness.wait_for("job series in metrics", scrape, timeout=30)
+    assert 'treadle_operator_reconcile_total{result="success"}' in text
+    assert "treadle_operator_reconcile_seconds_bucket" in text
+    ready = [line for line in text.splitlines() if line.startswith("treadle_operator_job_condition{")
+             and f'name="{name}"' in line and 'condition="Ready"' in line]  # fmt: skip
+    assert ready and ready[0].endswith(" 1.0"), ready
+    assert "treadle_operator_pool_replicas" in text

@@ -1,0 +1,127 @@
+"""charts/treadle: `helm lint` and `helm template` (the real helm binary, no cluster), RBAC, values schema."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from treadle.api import crd
+from treadle.devcluster import binaries
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "treadle"
+KUBE_VERSION = "1.34.0"
+
+
+def _helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    helm = binaries.bin_dir() / "helm"
+    proc = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=60, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {args[0]} failed: {proc.stderr}")
+    return proc
+
+
+def _render(*sets: str) -> list[dict[str, Any]]:
+    argv = ["template", "rel", str(CHART), "--namespace", "treadle-system", "--kube-version", KUBE_VERSION]
+    for value in sets:
+        argv += ["--set", value]
+    return [d for d in yaml.safe_load_all(_helm(*argv).stdout) if d]
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_strict() -> None:
+    out = _helm("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_template_renders_the_generated_crd() -> None:
+    (rendered,) = _by_kind(_render(), "CustomResourceDefinition")
+    expected = crd.render_crd()
+    expected["metadata"]["annotations"] = {"helm.sh/resource-policy": "keep"}
+    assert rendered == expected
+
+
+def test_crd_install_can_be_turned_off() -> None:
+    assert _by_kind(_render("crds.install=false"), "CustomResourceDefinition") == []
+
+
+def test_operator_deployment_is_single_replica_recreate_with_probes() -> None:
+    (dep,) = [d for d in _by_kind(_render(), "Deployment") if d["metadata"]["name"].endswith("-operator")]
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["command"] == ["treadle", "operator", "run"]
+    assert "--all-namespaces" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TREADLE_REDIS_URL"] == "redis://rel-treadle-redis.treadle-system.svc:6379/0"
+    assert spec["template"]["spec"]["serviceAccountName"] == "rel-treadle-operator"
+
+
+def _rules(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], list[str]]:
+    out: dict[tuple[str, str], list[str]] = {}
+    for role in _by_kind(docs, kind):
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out[(group, resource)] = sorted(rule["verbs"])
+    return out
+
+
+def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
+    docs = _render()
+    rules = _rules(docs, "ClusterRole")
+    assert rules[("", "nodes")] == ["list", "watch"]
+    assert rules[("treadle.dev", "rolloutjobs/status")] == ["patch"]
+    assert rules[("apps", "deployments")] == ["create", "delete", "list", "patch", "watch"]
+    assert rules[("", "pods")] == ["list", "watch"]
+    assert rules[("", "events")] == ["create"]
+    for (group, resource), verbs in rules.items():
+        assert "*" not in verbs and group != "*" and resource != "*"
+        assert ("get" not in verbs and "update" not in verbs) or resource == "rolloutjobs/finalizers"
+    assert ("", "secrets") not in rules
+
+
+def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:
+    docs = _render("operator.watchNamespaces={team-a,team-b}")
+    assert sorted(r["metadata"]["namespace"] for r in _by_kind(docs, "Role")) == ["team-a", "team-b"]
+    cluster = _rules(docs, "ClusterRole")
+    assert ("apps", "deployments") not in cluster and ("", "nodes") in cluster
+    (dep,) = [d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-operator")]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+
+
+def test_service_monitor_toggle() -> None:
+    assert _by_kind(_render(), "ServiceMonitor") == []
+    (monitor,) = _by_kind(_render("serviceMonitor.enabled=true"), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("operator.unknownKey=1", "additional properties 'unknownKey' not allowed"),
+        ("operator.metricsPort=70000", "maximum"),
+        ("operator.image.pullPolicy=Sometimes", "/operator/image/pullPolicy"),
+        ("redis.externalUrl=http://wrong", "/redis/externalUrl"),
+    ],
+    ids=["unknown-key", "port-range", "pull-policy", "redis-url"],
+)
+def test_values_schema_rejects_bad_values(value: str, message: str) -> None:
+    argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set", value]
+    proc = _helm(*argv, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_external_backends_require_their_address() -> None:
+    argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set", "redis.enabled=false"]
+    proc = _helm(*argv, check=False)
+    assert proc.returncode != 0 and "redis.externalUrl is required" in proc.stderr
