@@ -1,0 +1,131 @@
+"""The dashboards Treadle ships: rollout step metrics and operator health."""
+
+from __future__ import annotations
+
+from treadle import metrics as m
+from treadle.dashboards.model import Dashboard, mean, panel, quantile, rate, total
+
+ROLLOUT = Dashboard(
+    uid="treadle-rollout",
+    title="Treadle / Rollout",
+    panels=(
+        panel(
+            "Finished trajectories per second, by status",
+            (rate(m.SCHED_TRAJECTORIES_TOTAL, "status"), "{{status}}"),
+            unit="ops",
+        ),
+        panel(
+            "Trajectories in flight / waiting for admission",
+            (m.SCHED_INFLIGHT, "in flight"),
+            (m.SCHED_PENDING, "waiting"),
+        ),
+        panel(
+            "Step time split: mean seconds per call, by stage",
+            (mean(m.SCHED_STAGE_SECONDS, "stage"), "{{stage}}"),
+            unit="s",
+        ),
+        panel("Stage p99 seconds", (quantile(0.99, m.SCHED_STAGE_SECONDS, "stage"), "{{stage}}"), unit="s"),
+        panel("Turns per second, by task", (rate(m.SCHED_TURNS_TOTAL, "task"), "{{task}}"), unit="ops"),
+        panel("Policy version served", (f"max({m.SCHED_POLICY_VERSION})", "version"), unit="none"),
+        panel(
+            "Staleness of delivered trajectories (versions)",
+            (quantile(0.5, m.BUFFER_STALENESS), "p50"),
+            (quantile(0.99, m.BUFFER_STALENESS), "p99"),
+            unit="none",
+        ),
+        panel("Buffer: trajectories stored", (total(m.BUFFER_STORED), "stored")),
+        panel(
+            "Buffer: put / delivered / evicted per second",
+            (rate(m.BUFFER_PUT_TOTAL, "status"), "put {{status}}"),
+            (rate(m.BUFFER_DELIVERED_TOTAL), "delivered"),
+            (rate(m.BUFFER_EVICTED_TOTAL), "evicted stale"),
+            unit="ops",
+        ),
+        panel("Environment sessions open, by env", (total(m.ENV_SESSIONS_ACTIVE, "env"), "{{env}}")),
+        panel(
+            "Environment step p99 seconds, by env",
+            (quantile(0.99, m.ENV_STEP_SECONDS, "env"), "{{env}}"),
+            unit="s",
+        ),
+        panel(
+            "Environment call failures per second, by call",
+            (rate(m.SCHED_ENV_FAILURES_TOTAL, "call"), "{{call}}"),
+            unit="ops",
+        ),
+        panel(
+            "Reward latency seconds",
+            (quantile(0.5, m.REWARD_LATENCY_SECONDS), "gateway p50"),
+            (quantile(0.99, m.SCHED_REWARD_SECONDS), "seen by scheduler p99"),
+            unit="s",
+        ),
+        panel(
+            "Reward requests per second, by function and outcome",
+            (rate(m.REWARD_REQUESTS_TOTAL, "reward_fn, outcome"), "{{reward_fn}} {{outcome}}"),
+            unit="ops",
+        ),
+        panel(
+            "Placement: turns assigned per second, by pool and reason",
+            (rate(m.PLACEMENT_ASSIGNMENTS_TOTAL, "pool, reason"), "{{pool}} {{reason}}"),
+            unit="ops",
+        ),
+        panel("Outstanding turns per worker", (total(m.PLACEMENT_OUTSTANDING, "worker"), "{{worker}}")),
+        panel(
+            "Generated tokens per second (agents)",
+            (rate(m.AGENT_GENERATED_TOKENS_TOTAL), "tokens/s"),
+            unit="ops",
+        ),
+        panel(
+            "Agent overhead outside the engine, seconds",
+            (quantile(0.5, m.AGENT_OVERHEAD_SECONDS), "p50"),
+            (quantile(0.99, m.AGENT_OVERHEAD_SECONDS), "p99"),
+            unit="s",
+        ),
+        panel(
+            "Engine requests",
+            (total(m.VLLM_NUM_REQUESTS_RUNNING), "running"),
+            (total(m.VLLM_NUM_REQUESTS_WAITING), "waiting"),
+        ),
+        panel(
+            "Engine KV-cache usage", (f"avg({m.VLLM_KV_CACHE_USAGE_PERC})", "kv usage"), unit="percentunit"
+        ),
+    ),
+)
+
+OPERATOR = Dashboard(
+    uid="treadle-operator",
+    title="Treadle / Operator",
+    panels=(
+        panel(
+            "Reconciles per second, by result",
+            (rate(m.OPERATOR_RECONCILE_TOTAL, "result"), "{{result}}"),
+            unit="ops",
+        ),
+        panel(
+            "Reconcile seconds",
+            (quantile(0.5, m.OPERATOR_RECONCILE_SECONDS), "p50"),
+            (quantile(0.99, m.OPERATOR_RECONCILE_SECONDS), "p99"),
+            unit="s",
+        ),
+        panel(
+            "Reconciles running / jobs pending",
+            (total(m.OPERATOR_RECONCILE_INFLIGHT), "running"),
+            (total(m.OPERATOR_JOBS_PENDING), "pending"),
+        ),
+        panel("RolloutJobs by phase", (f"count by (phase) ({m.OPERATOR_JOB_INFO})", "{{phase}}")),
+        panel(
+            "Job conditions, by condition and reason",
+            (f"sum by (condition, reason) ({m.OPERATOR_JOB_CONDITION})", "{{condition}} {{reason}}"),
+        ),
+        panel(
+            "Pool replicas by state",
+            (f"sum by (pool, state) ({m.OPERATOR_POOL_REPLICAS})", "{{pool}} {{state}}"),
+        ),
+        panel(
+            "Children applied per second, by kind and action",
+            (rate(m.OPERATOR_CHILDREN_APPLIED_TOTAL, "kind, action"), "{{kind}} {{action}}"),
+            unit="ops",
+        ),
+    ),
+)
+
+ALL: tuple[Dashboard, ...] = (ROLLOUT, OPERATOR)
