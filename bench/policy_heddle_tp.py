@@ -3,7 +3,8 @@
 Run: ``python bench/policy_heddle_tp.py [--gpus 64] [--trajectories 1024] [--seeds 3] [--out DIR]``.
 Times ``tp_planner.plan`` (simulated annealing over TP degrees {1, 2, 4, 8}, one presorted DP per
 distinct allocation) on lognormal predicted lengths, with per-degree profiles from the roofline
-cost model (Qwen3-14B on H800, up to 100 running per worker). Beside the time it prints the
+cost model (Qwen3-14B on H800, up to 100 running per worker), ``I_g(s)`` simulated from them and
+the lengths' shape (``presorted_dp.interference_by_simulation``). Beside the time it prints the
 planned allocation and its predicted makespan next to Fix-1 and Fix-8, the paper's ablation
 extremes; these makespans are the DP's own estimate (Eq. 2), not a simulation. Nothing asserted.
 """
@@ -39,7 +40,7 @@ class Config:
     workload_seed: int = 0
 
 
-def profiles(cfg: Config) -> list[tp_planner.DegreeProfile]:
+def profiles(cfg: Config, shape: list[float]) -> list[tp_planner.DegreeProfile]:
     out = []
     for g in (1, 2, 4, 8):
         steps = [
@@ -48,7 +49,7 @@ def profiles(cfg: Config) -> list[tp_planner.DegreeProfile]:
             )
             for b in range(1, cfg.max_running + 1)
         ]
-        table = presorted_dp.interference_from_step_times(steps, max_group=cfg.trajectories)
+        table = presorted_dp.interference_by_simulation(steps, shape, max_group=cfg.trajectories)
         out.append(tp_planner.DegreeProfile(g, steps[0], table))
     return out
 
@@ -63,7 +64,7 @@ def main() -> None:
     cfg = Config(gpus=args.gpus, trajectories=args.trajectories, seeds=args.seeds)
     rng = random.Random(cfg.workload_seed)
     lengths = [rng.lognormvariate(8.0, 1.0) for _ in range(cfg.trajectories)]
-    profs = profiles(cfg)
+    profs = profiles(cfg, [x / max(lengths) for x in lengths])
     print(f"Heddle TP planner, {cfg.gpus} GPUs, {cfg.trajectories} trajectories (pure Python, this host)")
     print(f"paper: {PAPER_S[0]}-{PAPER_S[1]} s per run")
     results: dict[str, object] = {}

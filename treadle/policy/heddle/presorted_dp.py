@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
+import itertools
 import math
 import operator
 from collections.abc import Sequence
@@ -124,6 +126,9 @@ class Placement:
 def interference_from_step_times(step_times: Sequence[float], *, max_group: int) -> tuple[float, ...]:
     """The crude closed form of ``I``: ``t_step(min(s, B)) / t_step(1) · max(1, s / B)``.
 
+    It assumes every member is as long as the head (an upper bound); ``interference_by_simulation``
+    is the paper's method.
+
     ``step_times[b-1]`` is the decode step time at ``b`` running sequences and ``B = len(step_times)``
     the largest running batch; a group bigger than ``B`` runs in waves, so its head waits in
     proportion. The paper refines this with a profiler-driven simulation; any non-decreasing table
@@ -139,6 +144,60 @@ def interference_from_step_times(step_times: Sequence[float], *, max_group: int)
         value = step_times[min(s, cap) - 1] / base * max(1.0, s / cap)
         out.append(max(value, out[-1]) if out else value)  # keep it monotone even if profiles are noisy
     return tuple(out)
+
+
+def interference_by_simulation(
+    step_times: Sequence[float], shape: Sequence[float], *, max_group: int, grid: int = 64
+) -> tuple[float, ...]:
+    """``I(s)`` from a fluid simulation of a group on one worker, the paper's profiler-driven method.
+
+    A group of ``s`` takes ``s`` evenly spaced quantiles of ``shape`` (lengths relative to the
+    group's longest, in ``(0, 1]``; e.g. the batch's predictions over their maximum). They decode in
+    lockstep under continuous batching with at most ``B = len(step_times)`` running, longest first
+    (progressive priority), each step costing ``step_times[running - 1]``; ``I(s)`` is the time the
+    last one finishes over ``t_base``. It is simulated at ``grid`` sizes spread geometrically and
+    interpolated linearly in between, then made monotone.
+    """
+    if not step_times or any(t <= 0 for t in step_times):
+        raise SpecError("needs at least one positive step time", field="step_times", value=step_times)
+    if not shape or any(not 0 < x <= 1 for x in shape):
+        raise SpecError("needs relative lengths in (0, 1]", field="shape", value=len(shape))
+    if max_group < 1 or grid < 2:
+        raise SpecError("must be at least 1 (grid at least 2)", field="max_group", value=max_group)
+    ordered = sorted(shape, reverse=True)
+    sizes = sorted({max(1, round(max_group ** (k / (grid - 1)))) for k in range(grid)} | {1, max_group})
+    simulated = {size: _group_time(step_times, _quantiles(ordered, size)) / step_times[0] for size in sizes}
+    out: list[float] = []
+    for lo, hi in itertools.pairwise(sizes):
+        for size in range(lo, hi):
+            out.append(simulated[lo] + (simulated[hi] - simulated[lo]) * (size - lo) / (hi - lo))
+    out.append(simulated[sizes[-1]])
+    return tuple(itertools.accumulate(out[:max_group], max))
+
+
+def _quantiles(ordered: Sequence[float], size: int) -> list[float]:
+    """``size`` evenly spaced members of ``ordered`` (descending), the head first and scaled to 1."""
+    picked = [ordered[min(len(ordered) - 1, i * len(ordered) // size)] for i in range(size)]
+    return [x / picked[0] for x in picked]
+
+
+def _group_time(step_times: Sequence[float], lengths: Sequence[float]) -> float:
+    """Fluid lockstep decode of ``lengths`` (descending) with ``len(step_times)`` slots, longest first."""
+    cap = len(step_times)
+    running = list(lengths[:cap])
+    heapq.heapify(running)  # finishing positions on the shared token clock
+    waiting = iter(lengths[cap:])
+    clock = elapsed = 0.0
+    while running:
+        finish = running[0]
+        elapsed += (finish - clock) * step_times[len(running) - 1]
+        clock = finish
+        while running and running[0] <= clock:
+            heapq.heappop(running)
+            nxt = next(waiting, None)
+            if nxt is not None:
+                heapq.heappush(running, clock + nxt)
+    return elapsed
 
 
 def plan(

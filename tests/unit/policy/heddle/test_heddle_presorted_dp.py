@@ -163,6 +163,25 @@ def test_interference_from_step_times() -> None:
     assert dp.interference_from_step_times([1.0, 0.9], max_group=2) == (1.0, 1.0)
 
 
+def test_interference_by_simulation_hand_checked() -> None:
+    steps = [1.0, 1.2, 1.5]  # B = 3 running at most
+    # equal lengths: up to B they run together (step(s)); the 4th waits a whole length and runs
+    # alone: 1.5 + 1.0; the 5th and 6th run as a pair (1.2) or a triple (1.5) after the first wave
+    assert dp.interference_by_simulation(steps, [1.0], max_group=6) == pytest.approx(
+        (1.0, 1.2, 1.5, 2.5, 2.7, 3.0)
+    )
+    # lengths 1 and 0.5: together for 0.5 (1.2 each step), then the head alone: 0.6 + 0.5 = 1.1
+    # three (1, 1, 0.5): 0.5 · 1.5 + 0.5 · 1.2 = 1.35; four (1, 1, .5, .5) simulated at the grid end
+    table = dp.interference_by_simulation(steps, [1.0, 0.5], max_group=4, grid=4)
+    assert table == pytest.approx((1.0, 1.1, 1.35, 1.5))
+    # shorter members interfere less than the crude bound, which treats all as long as the head
+    crude = dp.interference_from_step_times(steps, max_group=4)
+    assert all(a <= b + 1e-12 for a, b in zip(table, crude, strict=True))
+    with pytest.raises(SpecError) as err:
+        dp.interference_by_simulation(steps, [0.0], max_group=2)
+    assert err.value.field == "shape"
+
+
 def test_heterogeneous_order_is_descending_tp() -> None:
     ws = [
         dp.WorkerProfile("small", 1.0, I4, tp=1),
