@@ -58,7 +58,7 @@ def main() -> None:
     parts: dict[str, list[float]] = {"predict": [], "insert": [], "decide": [], "total": []}
     for step in range(cfg.steps):
         tid = f"w{rng.randrange(cfg.waiting)}"
-        obs = predictor.Observation("code", f"g{rng.randrange(cfg.history // 16)}", rng.randrange(20_000), 3)
+        obs = predictor.Observation("code", f"g{rng.randrange(cfg.history // 16)}", rng.randrange(20_000))
         t0 = time.perf_counter()
         remaining = model.predict(obs)
         t1 = time.perf_counter()

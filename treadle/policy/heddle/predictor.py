@@ -57,7 +57,6 @@ class Observation:
     task: str
     group_id: str
     tokens_so_far: int
-    steps_done: int = 0
 
 
 class Predictor(Protocol):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from treadle.errors import NotFound, SpecError
 from treadle.policy.heddle import migration, presorted_dp, router
@@ -80,3 +82,33 @@ def test_bad_input() -> None:
     with pytest.raises(SpecError) as err:
         router.on_step(state, "a", predicted_remaining=-1, context_tokens=0, in_tool_call=True)
     assert err.value.field == "predicted_remaining"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=30),
+    m=st.integers(1, 5),
+    steps=st.lists(
+        st.tuples(st.integers(0, 29), st.integers(0, 20_000), st.booleans(), st.booleans()), max_size=40
+    ),
+)
+def test_router_invariants(lengths: list[int], m: int, steps: list[tuple[int, int, bool, bool]]) -> None:
+    table = tuple(1.0 + 0.1 * s for s in range(64))
+    workers = [presorted_dp.WorkerProfile(f"w{j}", 1.0, table) for j in range(m)]
+    preds = {f"t{i}": float(x) for i, x in enumerate(lengths)}
+    placed = presorted_dp.plan([presorted_dp.Trajectory(t, p) for t, p in preds.items()], workers)
+    state = router.from_placement(placed, preds)
+    for idx, new_pred, in_tool, finish in steps:
+        tid = f"t{idx}"
+        if tid not in state.entries:
+            continue
+        if finish:
+            state = router.finish(state, tid)
+        else:
+            state, _ = router.on_step(
+                state, tid, predicted_remaining=new_pred, context_tokens=100, in_tool_call=in_tool
+            )
+        views = router.view(state)
+        assert sorted(v.rank for v in views) == list(range(len(state.entries)))  # ranks: a permutation
+        assert all(router.route(state, v.trajectory_id) in state.workers for v in views)  # one known worker
+        assert {m.trajectory_id for m in state.pending} <= set(state.entries)  # no move for a finished one
