@@ -2,8 +2,9 @@
 
 Called periodically (between rollout steps, amortised over several; the paper gives no period) by
 the operator's planning loop with the predicted lengths of the next batch, and by the simulator.
-Its output is a ``PoolReshape``: how many replicas of each TP degree the GPU budget should hold,
-which the operator applies to the RolloutJob's pools (``tensorParallelSize`` × ``replicas``).
+Its output is a ``PoolReshape``: how many replicas of each TP degree the GPU budget should hold;
+``pools_after`` maps it onto an agent's pools (``tensorParallelSize`` × ``replicas``), which the
+operator writes back to the RolloutJob.
 
 Problem: split ``gpus`` into workers of degrees ``g_1 >= g_2 >= ...`` from ``degrees`` (sum =
 ``gpus``) minimising the batch makespan. Decoupled as in the paper: the cost of an allocation is
@@ -163,6 +164,45 @@ def reshape(current: Sequence[int], planned: Plan) -> PoolReshape | None:
         return None
     counts = collections.Counter(planned.degrees)
     return PoolReshape(replicas=tuple(sorted(counts.items(), reverse=True)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolShape:
+    """One inference pool of the job as the planner sees it (the operator converts ``spec.pools``)."""
+
+    name: str
+    tp: int
+    replicas: int
+
+
+MAX_POOL_NAME = 16
+"""RolloutJob pool names are at most this long (``treadle.api.v1alpha1.MAX_POOL_NAME``)."""
+
+
+def pools_after(pools: Sequence[PoolShape], reshape: PoolReshape, *, base_name: str) -> tuple[PoolShape, ...]:
+    """The agent's pools with the reshape applied: what the operator writes back to the RolloutJob.
+
+    A pool keeps its name and TP degree and takes the planned replica count for that degree (0 if
+    the plan has none, so its pods scale away while the name stays stable); a planned degree with
+    no pool gets a new pool ``<base_name>-tp<g>``. ``pools`` are the pools of one agent on one
+    accelerator class, at most one per degree.
+    """
+    by_tp: dict[int, PoolShape] = {}
+    for i, p in enumerate(pools):
+        if p.tp in by_tp:
+            raise SpecError(f"two pools with TP {p.tp}", field=f"pools[{i}].tp", value=p.tp)
+        by_tp[p.tp] = p
+    planned = dict(reshape.replicas)
+    out = [dataclasses.replace(p, replicas=planned.get(p.tp, 0)) for p in pools]
+    for g, replicas in reshape.replicas:
+        if g not in by_tp:
+            name = f"{base_name}-tp{g}"
+            if len(name) > MAX_POOL_NAME:
+                raise SpecError(
+                    f"{name!r} is longer than {MAX_POOL_NAME}", field="base_name", value=base_name
+                )
+            out.append(PoolShape(name=name, tp=g, replicas=replicas))
+    return tuple(sorted(out, key=lambda p: (-p.tp, p.name)))
 
 
 class _Scorer:

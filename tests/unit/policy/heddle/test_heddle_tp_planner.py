@@ -91,6 +91,22 @@ def test_reshape() -> None:
     assert tp.reshape([1] * 18, plan) == tp.PoolReshape(replicas=((8, 1), (4, 2), (1, 2)))
 
 
+def test_pools_after_reshape() -> None:
+    pools = [tp.PoolShape("h800", 1, 16), tp.PoolShape("h800-tp4", 4, 2)]
+    reshape = tp.PoolReshape(replicas=((8, 1), (4, 2)))
+    assert tp.pools_after(pools, reshape, base_name="h800") == (
+        tp.PoolShape("h800-tp8", 8, 1),  # new degree: new pool
+        tp.PoolShape("h800-tp4", 4, 2),  # kept
+        tp.PoolShape("h800", 1, 0),  # not planned: scaled to zero, name kept
+    )
+    with pytest.raises(SpecError) as err:
+        tp.pools_after(pools, reshape, base_name="a-very-long-name")
+    assert err.value.field == "base_name"
+    with pytest.raises(SpecError) as err:
+        tp.pools_after([tp.PoolShape("a", 1, 1), tp.PoolShape("b", 1, 1)], reshape, base_name="x")
+    assert err.value.field == "pools[1].tp"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
