@@ -243,3 +243,20 @@ def test_operator_metrics(
              and f'name="{name}"' in line and 'condition="Ready"' in line]  # fmt: skip
     assert ready and ready[0].endswith(" 1.0"), ready
     assert "treadle_operator_pool_replicas" in text
+
+
+def test_hand_scaled_child_is_restored(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    doc = _doc(op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml")
+    doc["metadata"]["name"] = "swe-drift"
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    kubectl("scale", "deployment", f"{name}-env", "-n", op_harness.JOBS_NS, "--replicas=0")
+
+    def restored() -> bool:
+        dep = kubectl.json("deployment", f"{name}-env", "-n", op_harness.JOBS_NS)
+        return bool(dep["spec"]["replicas"] == 4 and dep.get("status", {}).get("readyReplicas") == 4)
+
+    op_harness.wait_for("env Deployment scaled back to the spec's 4 replicas", restored)
+    op_harness.wait_for(f"{name} Ready again", lambda: _ready(kubectl, name))

@@ -325,6 +325,12 @@ def refresh(
             problems=list(_values(child_pod_problems, key)),
             gpu_capacity={acc: sum(_values(gpu_nodes, acc)) for acc in gpu_nodes},
         )
+        if drift := status.drifted(job, observed):
+            # Someone scaled a child by hand (or an apply is still in flight): restore the rendering.
+            for obj in render.render_children(job, memo.cfg):
+                if obj["kind"] == "Deployment" and obj["metadata"]["name"] in drift:
+                    memo.kube.apply(obj)
+                    memo.metrics.children_applied.labels("Deployment", "restore").inc()
         new, transitions = status.compute(job.model_copy(update={"status": prev}), observed, now=_now())
         if new != prev or cached is None:
             memo.kube.patch_status(job.namespace, job.name, _status_patch(new))

@@ -449,6 +449,18 @@ def render_pool(
     return [deployment, _service(job, cfg, "pool", ports, pool=pool.name, headless=True)]
 
 
+def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
+    """Replicas each child Deployment must have, by name (what ``render_children`` writes)."""
+    spec = job.spec
+    out = {child_name(job, c): 1 for c in COORDINATION}
+    if spec.weights.store == "mooncake":
+        out[child_name(job, "weights")] = spec.weights.replicas
+    out[child_name(job, "env")] = spec.environment.replicas
+    out[child_name(job, "reward")] = reward_replicas(job)
+    out |= {child_name(job, "pool", p.name): p.replicas for p in spec.pools}
+    return {name: 0 if spec.suspend else n for name, n in out.items()}
+
+
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """Every child of the job, in apply order (config first, inference pools last)."""
     out = [render_config(job, cfg)]

@@ -159,13 +159,15 @@ def compute(
             )
         )
     not_ready = []
+    expected = render.expected_replicas(job)
     for name, component, pool_name in _components(job):
         state = observed.deployments.get(name)
         label = f"pool {pool_name}" if pool_name else component
+        want = expected[name]
         if state is None:
             not_ready.append(f"{label} not created yet")
-        elif not state.current or state.ready < state.desired or state.updated < state.desired:
-            not_ready.append(f"{label} {state.ready}/{state.desired} ready")
+        elif state.desired != want or not state.current or state.ready < want or state.updated < want:
+            not_ready.append(f"{label} {state.ready}/{want} ready")
     degraded = None if job.spec.suspend else _classify(job, observed)
 
     conds: list[v1alpha1.Condition] = list(prev.conditions)
@@ -212,6 +214,16 @@ def compute(
         step=prev.step,
     )
     return status, transitions
+
+
+def drifted(job: v1alpha1.RolloutJob, observed: Observed) -> list[str]:
+    """Child Deployments whose replica count differs from what the job renders (someone scaled them)."""
+    expected = render.expected_replicas(job)
+    return sorted(
+        name
+        for name, state in observed.deployments.items()
+        if name in expected and state.desired != expected[name]
+    )
 
 
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:

@@ -15,11 +15,10 @@ CAPACITY = {"H800": 16, "H20": 16}
 
 
 def _all_ready(job: v1alpha1.RolloutJob) -> dict[str, status.DeploymentState]:
-    out = {}
-    for name, _, pool in status._components(job):
-        replicas = next(p.replicas for p in job.spec.pools if p.name == pool) if pool else 1
-        out[name] = status.DeploymentState(desired=replicas, ready=replicas, updated=replicas, current=True)
-    return out
+    return {
+        name: status.DeploymentState(desired=n, ready=n, updated=n, current=True)
+        for name, n in render.expected_replicas(job).items()
+    }
 
 
 def _cond(st: v1alpha1.RolloutJobStatus, type: str) -> v1alpha1.Condition:
@@ -158,3 +157,25 @@ def test_readers_of_raw_objects() -> None:
     assert status.node_gpus(node, "treadle.dev/accelerator", "nvidia.com/gpu") == ("H800", 8)
     cordoned = node | {"spec": {"unschedulable": True}}
     assert status.node_gpus(cordoned, "treadle.dev/accelerator", "nvidia.com/gpu") is None
+
+
+def test_hand_scaled_deployment_is_drift_and_not_ready(math_job: v1alpha1.RolloutJob) -> None:
+    deployments = _all_ready(math_job)
+    deployments["math-tool-env"] = status.DeploymentState(desired=0, ready=0, updated=0, current=True)
+    observed = status.Observed(deployments=deployments, gpu_capacity=CAPACITY)
+    assert status.drifted(math_job, observed) == ["math-tool-env"]
+    st, _ = status.compute(math_job, observed, now=T0)
+    assert st.phase == "Progressing"
+    assert "env 0/2 ready" in _cond(st, "Ready").message
+    assert status.drifted(math_job, status.Observed(deployments=_all_ready(math_job))) == []
+
+
+def test_expected_replicas_match_the_rendered_deployments(math_job: v1alpha1.RolloutJob) -> None:
+    from treadle.operator import config
+
+    rendered = {
+        c["metadata"]["name"]: c["spec"]["replicas"]
+        for c in render.render_children(math_job, config.OperatorConfig())
+        if c["kind"] == "Deployment"
+    }
+    assert render.expected_replicas(math_job) == rendered
