@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treadle.errors import SpecError
@@ -63,6 +63,7 @@ def test_update_waits_for_every_agent() -> None:
     assert pipeline.next_update([]) is None
 
 
+@settings(derandomize=True)
 @given(
     chunks=st.lists(st.integers(1, 30), min_size=1, max_size=12),
     target=st.integers(1, 128),

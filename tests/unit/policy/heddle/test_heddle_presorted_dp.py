@@ -81,7 +81,7 @@ def test_hand_checked(
         assert max(g.cost for g in placed.groups) == pytest.approx(want_makespan)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=300, deadline=None)
 @given(
     lengths=st.lists(st.sampled_from([0, 1, 2, 3, 5, 8, 13, 40]), min_size=1, max_size=6),
     m=st.integers(1, 3),
@@ -97,7 +97,7 @@ def test_equals_brute_force_on_identical_workers(lengths: list[int], m: int, ste
     assert dp.plan(trajs(*lengths), ws).makespan == pytest.approx(want)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=300, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 50), min_size=1, max_size=6),
     specs=st.lists(
@@ -127,7 +127,7 @@ def test_equals_brute_force_on_heterogeneous_workers(
     assert max(dp.group_costs(part, ordered, [1] * len(ordered), ws)) <= got.makespan * (1 + 1e-12)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 1000), min_size=0, max_size=40),
     m=st.integers(1, 8),

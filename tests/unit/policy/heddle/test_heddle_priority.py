@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treadle.errors import SpecError
@@ -101,6 +101,7 @@ def test_progressive_updates_reorder_the_queue() -> None:
     assert [r.trajectory_id for r in waiting] == ["c", "b", "a"]
 
 
+@settings(derandomize=True)
 @given(
     running=st.lists(st.floats(0, 100), max_size=6),
     waiting=st.lists(st.floats(0, 100), max_size=8),
