@@ -53,9 +53,9 @@ def main() -> None:
     args = parser.parse_args()
     cfg = Config(groups=args.groups, seed=args.seed)
     rng = random.Random(cfg.seed)
-    model = predictor.HistoryModel()
+    model = predictor.HistoryModel(window=8192)  # holds the whole history, so learning siblings is cheap
     for group, trajs in task(rng, "past", cfg.history_groups, cfg.group_size):
-        model = predictor.learn(model, [predictor.Finished("t", group, sum(t)) for t in trajs])
+        model = predictor.learn(model, [predictor.Finished("t", group, sum(t), tuple(t)) for t in trajs])
     preds: dict[int, list[float]] = {0: [], 1: [], 2: []}
     truth: dict[int, list[float]] = {0: [], 1: [], 2: []}
     for group, trajs in task(rng, "now", cfg.groups, cfg.group_size):
@@ -69,7 +69,7 @@ def main() -> None:
                     predictor.Finished("t", group, x) for j, x in enumerate(totals) if j != i and x <= seen
                 ]
                 known = predictor.learn(model, first) if first else model
-                preds[s].append(known.predict(predictor.Observation("t", group, seen)))
+                preds[s].append(known.predict(predictor.Observation("t", group, seen, s)))
                 truth[s].append(float(totals[i] - seen))
     results = {}
     print(f"Heddle default predictor on a synthetic task ({cfg.groups} groups x {cfg.group_size}), simulated")

@@ -10,18 +10,25 @@ history-based estimator of the kind the paper compares against (RhymeRL / Seer),
 by conditioning on what the trajectory has already generated. ``Predictor`` is the seam for a
 model-based replacement.
 
-Estimate, for a trajectory of task ``k`` and GRPO group ``g`` that has generated ``x`` tokens:
-the mean residual life of the finished lengths ``T`` that exceed ``x``::
+Estimate, for a trajectory of task ``k`` and GRPO group ``g`` that has generated ``x`` tokens in
+``s`` steps::
 
-    r_task(x)  = mean{T - x : T in window(k), T > x}
-    r_group(x) = mean{T - x : T in finished siblings(g), T > x}          (n_g of them)
-    predict    = (n_g · r_group + shrink · r_task) / (n_g + shrink)
+    r_task(x, s) = mean{T - D_s : the `neighbours` finished trajectories of k with more than s
+                   steps whose tokens after s steps, D_s, are closest to x}         (s >= 1)
+    r_task(x, 0) = mean{T - x : T in window(k), T > x}      (mean residual life; also the fallback
+                                                              when too few went past step s)
+    r_group(x)   = mean{T - x : T in finished siblings(g), T > x}                  (n_g of them)
+    predict      = (n_g · r_group + shrink · r_task) / (n_g + shrink)
+
+Conditioning on progress per step is what makes it progressive: a trajectory whose first steps were
+long (a hard plan) is compared with the finished ones that started as long, the history analogue of
+the paper's "the initial step's execution plan serves as a strong semantic indicator".
 
 Choices of ours (the paper is silent): the window keeps the latest ``window`` trajectories per
 task, so the estimate follows policy drift; a trajectory already longer than every finished one
 is predicted to run as long again (``x``), the heavy-tail (Lindy) guess, which keeps it at the
 front of an LPT queue; with no history at all the prediction is ``prior``. Cost per prediction:
-two binary searches, ``O(log window)``.
+two binary searches, ``O(log window)``; ``learn`` re-sorts the task's window per step count.
 
 Known limit (measured in the unit test on a synthetic task): siblings finished so far are the
 group's short ones, so once a trajectory has outrun them the group term falls back to the task,
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -48,15 +56,18 @@ class Finished:
     task: str
     group_id: str
     total_tokens: int
+    step_tokens: tuple[int, ...] = ()
+    """Tokens generated per step, if known (they sum to ``total_tokens``); enables step conditioning."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-    """A running trajectory at a step boundary."""
+    """A running trajectory at a step boundary (it has made a tool call, so another step follows)."""
 
     task: str
     group_id: str
     tokens_so_far: int
+    steps_done: int = 0
 
 
 class Predictor(Protocol):
@@ -92,6 +103,57 @@ class _Lengths:
         return self.suffix[i] / above - x, above
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepIndex:
+    """Finished trajectories past step ``s``: their tokens after ``s`` steps (sorted) and what followed."""
+
+    done: tuple[int, ...]
+    prefix: tuple[float, ...]
+    """``prefix[i]``: sum of the remaining tokens of the first ``i`` entries (same order as ``done``)."""
+
+    def neighbours(self, x: int, k: int) -> float:
+        """Mean remaining tokens of the ``k`` entries whose progress is closest to ``x``."""
+        done = self.done
+        k = min(k, len(done))
+        # the k closest form a window [lo, lo + k); binary search its start (ties to the left)
+        lo, hi = 0, len(done) - k
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if x - done[mid] > done[mid + k] - x:
+                lo = mid + 1
+            else:
+                hi = mid
+        return (self.prefix[lo + k] - self.prefix[lo]) / k
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    recent: tuple[Finished, ...]
+    lengths: _Lengths
+    by_step: tuple[_StepIndex, ...]
+    """``by_step[s - 1]`` conditions on ``s`` steps done, ``s = 1..max_steps``."""
+
+    @staticmethod
+    def of(recent: Sequence[Finished], max_steps: int) -> _Task:
+        progress = [(f.total_tokens, list(itertools.accumulate(f.step_tokens))) for f in recent]
+        by_step = []
+        for s in range(1, max_steps + 1):
+            pairs = sorted((cum[s - 1], total - cum[s - 1]) for total, cum in progress if len(cum) > s)
+            prefix = [0.0]
+            for _, rest in pairs:
+                prefix.append(prefix[-1] + rest)
+            by_step.append(_StepIndex(done=tuple(d for d, _ in pairs), prefix=tuple(prefix)))
+        return _Task(
+            recent=tuple(recent),
+            lengths=_Lengths.of([f.total_tokens for f in recent]),
+            by_step=tuple(by_step),
+        )
+
+
+def _no_tasks() -> Mapping[str, _Task]:
+    return MappingProxyType({})
+
+
 def _empty() -> Mapping[str, _Lengths]:
     return MappingProxyType({})
 
@@ -108,11 +170,15 @@ class HistoryModel:
     """Weight of the task estimate against ``n_g`` finished siblings."""
     prior: float = 0.0
     """Prediction when the task has no history yet (0 ranks such trajectories by arrival)."""
-    tasks: Mapping[str, _Lengths] = dataclasses.field(default_factory=_empty)
+    neighbours: int = 32
+    """Finished trajectories with the closest progress that a step-conditioned estimate averages."""
+    max_steps: int = 16
+    """Step counts conditioned on; later steps use this one."""
+    tasks: Mapping[str, _Task] = dataclasses.field(default_factory=_no_tasks)
     groups: Mapping[str, _Lengths] = dataclasses.field(default_factory=_empty)
 
     def __post_init__(self) -> None:
-        for name in ("window", "groups_kept"):
+        for name in ("window", "groups_kept", "neighbours", "max_steps"):
             if getattr(self, name) < 1:
                 raise SpecError("must be at least 1", field=name, value=getattr(self, name))
         if not self.shrink > 0:
@@ -126,9 +192,14 @@ class HistoryModel:
         history = self.tasks.get(obs.task)
         if history is None:
             return self.prior
-        r_task, above = history.residual(x)
-        if above == 0:
-            r_task = float(max(x, 1))  # longer than anything seen: guess it runs as long again
+        step = min(obs.steps_done, self.max_steps)
+        index = history.by_step[step - 1] if step >= 1 else None
+        if index is not None and len(index.done) >= self.neighbours:
+            r_task = index.neighbours(x, self.neighbours)
+        else:
+            r_task, above = history.lengths.residual(x)
+            if above == 0:
+                r_task = float(max(x, 1))  # longer than anything seen: guess it runs as long again
         siblings = self.groups.get(obs.group_id)
         if siblings is None:
             return r_task
@@ -141,19 +212,32 @@ def learn(model: HistoryModel, finished: Sequence[Finished]) -> HistoryModel:
     for i, f in enumerate(finished):
         if f.total_tokens < 0:
             raise SpecError("must be >= 0", field=f"finished[{i}].total_tokens", value=f.total_tokens)
+        if f.step_tokens and (sum(f.step_tokens) != f.total_tokens or min(f.step_tokens) < 0):
+            raise SpecError(
+                "must be >= 0 and sum to total_tokens",
+                field=f"finished[{i}].step_tokens",
+                value=f.step_tokens,
+            )
     tasks = dict(model.tasks)
     groups = dict(model.groups)
-    by_task: dict[str, list[int]] = {}
+    by_task: dict[str, list[Finished]] = {}
     by_group: dict[str, list[int]] = {}
     for f in finished:
-        by_task.setdefault(f.task, []).append(f.total_tokens)
+        by_task.setdefault(f.task, []).append(f)
         by_group.setdefault(f.group_id, []).append(f.total_tokens)
     for task, new in by_task.items():
         old = tasks[task].recent if task in tasks else ()
-        tasks[task] = _Lengths.of((old + tuple(new))[-model.window :])
-    for group, new in by_group.items():
-        old = groups.pop(group).recent if group in groups else ()
-        groups[group] = _Lengths.of(old + tuple(new))  # re-inserted: dicts keep insertion order
+        merged = old + tuple(new)
+        recent = merged[-model.window :]
+        changed = merged[: len(merged) - len(recent)] + tuple(new)
+        if task in tasks and not any(f.step_tokens for f in changed):
+            # no trajectory with steps entered or left the window: the step indexes stand as they are
+            tasks[task] = _Task(recent, _Lengths.of([f.total_tokens for f in recent]), tasks[task].by_step)
+        else:
+            tasks[task] = _Task.of(recent, model.max_steps)
+    for group, totals in by_group.items():
+        before = groups.pop(group).recent if group in groups else ()
+        groups[group] = _Lengths.of(before + tuple(totals))  # re-inserted: dicts keep insertion order
     for stale in list(groups)[: max(0, len(groups) - model.groups_kept)]:
         del groups[stale]
     return dataclasses.replace(model, tasks=MappingProxyType(tasks), groups=MappingProxyType(groups))

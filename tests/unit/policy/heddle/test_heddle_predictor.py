@@ -27,6 +27,26 @@ def test_mean_residual_life_hand_checked() -> None:
     assert model.predict(Obs("math", "new", 10)) == 0.0
 
 
+def test_step_conditioning_compares_progress() -> None:
+    history = [
+        F("code", "a", 1000, (100, 300, 600)),  # a long first step, a long trajectory
+        F("code", "b", 100, (10, 40, 50)),  # a short first step, a short one
+        F("code", "c", 60, (20, 40)),  # two steps only: not past step 2
+    ]
+    model = predictor.learn(predictor.HistoryModel(neighbours=1), history)
+    # after one step of 95 tokens the closest first step is a's (100): 900 were still to come
+    assert model.predict(Obs("code", "new", 95, steps_done=1)) == pytest.approx(900)
+    # after one step of 12 tokens the closest is b's (10): 90 to come
+    assert model.predict(Obs("code", "new", 12, steps_done=1)) == pytest.approx(90)
+    # after two steps (a: 400, b: 50 done; c ended at 2 steps) 60 tokens sit nearest b: 50 to come
+    assert model.predict(Obs("code", "new", 60, steps_done=2)) == pytest.approx(50)
+    # too few went past step 3: fall back to the mean residual life
+    assert model.predict(Obs("code", "new", 500, steps_done=3)) == pytest.approx(500)
+    two = predictor.learn(predictor.HistoryModel(neighbours=2), history)
+    # step 1 with two neighbours around 15: b (10) and c (20): (90 + 40) / 2
+    assert two.predict(Obs("code", "new", 15, steps_done=1)) == pytest.approx(65)
+
+
 def test_group_siblings_shrink_towards_the_task() -> None:
     history = [F("code", f"other{i}", 1000) for i in range(8)] + [F("code", "g", 100), F("code", "g", 140)]
     model = predictor.learn(predictor.HistoryModel(shrink=2.0), history)
@@ -104,10 +124,15 @@ def test_accuracy_hand_checked() -> None:
         (lambda: predictor.HistoryModel(shrink=0), "shrink"),
         (lambda: predictor.HistoryModel(prior=-1), "prior"),
         (lambda: predictor.learn(predictor.HistoryModel(), [F("t", "g", -5)]), "finished[0].total_tokens"),
+        (
+            lambda: predictor.learn(predictor.HistoryModel(), [F("t", "g", 5, (1, 2))]),
+            "finished[0].step_tokens",
+        ),
+        (lambda: predictor.HistoryModel(neighbours=0), "neighbours"),
         (lambda: predictor.accuracy([], []), "predicted"),
         (lambda: predictor.accuracy([1], [1], tail=0), "tail"),
     ],
-    ids=["window", "shrink", "prior", "negative", "empty", "tail"],
+    ids=["window", "shrink", "prior", "negative", "steps-sum", "neighbours", "empty", "tail"],
 )
 def test_bad_input_names_the_field(build: object, field: str) -> None:
     with pytest.raises(SpecError) as err:
