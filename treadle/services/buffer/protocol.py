@@ -7,6 +7,8 @@ every error names the offending field as ``trajectories[i].<field>``.
 from __future__ import annotations
 
 import dataclasses
+import re
+import typing
 from collections.abc import Sequence
 
 from treadle.errors import SpecError
@@ -14,6 +16,7 @@ from treadle.v1 import common_pb2
 
 STATUSES = ("completed", "failed", "aborted")
 MAX_ID_CHARS = 200
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_GROUP_SIZE = 4096
 MAX_BATCH_SIZE = 65_536
 MAX_TIMEOUT_S = 3600.0
@@ -21,9 +24,11 @@ MAX_LEASE_S = 86_400.0
 DEFAULT_MAX_TRAJECTORY_BYTES = 8 * 1024 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class Record:
-    """One trajectory as the store keeps it: the fields batching needs, and the encoded message."""
+class Record(typing.NamedTuple):
+    """One trajectory as the store keeps it: the fields batching needs, and the encoded message.
+
+    A named tuple, not a frozen dataclass: puts build thousands per second and this is cheaper.
+    """
 
     trajectory_id: str
     group_id: str
@@ -96,10 +101,9 @@ def to_records(trajectories: Sequence[common_pb2.Trajectory], *, max_bytes: int)
 def _check_id(value: str, field: str) -> None:
     if not value:
         raise SpecError("must not be empty", field=field)
-    if len(value) > MAX_ID_CHARS or "\n" in value:
-        raise SpecError(
-            f"must be one line of at most {MAX_ID_CHARS} characters", field=field, value=value[:50]
-        )
+    if len(value) > MAX_ID_CHARS or CONTROL.search(value):
+        message = f"must be at most {MAX_ID_CHARS} characters, none of them control characters"
+        raise SpecError(message, field=field, value=value[:50])
 
 
 def _check_groups_agree(records: Sequence[Record]) -> None:

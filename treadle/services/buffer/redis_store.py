@@ -6,12 +6,12 @@ atomic in Redis and costs one round trip; forming a batch is serialized across b
 Redis lock. Every key shares the ``{namespace}`` hash tag, so in Redis Cluster all of a job's keys
 live in one slot and the scripts stay valid.
 
-Keys (``P`` = ``treadle:buf:{namespace}:``): ``P t:<id>`` payload, ``P v:<id>`` init version,
-``P g:<group>`` hash (task, expected, seq, minv, arrived, completed), ``P m:<group>`` list of
-``<status-initial>:<id>``, ``P pending`` zset group -> seq, ``P lease:<batch>`` groups joined by
-newlines, ``P leases`` zset batch -> deadline, ``P seen`` / ``P gone`` sets, ``P stats`` and
-``P reasons`` hashes, ``P seq`` counter. Trajectory and group ids may not contain newlines
-(``protocol`` checks).
+Keys (``P`` = ``treadle:buf:{namespace}:``): ``P t:<id>`` payload, ``P g:<group>`` hash (task,
+expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<status-initial>:<id>``,
+``P pending`` zset group -> seq, ``P lease:<batch>`` groups joined by newlines, ``P leases`` zset
+batch -> deadline, ``P seen`` / ``P gone`` sets, ``P stats`` and ``P reasons`` hashes, ``P seq``
+counter. Ids and task names hold no control characters
+(``protocol`` checks), so newlines and ``\x1f`` can separate them.
 """
 
 from __future__ import annotations
@@ -26,50 +26,84 @@ from treadle.errors import NotFound
 from treadle.policy import batching
 from treadle.services.buffer import protocol, store
 
+# ARGV: prefix, n, then per record: meta ("tid US gid US task US size US version US status US reason",
+# US = \x1f; ids and task hold no control characters, the reason comes last) and the payload.
 _PUT = """
 local p = ARGV[1]
 local n = tonumber(ARGV[2])
-local arriving, fresh, late = {}, {}, {}
+local meta = {}
 for i = 0, n - 1 do
-  local o = 3 + i * 8
-  local tid, gid, task, size = ARGV[o], ARGV[o + 1], ARGV[o + 2], tonumber(ARGV[o + 3])
+  local m, k = {}, 1
+  for field in string.gmatch(ARGV[3 + i * 2] .. '\\31', '([^\\31]*)\\31') do
+    m[k] = field
+    k = k + 1
+  end
+  meta[i] = m
+end
+-- validate everything first (a conflict stores nothing), reading each group once
+local groups, order, fresh, late = {}, {}, {}, {}
+for i = 0, n - 1 do
+  local m = meta[i]
+  local tid, gid, task, size = m[1], m[2], m[3], tonumber(m[4])
   if redis.call('SISMEMBER', p .. 'gone', gid) == 1 then
     if redis.call('SISMEMBER', p .. 'seen', tid) == 0 then table.insert(late, tid) end
   elseif redis.call('SISMEMBER', p .. 'seen', tid) == 0 then
-    local g = redis.call('HMGET', p .. 'g:' .. gid, 'task', 'expected', 'arrived')
-    local gtask, gsize, arrived = task, size, 0
-    if g[1] then gtask, gsize, arrived = g[1], tonumber(g[2]), tonumber(g[3]) end
-    local k = (arriving[gid] or arrived) + 1
-    if gtask ~= task or gsize ~= size or k > gsize then
-      return {'conflict', i, gtask, gsize, k - 1}
+    local g = groups[gid]
+    if not g then
+      local h = redis.call('HMGET', p .. 'g:' .. gid, 'task', 'expected', 'arrived', 'minv')
+      if h[1] then
+        g = {new = false, task = h[1], size = tonumber(h[2]), arrived = tonumber(h[3]), minv = tonumber(h[4])}
+      else
+        g = {new = true, task = task, size = size, arrived = 0, minv = tonumber(m[5])}
+      end
+      g.add, g.completed, g.members = 0, 0, {}
+      groups[gid] = g
+      table.insert(order, gid)
     end
-    arriving[gid] = k
-    table.insert(fresh, o)
+    if g.task ~= task or g.size ~= size or g.arrived + g.add + 1 > g.size then
+      return {'conflict', i, g.task, g.size, g.arrived + g.add}
+    end
+    g.add = g.add + 1
+    table.insert(fresh, i)
   end
 end
-for _, o in ipairs(fresh) do
-  local tid, gid, task, size, ver = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], tonumber(ARGV[o + 4])
-  local status, reason, payload = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7]
-  local gk = p .. 'g:' .. gid
-  redis.call('SADD', p .. 'seen', tid)
-  redis.call('SET', p .. 't:' .. tid, payload)
-  redis.call('SET', p .. 'v:' .. tid, ver)
-  if redis.call('EXISTS', gk) == 0 then
+-- then write, one call per group and per kind of key rather than per trajectory
+local seen, payloads = {}, {}
+local count = {put = 0, completed = 0, failed = 0, aborted = 0}
+local reasons = {}
+for _, i in ipairs(fresh) do
+  local m = meta[i]
+  local tid, g, ver, status = m[1], groups[m[2]], tonumber(m[5]), m[6]
+  table.insert(seen, tid)
+  table.insert(payloads, p .. 't:' .. tid)
+  table.insert(payloads, ARGV[4 + i * 2])
+  table.insert(g.members, string.sub(status, 1, 1) .. ':' .. tid)
+  if ver < g.minv then g.minv = ver end
+  if status == 'completed' then g.completed = g.completed + 1 end
+  count.put = count.put + 1
+  count[status] = count[status] + 1
+  if status ~= 'completed' then reasons[m[7]] = (reasons[m[7]] or 0) + 1 end
+end
+for _, tid in ipairs(late) do table.insert(seen, tid) end
+if #seen > 0 then redis.call('SADD', p .. 'seen', unpack(seen)) end
+if #payloads > 0 then redis.call('MSET', unpack(payloads)) end
+for _, gid in ipairs(order) do
+  local g, gk = groups[gid], p .. 'g:' .. gid
+  if g.new then
     local seq = redis.call('INCR', p .. 'seq')
-    redis.call('HSET', gk, 'task', task, 'expected', size, 'seq', seq, 'minv', ver)
-    redis.call('HSET', gk, 'arrived', 0, 'completed', 0)
+    redis.call('HSET', gk, 'task', g.task, 'expected', g.size, 'seq', seq, 'minv', g.minv,
+               'arrived', g.add, 'completed', g.completed)
     redis.call('ZADD', p .. 'pending', seq, gid)
-  elseif ver < tonumber(redis.call('HGET', gk, 'minv')) then
-    redis.call('HSET', gk, 'minv', ver)
+  else
+    redis.call('HSET', gk, 'minv', g.minv, 'arrived', g.arrived + g.add)
+    redis.call('HINCRBY', gk, 'completed', g.completed)
   end
-  redis.call('HINCRBY', gk, 'arrived', 1)
-  if status == 'completed' then redis.call('HINCRBY', gk, 'completed', 1) end
-  redis.call('RPUSH', p .. 'm:' .. gid, string.sub(status, 1, 1) .. ':' .. tid)
-  redis.call('HINCRBY', p .. 'stats', 'put', 1)
-  redis.call('HINCRBY', p .. 'stats', status, 1)
-  if status ~= 'completed' then redis.call('HINCRBY', p .. 'reasons', reason, 1) end
+  redis.call('RPUSH', p .. 'm:' .. gid, unpack(g.members))
 end
-for _, tid in ipairs(late) do redis.call('SADD', p .. 'seen', tid) end
+for key, value in pairs(count) do
+  if value > 0 then redis.call('HINCRBY', p .. 'stats', key, value) end
+end
+for reason, value in pairs(reasons) do redis.call('HINCRBY', p .. 'reasons', reason, value) end
 if #late > 0 then redis.call('HINCRBY', p .. 'stats', 'evicted', #late) end
 return {'ok', #fresh, n - #fresh - #late}
 """
@@ -81,8 +115,8 @@ local gids = redis.call('ZRANGE', p .. 'pending', 0, limit - 1)
 local out = {redis.call('ZCARD', p .. 'pending')}
 for _, gid in ipairs(gids) do
   local g = redis.call('HMGET', p .. 'g:' .. gid, 'task', 'expected', 'seq', 'minv', 'arrived', 'completed')
-  table.insert(out, gid)
-  for _, v in ipairs(g) do table.insert(out, v) end
+  -- one string per group: a reply element per field costs more to parse than to read
+  table.insert(out, table.concat({gid, g[1], g[2], g[3], g[4], g[5], g[6]}, '\\31'))
 end
 return out
 """
@@ -95,12 +129,12 @@ local n = 0
 for i = 3, #ARGV do
   local gid = ARGV[i]
   if redis.call('ZREM', p .. 'pending', gid) == 1 then
+    local keys = {p .. 'g:' .. gid, p .. 'm:' .. gid}
     for _, m in ipairs(redis.call('LRANGE', p .. 'm:' .. gid, 0, -1)) do
-      local tid = string.sub(m, 3)
-      redis.call('DEL', p .. 't:' .. tid, p .. 'v:' .. tid)
+      table.insert(keys, p .. 't:' .. string.sub(m, 3))
       n = n + 1
     end
-    redis.call('DEL', p .. 'g:' .. gid, p .. 'm:' .. gid)
+    redis.call('DEL', unpack(keys))
     if mode == 'evict' then
       redis.call('SADD', p .. 'gone', gid)
     else
@@ -124,17 +158,17 @@ for i = 4, #ARGV do
   local gid = ARGV[i]
   redis.call('ZREM', p .. 'pending', gid)
   table.insert(gids, gid)
+  local keys = {}
   for _, m in ipairs(redis.call('LRANGE', p .. 'm:' .. gid, 0, -1)) do
-    if string.sub(m, 1, 1) == 'c' then
-      local tid = string.sub(m, 3)
-      table.insert(out, redis.call('GET', p .. 'v:' .. tid))
-      table.insert(out, redis.call('GET', p .. 't:' .. tid))
-    end
+    if string.sub(m, 1, 1) == 'c' then table.insert(keys, p .. 't:' .. string.sub(m, 3)) end
+  end
+  if #keys > 0 then
+    for _, payload in ipairs(redis.call('MGET', unpack(keys))) do table.insert(out, payload) end
   end
 end
 redis.call('SET', p .. 'lease:' .. ARGV[2], table.concat(gids, '\\n'))
 redis.call('ZADD', p .. 'leases', ARGV[3], ARGV[2])
-redis.call('HINCRBY', p .. 'stats', 'delivered', (#out - 1) / 2)
+redis.call('HINCRBY', p .. 'stats', 'delivered', #out - 1)
 return out
 """
 
@@ -146,11 +180,11 @@ if not groups then return -1 end
 local n = 0
 for gid in string.gmatch(groups, '[^\\n]+') do
   n = n + tonumber(redis.call('HGET', p .. 'g:' .. gid, 'completed') or 0)
+  local keys = {p .. 'g:' .. gid, p .. 'm:' .. gid}
   for _, m in ipairs(redis.call('LRANGE', p .. 'm:' .. gid, 0, -1)) do
-    local tid = string.sub(m, 3)
-    redis.call('DEL', p .. 't:' .. tid, p .. 'v:' .. tid)
+    table.insert(keys, p .. 't:' .. string.sub(m, 3))
   end
-  redis.call('DEL', p .. 'g:' .. gid, p .. 'm:' .. gid)
+  redis.call('DEL', unpack(keys))
 end
 redis.call('DEL', lk)
 redis.call('ZREM', p .. 'leases', ARGV[2])
@@ -218,16 +252,8 @@ class RedisStore:
     async def put(self, records: Sequence[protocol.Record]) -> protocol.PutResult:
         args: list[Any] = [self._p, len(records)]
         for r in records:
-            args += [
-                r.trajectory_id,
-                r.group_id,
-                r.task,
-                r.group_size,
-                r.init_version,
-                r.status,
-                r.reason,
-                r.payload,
-            ]
+            fields = (r.trajectory_id, r.group_id, r.task, str(r.group_size), str(r.init_version), r.status)
+            args += ["\x1f".join((*fields, r.reason)), r.payload]
         reply = await self._put(args=args)
         if reply[0] == b"conflict":
             i = int(reply[1])
@@ -248,12 +274,12 @@ class RedisStore:
         reply = await self._pending(args=[self._p, limit])
         total = int(reply[0])
         out = []
-        for k in range(1, len(reply), 7):
-            gid, task, expected, seq, minv, arrived, completed = reply[k : k + 7]
+        for packed in reply[1:]:
+            gid, task, expected, seq, minv, arrived, completed = packed.decode().split("\x1f")
             out.append(
                 batching.Group(
-                    group_id=gid.decode(),
-                    task=task.decode(),
+                    group_id=gid,
+                    task=task,
                     expected=int(expected),
                     seq=int(seq),
                     min_version=int(minv),
@@ -273,8 +299,7 @@ class RedisStore:
         reply = await self._lease(args=[self._p, batch_id, repr(deadline), *group_ids])
         if reply[0] == b"missing":
             raise NotFound(f"group {reply[1].decode()!r} is not pending")
-        versions = [int(v) for v in reply[1::2]]
-        return store.Leased(payloads=list(reply[2::2]), init_versions=versions)
+        return store.Leased(payloads=list(reply[1:]))
 
     async def ack(self, batch_id: str) -> int:
         n = int(await self._ack(args=[self._p, batch_id]))

@@ -12,6 +12,7 @@ lease expires and the groups are delivered again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 import uuid
@@ -24,8 +25,9 @@ from treadle.policy import batching
 from treadle.services.buffer import protocol, store
 from treadle.v1 import buffer_pb2, common_pb2
 
-FIRST_SCAN = 256
-"""Pending groups read per attempt at first; the scan widens by 4x while no batch forms and more exist."""
+MIN_SCAN = 16
+"""Pending groups read per attempt at least. The first scan reads ``max(MIN_SCAN, size // 4)`` groups
+(twice what groups of 8 need) and widens by 4x while no batch forms and more groups exist."""
 
 
 class BufferMetrics:
@@ -79,8 +81,8 @@ class BufferService:
     async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> protocol.PutResult:
         records = protocol.to_records(trajectories, max_bytes=self.max_trajectory_bytes)
         result = await self.store.put(records)
-        for r in records:
-            self.metrics.put.labels(r.status).inc()
+        for status, n in collections.Counter(r.status for r in records).items():
+            self.metrics.put.labels(status).inc(n)
         # Wake every waiting get_batch; each waits on the event it saw before its attempt.
         self._changed.set()
         self._changed = asyncio.Event()
@@ -158,7 +160,7 @@ class BufferService:
         async with self.store.lock():
             now = self.clock()
             await self.store.requeue_expired(now)
-            limit = FIRST_SCAN
+            limit = max(MIN_SCAN, size // 4)
             while True:
                 groups, more = await self.store.pending(limit)
                 stale = batching.stale_groups(groups, version=version, alpha=self.alpha)
@@ -181,9 +183,9 @@ class BufferService:
                 plan, batch_id=batch_id, deadline=now + (lease_s or self.default_lease_s)
             )
         self.metrics.delivered.inc(len(leased.payloads))
-        for init in leased.init_versions:
-            self.metrics.staleness.observe(max(0, version - init))
         batch = buffer_pb2.Batch(batch_id=batch_id, group_ids=plan, evicted_groups=evicted)
         for payload in leased.payloads:
-            batch.trajectories.add().ParseFromString(payload)
+            t = batch.trajectories.add()
+            t.ParseFromString(payload)
+            self.metrics.staleness.observe(max(0, version - t.init_version))
         return batch

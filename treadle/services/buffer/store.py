@@ -46,10 +46,9 @@ class Counters:
 
 @dataclasses.dataclass(frozen=True)
 class Leased:
-    """Completed trajectories of the leased groups, oldest group first, and their init versions."""
+    """Encoded completed trajectories of the leased groups, oldest group first."""
 
     payloads: list[bytes]
-    init_versions: list[int]
 
 
 class Store(Protocol):
@@ -116,7 +115,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
         self._seq = 0
-        self._payloads: dict[str, tuple[bytes, int]] = {}  # id -> (payload, init_version)
+        self._payloads: dict[str, bytes] = {}
         self._groups: dict[str, _Group] = {}
         self._pending: set[str] = set()
         self._leases: dict[str, tuple[float, list[str]]] = {}
@@ -152,7 +151,7 @@ class MemoryStore:
                 self._pending.add(r.group_id)
             g.min_version = min(g.min_version, r.init_version)
             g.members.append((r.trajectory_id, r.status))
-            self._payloads[r.trajectory_id] = (r.payload, r.init_version)
+            self._payloads[r.trajectory_id] = r.payload
             self._count_put(r)
         for r in records:
             if r.group_id in self._gone and r.trajectory_id not in self._seen:
@@ -210,7 +209,6 @@ class MemoryStore:
 
     async def lease(self, group_ids: Sequence[str], *, batch_id: str, deadline: float) -> Leased:
         payloads: list[bytes] = []
-        versions: list[int] = []
         for gid in group_ids:
             if gid not in self._pending:
                 raise NotFound(f"group {gid!r} is not pending")
@@ -218,12 +216,10 @@ class MemoryStore:
             self._pending.discard(gid)
             for tid, status in self._groups[gid].members:
                 if status == "completed":
-                    payload, version = self._payloads[tid]
-                    payloads.append(payload)
-                    versions.append(version)
+                    payloads.append(self._payloads[tid])
         self._leases[batch_id] = (deadline, list(group_ids))
         self._c.delivered += len(payloads)
-        return Leased(payloads=payloads, init_versions=versions)
+        return Leased(payloads=payloads)
 
     async def ack(self, batch_id: str) -> int:
         lease = self._leases.pop(batch_id, None)
