@@ -27,8 +27,10 @@ from treadle.weights import layout, objects
 RC_BUFFER = -600  # user buffer too small, or no space left in any segment
 RC_NOT_FOUND = -704
 RC_HAS_LEASE = -706  # read within the master's default_kv_lease_ttl; removable later
+RC_LEASE_EXPIRED = -707  # a read outlasted its lease (slow transfer); retrying may succeed
 RC_TRANSFER_FAIL = -800
 _RC_NAMES = {RC_BUFFER: "BUFFER_OR_SPACE", RC_NOT_FOUND: "OBJECT_NOT_FOUND", RC_HAS_LEASE: "OBJECT_HAS_LEASE",
+             RC_LEASE_EXPIRED: "LEASE_EXPIRED",
              RC_TRANSFER_FAIL: "TRANSFER_FAIL"}  # fmt: skip
 
 

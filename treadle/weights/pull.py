@@ -94,11 +94,28 @@ class Reader:
             raise errors.NotFound(f"version {version} is not committed under {self.prefix!r}")
         return layout.Manifest.from_json(raw, prefix=self.prefix, version=version)
 
-    def pull(self, version: int, *, kind: tensors.Kind = "numpy") -> Snapshot:
-        """Every tensor of ``version``, validated; raises NotFound, CorruptVersion or Unavailable."""
+    def pull(
+        self, version: int, *, kind: tensors.Kind = "numpy", out: objects.Bytes | None = None
+    ) -> Snapshot:
+        """Every tensor of ``version``, validated; raises NotFound, CorruptVersion or Unavailable.
+
+        ``out`` is a buffer to reuse (at least ``manifest.layout_bytes``; the snapshot's tensors are
+        views into it, so the caller must be done with the previous snapshot). Without it a fresh
+        buffer is allocated and touched before any transfer: first-touch page faults cost up to
+        seconds per GiB on VMs, and inside a transfer they count against Mooncake's read lease
+        (default_kv_lease_ttl, 10 s), after which the read fails with LEASE_EXPIRED.
+        """
         start = time.perf_counter()
         manifest = self.manifest(version)
-        buffer = np.empty(manifest.layout_bytes, dtype=np.uint8)
+        if out is None:
+            buffer = np.empty(manifest.layout_bytes, dtype=np.uint8)
+            buffer.fill(0)
+        elif out.dtype != np.uint8 or out.ndim != 1 or out.nbytes < manifest.layout_bytes:
+            raise errors.SpecError(
+                f"must be a 1-D uint8 array of >= {manifest.layout_bytes} bytes", field="out"
+            )
+        else:
+            buffer = out[: manifest.layout_bytes]
         self.store.register(buffer)
         try:
             for i, (bucket, at) in enumerate(zip(manifest.buckets, manifest.bucket_offsets(), strict=True)):
@@ -128,9 +145,11 @@ class Reader:
                 return
         raise layout.CorruptVersion(f"{bucket.key}: xxh3-128 digest does not match the manifest")
 
-    def prefetch(self, version: int, *, kind: tensors.Kind = "numpy") -> concurrent.futures.Future[Snapshot]:
+    def prefetch(
+        self, version: int, *, kind: tensors.Kind = "numpy", out: objects.Bytes | None = None
+    ) -> concurrent.futures.Future[Snapshot]:
         """``pull`` on a background thread (one at a time, in submission order)."""
-        return self._pool.submit(self.pull, version, kind=kind)
+        return self._pool.submit(self.pull, version, kind=kind, out=out)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

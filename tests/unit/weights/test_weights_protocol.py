@@ -193,3 +193,18 @@ def test_retrying_gives_up_after_the_deadline() -> None:
     with pytest.raises(errors.Unavailable, match="after 2s"):
         objects.retrying("x", down, deadline_s=2, clock=lambda: now[0], sleep=sleep)
     assert now[0] - calls[0] <= 2
+
+
+def test_pull_into_a_reused_buffer(store: objects.FileStore) -> None:
+    pub = _publisher(store)
+    m1 = pub.publish(_state(1), 1)
+    pub.publish(_state(2), 2)
+    reader = pull.Reader(store, PREFIX)
+    buf = np.full(m1.layout_bytes + 100, 0xAB, dtype=np.uint8)
+    snap = reader.pull(1, out=buf)
+    _assert_same(snap.tensors, _state(1))
+    assert np.shares_memory(snap.buffer, buf)
+    _assert_same(reader.pull(2, out=buf).tensors, _state(2))
+    with pytest.raises(errors.SpecError) as exc:
+        reader.pull(2, out=buf[:10])
+    assert exc.value.field == "out"
