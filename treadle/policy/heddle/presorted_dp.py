@@ -29,6 +29,15 @@ Two choices of ours where the paper is silent:
   (an infeasible ``T`` lifts the bound to the next value at which any worker could take one more
   trajectory), so it ends exactly on the optimum. One test costs ``O(m log n)``.
 
+Eq. (2) fixes only the slowest group, so with a long tail (the longest trajectory alone sets the
+bound) many partitions tie, including one that packs everything onto the first workers. ``plan``
+therefore places by ``balanced``: at the optimal bound, each worker takes an even share of what is
+left, clamped to what fits and to what the later workers cannot absorb (ours).
+
+``I`` comes as a table per worker: ``interference_by_simulation`` follows the paper (simulate a
+group's continuous-batching execution from profiled step times); ``interference_from_step_times``
+is the crude closed form, an upper bound.
+
 Short-trajectory merging (§5.2 heuristic, threshold unspecified): trajectories predicted shorter
 than ``Merge.below`` are fused, in sorted order, into blocks of ``Merge.block``; a block counts its
 members towards the group size and is never split, which shrinks the search at a small loss.

@@ -102,6 +102,9 @@ def cost(
 ) -> Score:
     """The annealing's cost of one allocation for ``lengths`` (any order)."""
     by_tp = {p.tp: p for p in profiles}
+    unknown = sorted(set(degrees) - set(by_tp))
+    if unknown:
+        raise SpecError(f"no profile for TP {unknown}", field="degrees", value=unknown)
     return _Scorer(sorted(lengths, reverse=True), by_tp, busy_weight).score(
         tuple(sorted(degrees, reverse=True))
     )

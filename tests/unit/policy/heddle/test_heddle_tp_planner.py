@@ -34,6 +34,12 @@ def test_cost_hand_computed(degrees: tuple[int, ...], makespan: float, busy: flo
     assert score.energy == pytest.approx(makespan + 0.1 * busy)
 
 
+def test_cost_needs_a_profile_per_degree() -> None:
+    with pytest.raises(SpecError) as err:
+        tp.cost(LENGTHS, (4,), [TP1, TP2])
+    assert err.value.field == "degrees"
+
+
 def test_cost_mixed_pool_puts_the_longest_on_the_highest_tp() -> None:
     # 4 GPUs as TP 2 + 1 + 1: {100} on TP 2 = 60; {10, 10} | {10} on TP 1 = 20 and 10 -> makespan 60
     # (balanced: the even share of the 3 left over 2 workers is 2, then 1); busy (2·60 + 20 + 10) / 4
