@@ -219,7 +219,8 @@ def plan(
     """Place a batch; ``exact_dp`` runs Eq. (3) itself instead of the (equal-valued) parametric search."""
     _check_trajectories(trajectories)
     ordered_workers = sort_workers(workers)
-    ordered = sorted(trajectories, key=lambda t: (-t.predicted_length, t.trajectory_id))
+    # by id, then stably by descending length: the same order as the key (-length, id), cheaper
+    ordered = sorted(sorted(trajectories, key=_ID), key=_LENGTH, reverse=True)
     items = _items(ordered, merge)
     lengths = [ordered[first].predicted_length for first, _ in items]
     counts = [count for _, count in items]
@@ -230,13 +231,15 @@ def plan(
     for worker, end in zip(ordered_workers, part.ends, strict=True):
         first = items[start][0] if start < len(items) else len(ordered)
         last = items[end][0] if end < len(items) else len(ordered)
-        ids = tuple(t.trajectory_id for t in ordered[first:last])
+        ids = tuple(map(_ID, ordered[first:last]))
         cost = _cost(worker, ordered[first].predicted_length, last - first) if ids else 0.0
         groups.append(Group(worker_id=worker.worker_id, trajectory_ids=ids, cost=cost))
         start = end
-    return Placement(
-        groups=tuple(groups), makespan=part.makespan, order=tuple(t.trajectory_id for t in ordered)
-    )
+    return Placement(groups=tuple(groups), makespan=part.makespan, order=tuple(map(_ID, ordered)))
+
+
+_ID = operator.attrgetter("trajectory_id")
+_LENGTH = operator.attrgetter("predicted_length")
 
 
 def sort_workers(workers: Sequence[WorkerProfile]) -> list[WorkerProfile]:
@@ -436,10 +439,7 @@ def _cost(worker: WorkerProfile, head_length: float, size: int) -> float:
 
 
 def _prefix(counts: Sequence[int]) -> list[int]:
-    prefix = [0]
-    for c in counts:
-        prefix.append(prefix[-1] + c)
-    return prefix
+    return list(itertools.accumulate(counts, initial=0))
 
 
 def _items(ordered: Sequence[Trajectory], merge: Merge | None) -> list[tuple[int, int]]:
@@ -462,6 +462,11 @@ def _items(ordered: Sequence[Trajectory], merge: Merge | None) -> list[tuple[int
 
 
 def _check_trajectories(trajectories: Sequence[Trajectory]) -> None:
+    # one pass in C for the common, valid case; the slow scan only runs to name the bad entry
+    ids = {t.trajectory_id for t in trajectories}
+    lengths = [t.predicted_length for t in trajectories]
+    if len(ids) == len(trajectories) and (not lengths or (min(lengths) >= 0 and math.isfinite(max(lengths)))):
+        return
     seen: set[str] = set()
     for i, t in enumerate(trajectories):
         if t.trajectory_id in seen:
