@@ -1,0 +1,196 @@
+"""Inference-side weight updates: prefetch while serving, validate everything, then load or refuse.
+
+Used by the vLLM worker extension (``treadle.weights.vllm_extension``), which hands ``apply`` the
+engine's in-place reload; kept free of vLLM so the rules are unit-tested on their own:
+
+- ``prefetch(v)`` pulls version ``v`` on a background thread while generation goes on;
+- ``apply(v, load)`` takes that prefetched snapshot (or pulls now), which ``Reader.pull`` has
+  already checked byte for byte against the manifest, then checks every tensor against the
+  checkpoint the engine serves (names complete, shapes equal). Only then is ``load`` called.
+  Anything failing before ``load`` leaves the served version untouched and raises;
+- ``load`` itself failing leaves the model half-updated, which must never serve: the loader marks
+  itself unhealthy and calls ``on_fatal`` (in vLLM: exit the worker, so the engine dies and the
+  pod is restarted; vLLM's own in-place reload is not transactional).
+
+The caller (the inference agent) suspends generation around ``apply``; this module does not know
+the engine's scheduler, only its weights.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from treadle import errors
+from treadle.weights import layout, mooncake_client, objects, pull, tensors
+
+log = logging.getLogger(__name__)
+
+# safetensors header dtype -> our dtype names.
+_SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
+}  # fmt: skip
+
+Spec = Mapping[str, tuple[str, tuple[int, ...]]]
+"""Tensor name -> (dtype, shape) of the checkpoint an engine serves."""
+
+
+def checkpoint_spec(model_dir: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Names, dtypes and shapes of every tensor in ``model_dir``'s ``*.safetensors`` (headers only)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise errors.NotFound(f"{model_dir}: no *.safetensors files to validate published versions against")
+    spec: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in files:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                dtype = _SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"])
+                spec[name] = (dtype, tuple(int(d) for d in entry["shape"]))
+    return spec
+
+
+def store_from_env(env: Mapping[str, str]) -> tuple[objects.ObjectStore, str]:
+    """The store and prefix an engine reads from: TREADLE_WEIGHTS_PREFIX plus either
+    TREADLE_WEIGHTS_DIR (local FileStore) or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA
+    (Mooncake; TREADLE_WEIGHTS_REPLICAS, default 2, only matters to writers)."""
+    prefix = env.get("TREADLE_WEIGHTS_PREFIX")
+    if not prefix:
+        raise errors.SpecError("is required", field="TREADLE_WEIGHTS_PREFIX")
+    if env.get("TREADLE_WEIGHTS_DIR"):
+        return objects.FileStore(env["TREADLE_WEIGHTS_DIR"]), prefix
+    master, metadata = env.get("TREADLE_WEIGHTS_MASTER"), env.get("TREADLE_WEIGHTS_METADATA")
+    if not master or not metadata:
+        raise errors.SpecError(
+            "set TREADLE_WEIGHTS_DIR, or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA",
+            field="TREADLE_WEIGHTS_MASTER",
+        )
+    replicas = int(env.get("TREADLE_WEIGHTS_REPLICAS", "2"))
+    return mooncake_client.MooncakeStore(
+        mooncake_client.MooncakeConfig(master, metadata, replicas=replicas)
+    ), prefix
+
+
+def _exit_process(exc: BaseException) -> NoReturn:
+    log.critical("weight load failed after the model was modified; exiting so the replica restarts: %r", exc)
+    os._exit(70)
+
+
+class Loader:
+    """Prefetch, validate and apply versions for one engine; thread-safe."""
+
+    def __init__(
+        self,
+        reader: pull.Reader,
+        spec: Spec,
+        *,
+        loaded_version: int = 0,
+        kind: tensors.Kind = "torch",
+        on_fatal: Callable[[BaseException], NoReturn] = _exit_process,  # tests pass a recorder
+    ) -> None:
+        self.reader = reader
+        self.spec = dict(spec)
+        self.loaded_version = loaded_version
+        """Version the engine serves; 0 is the checkpoint it started from."""
+        self.kind = kind
+        self.healthy = True
+        self.last_error: str | None = None
+        self._on_fatal = on_fatal
+        self._lock = threading.Lock()
+        self._pending: dict[int, concurrent.futures.Future[pull.Snapshot]] = {}
+        self._spare: objects.Bytes | None = None  # buffer of the last applied version, reused
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "loaded_version": self.loaded_version,
+                "healthy": self.healthy,
+                "prefetching": sorted(v for v, f in self._pending.items() if not f.done()),
+                "prefetched": sorted(
+                    v for v, f in self._pending.items() if f.done() and f.exception() is None
+                ),
+                "last_error": self.last_error,
+            }
+
+    def prefetch(self, version: int) -> None:
+        """Start pulling ``version`` in the background (no-op if it is already on its way)."""
+        layout.check_version(version)
+        with self._lock:
+            if version <= self.loaded_version:
+                raise errors.Conflict(
+                    f"version {version} is not newer than the loaded version {self.loaded_version}"
+                )
+            if version not in self._pending:
+                # Older prefetches are superseded: only the newest version will be applied.
+                for old in [v for v in self._pending if v < version]:
+                    self._pending.pop(old).cancel()
+                out, self._spare = self._spare, None
+                self._pending[version] = self.reader.prefetch(version, kind=self.kind, out=out)
+
+    def apply(self, version: int, load: Callable[[Iterable[tuple[str, Any]]], None]) -> dict[str, Any]:
+        """Validate ``version`` completely, then ``load`` it; returns the new status.
+
+        Raises (NotFound, CorruptVersion, Conflict, Unavailable) with the served version untouched;
+        if ``load`` raises, the model may be half-written: unhealthy, then ``on_fatal``.
+        """
+        layout.check_version(version)
+        with self._lock:
+            if not self.healthy:
+                raise errors.Unavailable("this replica failed a weight load and must be restarted")
+            if version <= self.loaded_version:
+                raise errors.Conflict(
+                    f"version {version} is not newer than the loaded version {self.loaded_version}"
+                )
+            future = self._pending.pop(version, None)
+            try:
+                snapshot = (
+                    future.result() if future is not None else self.reader.pull(version, kind=self.kind)
+                )
+                weights = self._checked(snapshot)
+            except (errors.TreadleError, concurrent.futures.CancelledError) as exc:
+                self.last_error = f"v{version} refused: {exc}"
+                raise
+            try:
+                load(weights)
+            except BaseException as exc:
+                self.healthy = False
+                self.last_error = f"v{version} load failed: {exc!r}"
+                self._on_fatal(exc)
+            self.loaded_version = version
+            self.last_error = None
+            self._spare = snapshot.buffer
+            for old in [v for v in self._pending if v <= version]:
+                self._pending.pop(old).cancel()
+        return self.status()
+
+    def _checked(self, snapshot: pull.Snapshot) -> list[tuple[str, Any]]:
+        """The snapshot's tensors the checkpoint has, in its order; Conflict on any mismatch."""
+        published = {t.name: t for t in snapshot.manifest.tensors}
+        missing = sorted(set(self.spec) - set(published))
+        if missing:
+            raise errors.Conflict(
+                f"v{snapshot.version} lacks {len(missing)} checkpoint tensor(s), e.g. {missing[:3]}"
+            )
+        wrong = [n for n, (_, shape) in self.spec.items() if published[n].shape != shape]
+        if wrong:
+            n = wrong[0]
+            raise errors.Conflict(
+                f"v{snapshot.version}: {n} has shape {list(published[n].shape)}, the engine serves "
+                f"{list(self.spec[n][1])}"
+            )
+        # Names the checkpoint lacks (e.g. a tied lm_head.weight) are not loaded.
+        return [(name, snapshot.tensors[name]) for name in self.spec]
+
+    def close(self) -> None:
+        self.reader.close()
