@@ -18,7 +18,9 @@ Rules (paper defaults: global batch 64, micro-batch 16, so four releases per age
   released is trained, all agents step together (policy version + 1). The global barrier is the
   paper's "all agents aggregate"; an agent with no sample this step steps nothing.
 
-Staleness is zero by construction: only the current version's samples are ever ready.
+What counts as ready is the buffer's contract: only samples of the current policy version (so
+staleness is zero), and with GRPO only whole scored groups, since advantages need every reward of
+the group (the paper's micro-batch of 16 is then one group).
 """
 
 from __future__ import annotations

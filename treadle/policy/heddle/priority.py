@@ -2,9 +2,10 @@
 
 Called by the scheduler service at every step boundary (a trajectory's new generation request is
 inserted with its fresh prediction) and at every admission round of a worker, and by the
-simulator. The shell turns ``Action``s into engine calls: on vLLM a preemption is an ABORT of the
-running request and a re-ADD later; the prefix cache (APC) keeps its KV unless evicted, which is the
-paper's "keep the radix-tree prefix" on SGLang.
+simulator. The shell turns ``Action``s into engine calls. vLLM has no preempt call, so a
+preemption is an ABORT of the running request, keeping the tokens it produced, and a re-ADD later
+with them appended to the prompt; vLLM's prefix cache (APC) then serves that context unless it was
+evicted meanwhile, which is the paper's "keep the radix-tree prefix" on SGLang.
 
 Priority is an adaptive LPT (Graham 1969): the longer a trajectory is predicted to keep running,
 the earlier its next step is served, so the batch's tail starts first. The key is the predicted
