@@ -3,7 +3,8 @@
 Run: ``python bench/policy_heddle_tp.py [--gpus 64] [--trajectories 1024] [--seeds 3] [--out DIR]``.
 Times ``tp_planner.plan`` (simulated annealing over TP degrees {1, 2, 4, 8}, one presorted DP per
 distinct allocation) on lognormal predicted lengths, with per-degree profiles from the roofline
-cost model (Qwen3-14B on H800, up to 100 running per worker), ``I_g(s)`` simulated from them and
+cost model (Qwen3-14B on H800; running sequences capped by each degree's KV capacity at a 4K-token
+context, and by 256), ``I_g(s)`` simulated from them and
 the lengths' shape (``presorted_dp.interference_by_simulation``). Beside the time it prints the
 planned allocation and its predicted makespan next to Fix-1 and Fix-8, the paper's ablation
 extremes; these makespans are the DP's own estimate (Eq. 2), not a simulation. Nothing asserted.
@@ -35,19 +36,22 @@ class Config:
     """Annealing seeds timed (0..seeds-1)."""
     context_tokens: int = 4096
     """Mean context per running sequence when profiling decode steps."""
-    max_running: int = 100
-    """Running batch cap per worker."""
+    max_running: int = 256
+    """Running batch cap per worker (vLLM's ``max_num_seqs``); KV capacity may bind first."""
     workload_seed: int = 0
 
 
 def profiles(cfg: Config, shape: list[float]) -> list[tp_planner.DegreeProfile]:
     out = []
     for g in (1, 2, 4, 8):
+        # a worker of g GPUs holds g times the KV cache: it runs more sequences at once
+        kv = costmodel.kv_capacity_tokens(costmodel.H800, costmodel.QWEN3_14B, tp=g)
+        running = max(1, min(cfg.max_running, kv // cfg.context_tokens))
         steps = [
             costmodel.decode_step_time(
                 costmodel.H800, costmodel.QWEN3_14B, batch=b, context_tokens=b * cfg.context_tokens, tp=g
             )
-            for b in range(1, cfg.max_running + 1)
+            for b in range(1, running + 1)
         ]
         table = presorted_dp.interference_by_simulation(steps, shape, max_group=cfg.trajectories)
         out.append(tp_planner.DegreeProfile(g, steps[0], table))
