@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "treadle.operator.cli",
     "treadle.weights.cli",
     "treadle.localmode.cli",
+    "treadle.sim.cli",
 )
 
 

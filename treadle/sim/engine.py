@@ -354,19 +354,20 @@ class Simulator:
 
     def _admit_async(self) -> list[events.Event]:
         out: list[events.Event] = []
-        # RollArt admits on concurrency alone (staleness is enforced by aborts): the same rule with
-        # a staleness window too wide to bind
+        # a system that admits on concurrency alone uses the same rule with a window too wide to bind
         alpha = self.alpha if self.system.admission == "staleness" else UNBOUNDED_ALPHA
         limits = admission.Limits(
             alpha=alpha, batch_size=self.batch_size, max_in_flight=self.cfg.max_in_flight
         )
         while True:
             task_idx = self._next_task()
-            launched = self.tasks[task_idx].launched
-            state = admission.AdmissionState(
-                version=self.version, accepted=self.accepted, running=self.running
-            )
-            if admission.admit_groups(state, limits, group_size=launched, pending_groups=1) < 1:
+            # a group is sized by the members it delivers: redundant ones are rejected when the group
+            # fills, so counting them would leave room for no group at all (a stall)
+            delivered = self.tasks[task_idx].group_size
+            # the trainer's version (steps done), as ROLL counts groups per step: a slow weight push
+            # must not hold admission back (the workers' version lags by the push)
+            state = admission.AdmissionState(version=self.step, accepted=self.accepted, running=self.running)
+            if admission.admit_groups(state, limits, group_size=delivered, pending_groups=1) < 1:
                 break
             out += self._start_group(task_idx)
         self.timeline.record(self.now, self.running)
@@ -510,7 +511,7 @@ class Simulator:
             return []
         traj.state = "done"
         traj.finished_at = self.now
-        self._leave(traj)
+        self._leave(traj, accepted=True)
         group = self.groups[traj.group]
         group.completed += 1
         group.terminal += 1
@@ -523,9 +524,11 @@ class Simulator:
         out += self._after_terminal()
         return out
 
-    def _leave(self, traj: entities.Trajectory) -> None:
+    def _leave(self, traj: entities.Trajectory, *, accepted: bool) -> None:
+        """Count a trajectory out of ``running``: accepted when scored, rejected when aborted (AReaL's
+        StalenessManager counts rejected rollouts out of running without accepting them)."""
         self.running -= 1
-        self.accepted += 1
+        self.accepted += int(accepted)
         self.in_flight.pop(traj.idx, None)
 
     def _abort(self, idxs: Sequence[int]) -> list[events.Event]:
@@ -544,7 +547,7 @@ class Simulator:
                 traj.request = None
             traj.state = "aborted"
             traj.token += 1
-            self._leave(traj)
+            self._leave(traj, accepted=False)
             group = self.groups[traj.group]
             group.terminal += 1
             self._group_progress(group)
@@ -592,22 +595,34 @@ class Simulator:
             )
         return out
 
+    def _evict_stale(self) -> list[events.Event]:
+        """RollArt's eager eviction of buffered groups older than ``version - alpha``.
+
+        "version n" (digest §6.2 ambiguity 1) is the paper's "current agent LLM" version: the one the
+        workers run (it trails the trainer by the weight push). Evicted trajectories are rejected
+        after the fact, which gives their room back to admission.
+        """
+        view = self._batching_view()
+        for gid in batching.stale_groups(view, version=self.version, alpha=self.alpha):
+            group = self._buffer.pop(int(gid))
+            group.aborted = True
+            self._ready_completed -= min(group.completed, group.expected)
+            self.evicted += group.completed
+            self.accepted -= group.completed
+        return self._admit_async() if self.system.mode == "async" else []
+
     def _on_get_batch(self, ev: events.Event) -> list[events.Event]:
         if self.trainer_state != "waiting":
             return []
+        out = self._evict_stale() if self.system.per_iteration_abort else []
         view = self._batching_view()
-        if self.system.per_iteration_abort:
-            # "version n" (digest §6.2 ambiguity 1) is the trainer's: the steps it has finished, so a
-            # trained trajectory is never more than alpha versions behind the weights it updates
-            for gid in batching.stale_groups(view, version=self.step, alpha=self.alpha):
-                group = self._buffer.pop(int(gid))
-                group.aborted = True
-                self._ready_completed -= min(group.completed, group.expected)
-                self.evicted += min(group.completed, group.expected)
-            view = self._batching_view()
-        plan = batching.plan_batch(view, batch_size=self.batch_size)
+        plan = (
+            batching.plan_batch(view, batch_size=self.batch_size)
+            if self._ready_completed >= self.batch_size
+            else None
+        )
         if plan is None:
-            return []
+            return out
         batch: list[int] = []
         for gid in plan:
             group = self._buffer.pop(int(gid))
@@ -615,14 +630,14 @@ class Simulator:
             self._ready_completed -= min(group.completed, group.expected)
             done = [m for m in group.members if self.trajs[m].state == "done"]
             batch += done[: group.expected]
-        return self._start_step(batch)
+        return out + self._start_step(batch)
 
     def _start_step(self, batch: list[int]) -> list[events.Event]:
         """The batch is formed: update weights if newer ones are published, then train."""
         self.trainer_state = "updating"
         batch_at = self.now
         for idx in batch:
-            staleness = self.step - self.trajs[idx].init_version
+            staleness = self.version - self.trajs[idx].init_version
             self.staleness_sum += staleness
             self.max_staleness = max(self.max_staleness, staleness)
         out: list[events.Event] = []
@@ -651,11 +666,12 @@ class Simulator:
         out: list[events.Event] = []
         if self.system.per_iteration_abort:
             stale = admission.stale_in_flight(
-                {str(k): v for k, v in self.in_flight.items()}, version=self.step, alpha=self.alpha
+                {str(k): v for k, v in self.in_flight.items()}, version=self.version, alpha=self.alpha
             )
             if stale:
                 self.aborted_stale += len(stale)
                 out += self._abort([int(s) for s in stale])
+            out += self._evict_stale()
         for w in self.workers:
             out += w.pause(self.now, pause, recompute=True)
             self._touch(w)
@@ -686,13 +702,14 @@ class Simulator:
         out: list[events.Event] = []
         if self.system.mode == "async":
             out.append(events.Event(self.now + self.push_s, events.Kind.PUSH_DONE, self.step))
+            out += self._admit_async()  # the trainer's version moved: the staleness window did too
         elif self.system.mode == "sync":
             # the new weights are broadcast before the next batch starts; the broadcast (workers
             # paused) is part of the next step's wait
             out += self._commit_version(self.trained_version, self.pause_s)
             out.append(events.Event(self.now, events.Kind.ADMIT))
-        if self._ready_completed >= self.batch_size:
-            out.append(events.Event(self.now, events.Kind.GET_BATCH))
+        # always try: get_batch first evicts stale groups, which may free admission room
+        out.append(events.Event(self.now, events.Kind.GET_BATCH))
         return out
 
     def _on_push(self, ev: events.Event) -> list[events.Event]:

@@ -85,7 +85,8 @@ class Result:
     evicted: int
     trained_tokens: int
     mean_staleness: float
-    """Mean (trainer's version when the batch formed - workers' version at start) over trained ones."""
+    """Mean over trained trajectories of (workers' version when the batch formed - version at start),
+    RollArt's definition ("the current agent LLM is at version n")."""
     max_staleness: int
     lower_bound_s: float
     lower_bound_parts: Mapping[str, float]

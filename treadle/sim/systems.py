@@ -31,9 +31,10 @@ class System:
     reward: Literal["serverless", "local"] = "serverless"
     weight_sync: Literal["mooncake", "nccl", "naive"] = "nccl"
     admission: Literal["staleness", "concurrency"] = "staleness"
-    """``staleness``: AReaL's rule (``admission.admit_groups`` with alpha) gates every start.
-    ``concurrency``: RollArt's EnvManagers start a trajectory whenever an environment is free (only
-    ``max_in_flight`` bounds starts) and staleness is enforced by ``per_iteration_abort`` instead."""
+    """``staleness``: AReaL's rule (``admission.admit_groups`` with alpha) gates every start; RollArt's
+    ROLL code does the same in groups (``async_generation_ratio`` steps ahead, digest §1.5).
+    ``concurrency``: every free environment starts a trajectory (only ``max_in_flight`` bounds
+    starts), as a fully asynchronous slime-like rollout does."""
     per_iteration_abort: bool = False
     """RollArt: after each version commit abort in-flight trajectories older than ``version - alpha``
     and evict stale groups before ``get_batch``; AReaL checks only at admission."""
@@ -93,16 +94,16 @@ SYSTEMS: Mapping[str, System] = {
         ),
         System(
             "slime",
-            "slime-like: async with a loose staleness bound, least-loaded router",
+            "slime-like: fully async, every free environment starts a trajectory, least-loaded router",
             mode="async",
-            overrides={"placementPolicy": "least-loaded", "schedulingPolicy": "fifo", "staleness": 8},
+            admission="concurrency",
+            overrides={"placementPolicy": "least-loaded", "schedulingPolicy": "fifo"},
         ),
         System(
             "rollart-no-affinity",
             "RollArt without hardware affinity (every pool eligible)",
             mode="async",
             weight_sync="mooncake",
-            admission="concurrency",
             per_iteration_abort=True,
             redundancy=True,
         ),
@@ -111,7 +112,6 @@ SYSTEMS: Mapping[str, System] = {
             "RollArt: per-iteration staleness aborts, hardware affinity, Mooncake overlap, redundancy",
             mode="async",
             weight_sync="mooncake",
-            admission="concurrency",
             per_iteration_abort=True,
             affinity=True,
             redundancy=True,
