@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "treadle.weights.cli",
     "treadle.localmode.cli",
     "treadle.sim.cli",
+    "treadle.trainer.cli",
 )
 
 

@@ -1,0 +1,112 @@
+"""Swap a published weight version into every engine, under suspend; the trainer's ``Swapper``.
+
+Called by ``treadle.trainer.loop`` between iterations. Per replica (engine + its inference agent):
+
+1. ``prefetch(v)`` right after publishing: with real vLLM the worker extension
+   (``treadle.weights.vllm_extension``) pulls and validates every bucket of ``v`` on a background
+   thread while generation goes on;
+2. ``swap(v)``: pause through the agent with ``mode="wait"``, apply ``v`` (the extension refuses
+   a missing, corrupt or mismatched version before touching the model: the route answers 500 and
+   the engine keeps serving the previous version), drop the prefix cache computed with the old
+   weights, set the engine's weight-version label, resume through the agent (which re-reads the
+   label, so the next request is tagged with ``v``).
+
+In-flight partial responses across a version change: we drain them (``pause?mode=wait``) rather
+than keep them (``keep``, whose tokens after the swap would come from new weights on a KV cache
+computed with old ones) or abort them (``abort``, which throws the tokens away and re-generates
+the turn). Draining finishes every running request on the weights that started it, so the
+version the agent records for each token (the label at request start) is exactly the version that
+produced it; nothing is re-prefilled and nothing is lost. The price is the swap waiting for the
+longest running request, which is small for the toy's short turns; for long generations ``keep``
+with a re-prefill would be the better trade and the agent's tags would then be conservative (never
+newer than the truth). The scheduler is suspended meanwhile, so no new trajectory starts.
+
+The simulated engine cannot load weights; with ``extension=False`` only the label moves (the
+integration tests use it to check the loop's mechanics, never its learning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from treadle import errors
+from treadle.services.agent import client as agent_client
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replica:
+    worker_id: str
+    engine_url: str
+    agent_url: str
+
+
+class SwapRefused(errors.Unavailable):
+    """An engine refused a version; it keeps serving the previous one (the message says why)."""
+
+
+class EngineSwapper:
+    def __init__(self, replicas: Sequence[Replica], *, extension: bool, timeout_s: float = 300.0) -> None:
+        if not replicas:
+            raise errors.SpecError("need at least one replica", field="replicas")
+        self.replicas = list(replicas)
+        self.extension = extension
+        self.timeout_s = timeout_s
+        self.served: dict[str, int] = {r.worker_id: 0 for r in replicas}
+        """Version each replica serves, as of its last successful swap."""
+
+    async def prefetch(self, version: int) -> None:
+        if not self.extension:
+            return
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            for r in self.replicas:
+                # A failed prefetch is not an error: apply pulls (and validates) by itself.
+                try:
+                    await _rpc(http, r.engine_url, "treadle_weights_prefetch", version)
+                except SwapRefused as exc:
+                    log.warning("prefetch of v%d on %s failed: %s", version, r.worker_id, exc)
+
+    async def swap(self, version: int) -> None:
+        results = await asyncio.gather(
+            *(self._swap_one(r, version) for r in self.replicas), return_exceptions=True
+        )
+        failed = [(r.worker_id, e) for r, e in zip(self.replicas, results, strict=True) if e is not None]
+        if failed:
+            raise SwapRefused(f"version {version} not applied on {', '.join(f'{w}: {e}' for w, e in failed)}")
+
+    async def _swap_one(self, r: Replica, version: int) -> None:
+        agent = agent_client.AgentClient(r.agent_url, timeout_s=self.timeout_s)
+        try:
+            async with httpx.AsyncClient(base_url=r.engine_url, timeout=self.timeout_s) as http:
+                await agent.pause("wait")
+                try:
+                    if self.extension:
+                        await _rpc(http, r.engine_url, "treadle_weights_apply", version)
+                        await _post(http, "/reset_prefix_cache")
+                    await _post(http, "/update_weight_version", json={"new_version": str(version)})
+                finally:
+                    await agent.resume()
+            self.served[r.worker_id] = version
+        finally:
+            await agent.aclose()
+
+
+async def _post(http: httpx.AsyncClient, path: str, json: dict[str, Any] | None = None) -> None:
+    response = await http.post(path, json=json)
+    if response.status_code != 200:
+        raise SwapRefused(f"POST {path} answered HTTP {response.status_code}: {response.text[:300]}")
+
+
+async def _rpc(http: httpx.AsyncClient, engine_url: str, method: str, version: int) -> None:
+    response = await http.post(
+        f"{engine_url}/collective_rpc", json={"method": method, "args": [str(version)]}
+    )
+    if response.status_code != 200:
+        raise SwapRefused(f"{method}({version}) answered HTTP {response.status_code}: {response.text[:300]}")
