@@ -1,0 +1,135 @@
+"""Concurrent environment sessions in one env server process: open, step, close at scale.
+
+Measured: a real ``python -m treadle.services.env`` process on 127.0.0.1. For each size, this process
+opens that many ``math-tool`` sessions concurrently (``--connections`` pooled HTTP connections),
+steps each once with a calculator call and once with its final answer, then closes them all.
+Reported: wall time and requests/s per phase, step latency p50/p99, the server's resident memory with
+all sessions open (VmRSS from /proc), and memory per session. This machine has 2 cores.
+
+Run: ``python bench/edges_env_sessions.py``; results in ``--out`` (config.json, results.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from treadle.testing import procs
+
+
+@dataclasses.dataclass
+class Config:
+    sizes: str = dataclasses.field(default="1000,5000", metadata={"help": "concurrent sessions, comma list"})
+    connections: int = dataclasses.field(default=256, metadata={"help": "pooled HTTP connections"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "first task seed"})
+    out: str = dataclasses.field(default="bench-out/edges_env_sessions", metadata={"help": "output dir"})
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def sid(n: int, i: int) -> str:
+    return f"n{n}-{i}"
+
+
+def answer_for(observation: dict[str, Any]) -> str:
+    return f"<answer>{observation['info']['reference']}</answer>"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run(cfg: Config, url: str, pid: int, n: int) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=cfg.connections, max_keepalive_connections=cfg.connections)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as h:
+        idle = rss_mib(pid)
+
+        async def timed(method: str, path: str, body: Any = None) -> tuple[float, Any]:
+            started = time.perf_counter()
+            r = await h.request(method, path, json=body)
+            r.raise_for_status()
+            return time.perf_counter() - started, r.json()
+
+        phases: dict[str, float] = {}
+        t = time.perf_counter()
+        opened = await asyncio.gather(*(
+            timed("POST", "/v1/sessions", {"env": "math-tool", "session_id": sid(n, i), "seed": cfg.seed + i})
+            for i in range(n)
+        ))  # fmt: skip
+        phases["open"] = time.perf_counter() - t
+        full = rss_mib(pid)
+        t = time.perf_counter()
+        tool = await asyncio.gather(*(
+            timed("POST", f"/v1/sessions/{sid(n, i)}/step", {"action": "<calculator>12*34</calculator>"})
+            for i in range(n)
+        ))  # fmt: skip
+        answer = await asyncio.gather(*(
+            timed("POST", f"/v1/sessions/{sid(n, i)}/step", {"action": answer_for(o)})
+            for i, (_, o) in enumerate(opened)
+        ))  # fmt: skip
+        phases["step"] = time.perf_counter() - t
+        assert all(body["done"] for _, body in answer)
+        t = time.perf_counter()
+        await asyncio.gather(*(timed("DELETE", f"/v1/sessions/n{n}-{i}") for i in range(n)))
+        phases["close"] = time.perf_counter() - t
+        steps = [s for s, _ in tool + answer]
+        return {
+            "sessions": n, **{f"{k}_s": v for k, v in phases.items()},
+            "requests_per_s": 4 * n / sum(phases.values()), "step_p50_ms": pct(steps, 0.5) * 1e3,
+            "step_p99_ms": pct(steps, 0.99) * 1e3, "rss_idle_mib": idle, "rss_open_mib": full,
+            "kib_per_session": (full - idle) * 1024 / n,
+        }  # fmt: skip
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Config):
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=f.metadata["help"]
+        )
+    cfg = Config(**vars(p.parse_args()))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "treadle.services.env", "--port", str(port), "--max-sessions", "100000"]
+    results = []
+    with procs.running("env", argv, lambda: healthy(f"{url}/healthz"), timeout=60) as proc:
+        for n in (int(x) for x in cfg.sizes.split(",")):
+            r = asyncio.run(run(cfg, url, proc.pid, n))
+            results.append(r)
+            print(
+                f"{n:>6} sessions: open {r['open_s']:.2f} s, 2 steps each {r['step_s']:.2f} s, "
+                f"close {r['close_s']:.2f} s | {r['requests_per_s']:.0f} req/s | "
+                f"step p50 {r['step_p50_ms']:.1f} ms p99 {r['step_p99_ms']:.1f} ms | "
+                f"RSS {r['rss_idle_mib']:.0f} -> {r['rss_open_mib']:.0f} MiB "
+                f"({r['kib_per_session']:.1f} KiB/session)"
+            )
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"results: {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
