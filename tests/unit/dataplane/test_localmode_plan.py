@@ -1,0 +1,67 @@
+"""Local mode's translation of a RolloutJob into service configs, on the shipped examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from treadle.api import v1alpha1
+from treadle.errors import SpecError
+from treadle.localmode import plan, run
+from treadle.v1 import buffer_pb2, scheduler_pb2
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
+
+
+def load(name: str) -> v1alpha1.RolloutJob:
+    return v1alpha1.parse_job(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def test_math_tool_example() -> None:
+    job = load("math-tool-h20.yaml")
+    p = plan.make_plan(job, plan.Options(trajectories=256))
+    (task,) = p.tasks
+    assert (task.name, task.env, task.reward_fn) == ("gem-math", "math-tool", job.spec.tasks[0].reward)
+    # groupSize 8 + redundancy 0.25 -> 10 members per group; ceil(256 / 10) = 26 groups
+    assert (task.members, task.max_turns) == (10, 4)
+    assert (len(p.groups), p.trajectories) == (26, 260)
+    assert p.groups[0] == ("gem-math-0", "gem-math", 0)
+    assert [w.worker_id for w in p.workers] == ["decode-0", "decode-1"]  # 4 replicas, 2 simulated here
+    assert p.replicas_in_job == {"decode": 4}
+    assert (p.batch_size, p.alpha, p.settings.alpha, p.settings.batch_size) == (128, 1, 1, 128)
+    assert p.settings.max_concurrent_generations == 2 * 256
+    assert (
+        p.settings.scheduling_policy == "progressive-priority" and p.placement_policy == "sticky-least-loaded"
+    )
+    assert p.pools == {"decode": "decode-heavy"}
+
+
+def test_multi_task_groups_follow_the_weights() -> None:
+    p = plan.make_plan(load("multi-task-mixed.yaml"), plan.Options(trajectories=64))
+    by_task: dict[str, int] = {}
+    for _, task, _ in p.groups:
+        by_task[task] = by_task.get(task, 0) + 1
+    # weights 2 : 1 : 1 over groups of 8 -> ceil(32/8), ceil(16/8), ceil(16/8)
+    assert by_task == {"gem-math": 4, "frozenlake": 2, "mixed-auto": 2}
+    assert p.task_weights == {"frozenlake": 1.0, "gem-math": 2.0, "mixed-auto": 1.0}
+    assert p.task_placement["mixed-auto"].affinity == "auto"
+    assert [w.pool for w in p.workers] == ["prefill", "prefill", "decode", "decode"]
+
+
+def test_bad_options_name_the_flag() -> None:
+    with pytest.raises(SpecError) as err:
+        plan.make_plan(load("math-tool-h20.yaml"), plan.Options(trajectories=0))
+    assert err.value.field == "--trajectories"
+
+
+def test_progress_and_summary_say_simulated() -> None:
+    stats = scheduler_pb2.SchedulerStats(submitted=10, completed=6, failed=1, in_flight=3, turns=20,
+                                         stage_seconds={"generation": 3.0, "environment": 1.0})  # fmt: skip
+    line = run.progress_line(stats, elapsed=2.0, total=10, rewards=[1.0, 0.0])
+    assert line.startswith("[SIMULATED ENGINE]") and "done 7/10" in line and "reward 0.500" in line
+    assert "gen 75%" in line and "env 25%" in line
+    summary = run.summarize(stats, buffer_pb2.BufferStats(), run.TrainerLog(), [], elapsed=2.0)
+    assert summary["adds_up"] and summary["unfinished"] == 3
+    assert all(line.startswith("[SIMULATED ENGINE]") for line in run.summary_lines(summary))
