@@ -37,6 +37,7 @@ MANAGER = "treadle.dev/operator"
 """The ``managedBy`` value (or its absence) under which the Treadle operator reconciles a job."""
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+REWARD_FN = r"^([a-z]([-a-z0-9]*[a-z0-9])?|py:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 # A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
 QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"
 
@@ -125,8 +126,10 @@ class Task(_Model):
     """Agents acting in this task, in turn order (one for single-agent RL)."""
     environment: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
     """Environment name served by the env pool (e.g. ``math-tool``, ``python-code``, ``frozenlake``)."""
-    reward: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
-    """Reward function name served by the reward gateway."""
+    reward: str = Field(min_length=1, max_length=253, pattern=REWARD_FN)
+    """Reward function served by the reward gateway: a built-in (``math``, ``exact``, ``code-tests``,
+    ``llm-judge``, ``env``) or a user function ``py:<module>:<function>`` under a module prefix the
+    gateway allows."""
     affinity: WorkAffinity = "auto"
     """Hardware affinity; ``auto`` lets the cost model decide from the measured task profile."""
     pools: list[Name] = Field(default_factory=list, max_length=16)

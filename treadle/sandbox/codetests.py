@@ -1,5 +1,5 @@
 """Turn a model response and test code into one program for the sandbox; used by the python-code env
-and the reward gateway's ``code_tests`` so both judge code the same way."""
+and the reward gateway's ``code-tests`` so both judge code the same way."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Run untrusted Python in a throwaway directory with hard limits; called by the python-code env and
-the reward gateway's ``code_tests`` function.
+the reward gateway's ``code-tests`` function.
 
 Containment, when the service runs as root (the env/reward pods, and this dev machine):
 - a fresh **network namespace** (``unshare(CLONE_NEWNET)``): no interface but a down loopback;

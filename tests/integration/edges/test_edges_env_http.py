@@ -31,7 +31,7 @@ async def test_math_tool_episode(env_server: str) -> None:
 async def test_python_code_episode_runs_in_the_sandbox(env_server: str) -> None:
     c = env_client.EnvClient(env_server)
     first = await c.open(env="python-code", session_id="code-1", seed=0, options={"max_turns": 2})
-    assert first.info["reward_fn"] == "code_tests" and "add(" in first.observation
+    assert first.info["reward_fn"] == "code-tests" and "add(" in first.observation
     wrong = await c.step("code-1", "```python\ndef add(a, b):\n    return a - b\n```")
     assert not wrong.done and "AssertionError" in wrong.observation and wrong.info["status"] == "error"
     right = await c.step("code-1", "```python\ndef add(a, b):\n    return a + b\n```")
@@ -64,6 +64,13 @@ async def test_errors_have_the_shape_and_name_the_field(env_server: str) -> None
         r = await h.get("/v1/no-such-route")
         assert r.status_code == 404 and r.json()["error"]["code"] == 404
         assert (await h.get("/v1/stats")).json()["opened"] == 0  # nothing stored by any of these
+    c = env_client.EnvClient(env_server)
+    with pytest.raises(errors.SpecError) as exc:
+        await c.open(env="math-tool", session_id="job/traj/1", seed=1)  # ids are path-safe by contract
+    assert exc.value.field == "session_id"
+    with pytest.raises(errors.NotFound):
+        await c.step("job/traj/1", "x")  # quoted into one path segment, not another route
+    await c.aclose()
 
 
 async def test_hundreds_of_concurrent_sessions(env_server: str) -> None:

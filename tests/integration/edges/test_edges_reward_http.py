@@ -28,7 +28,7 @@ def req(tid: str, fn: str, response: str, **kw: object) -> protocol.ScoreRequest
         (
             req(
                 "c1",
-                "code_tests",
+                "code-tests",
                 "```python\ndef sq(x):\n    return x * x\n```",
                 reference="assert sq(3) == 9\n",
             ),
@@ -37,7 +37,7 @@ def req(tid: str, fn: str, response: str, **kw: object) -> protocol.ScoreRequest
         (
             req(
                 "c2",
-                "code_tests",
+                "code-tests",
                 "```python\ndef sq(x):\n    return x + x\n```",
                 reference="assert sq(3) == 9\n",
             ),
@@ -60,7 +60,7 @@ async def test_builtin_functions(reward_server: str, request_: protocol.ScoreReq
 
 async def test_llm_judge_calls_an_openai_compatible_endpoint(reward_server: str, fake_vllm: str) -> None:
     c = reward_client.RewardClient(reward_server)
-    result = await c.score(req("j1", "llm_judge", "42", reference="42", prompt="6*7?"))
+    result = await c.score(req("j1", "llm-judge", "42", reference="42", prompt="6*7?"))
     assert 0.0 <= result.reward <= 1.0 and "verdict" in result.details
     async with httpx.AsyncClient(base_url=fake_vllm) as h:
         text = (await h.get("/metrics")).text
@@ -74,7 +74,7 @@ async def test_llm_judge_calls_an_openai_compatible_endpoint(reward_server: str,
 async def test_idempotent_per_trajectory_even_when_concurrent(reward_server: str) -> None:
     c = reward_client.RewardClient(reward_server)
     r = req(
-        "same", "code_tests", "```python\ndef sq(x):\n    return x * x\n```", reference="assert sq(2) == 4\n"
+        "same", "code-tests", "```python\ndef sq(x):\n    return x * x\n```", reference="assert sq(2) == 4\n"
     )
     results = await asyncio.gather(*(c.score(r) for _ in range(6)))
     assert [x.reward for x in results] == [1.0] * 6

@@ -2,7 +2,7 @@
 
 The model answers with a fenced Python block; the env runs it together with the task's tests in
 ``treadle.sandbox`` and returns the outcome as the next observation, until the tests pass or the turns
-run out. The reward gateway re-runs the tests on the final response (``code_tests``) with
+run out. The reward gateway re-runs the tests on the final response (``code-tests``) with
 ``info["reference"]`` as the test code.
 """
 
@@ -37,7 +37,7 @@ class PythonCode:
 
     async def reset(self) -> tuple[str, dict[str, Any]]:
         text = f"{self.task}\nAnswer with the code in a ```python fenced block. You get test output back."
-        return text, {"reference": self.tests, "reward_fn": "code_tests", "max_turns": self.max_turns}
+        return text, {"reference": self.tests, "reward_fn": "code-tests", "max_turns": self.max_turns}
 
     async def step(self, action: str) -> base.Outcome:
         self.turns += 1

@@ -12,7 +12,7 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m treadle.services.reward", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8300)
-    p.add_argument("--judge-url", help="OpenAI-compatible base URL (without /v1) for llm_judge")
+    p.add_argument("--judge-url", help="OpenAI-compatible base URL (without /v1) for llm-judge")
     p.add_argument("--judge-model", help="model name to send to the judge")
     p.add_argument("--allow-user-module", action="append", default=[], help="module prefix for py: functions")
     p.add_argument("--max-concurrency", type=int, default=64)

@@ -1,8 +1,8 @@
 """The reward functions the gateway knows, by name; ``service`` looks them up per request.
 
 Each function takes the request and the gateway's shared resources and returns (reward, details).
-Names: ``math`` (answer extraction + exact or numeric comparison), ``exact``, ``code_tests`` (the
-reference is test code, run with the response's code in ``treadle.sandbox``), ``llm_judge`` (any
+Names: ``math`` (answer extraction + exact or numeric comparison), ``exact``, ``code-tests`` (the
+reference is test code, run with the response's code in ``treadle.sandbox``), ``llm-judge`` (any
 OpenAI-compatible endpoint), ``env`` (the environment's own reward from ``metadata.env_reward``), and
 ``py:<module>:<function>`` for a user function importable under an allowed module prefix.
 """
@@ -98,7 +98,7 @@ async def score_exact(req: protocol.ScoreRequest, res: Resources) -> Scored:
 async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored:
     tests = _need_reference(req)
     if res.sandbox is None:
-        raise errors.Unavailable("code_tests needs the sandbox, which this gateway was started without")
+        raise errors.Unavailable("code-tests needs the sandbox, which this gateway was started without")
     result = await res.sandbox.run(codetests.program(codetests.extract_code(req.response), tests))
     passed = codetests.passed(result.ok, result.stdout)
     details = {
@@ -119,7 +119,7 @@ SCORE = re.compile(r"\b(10|[0-9])\b")
 
 async def score_llm_judge(req: protocol.ScoreRequest, res: Resources) -> Scored:
     if res.judge is None:
-        raise errors.Unavailable("llm_judge needs --judge-url, which this gateway was started without")
+        raise errors.Unavailable("llm-judge needs --judge-url, which this gateway was started without")
     content = JUDGE_PROMPT.format(
         prompt=req.prompt or "", reference=req.reference or "", response=req.response
     )
@@ -153,8 +153,8 @@ async def score_env(req: protocol.ScoreRequest, res: Resources) -> Scored:
 BUILTIN: dict[str, tuple[Fn, str]] = {
     "math": (score_math, "math answer: <answer>/\\boxed/last number vs reference, exact or numeric"),
     "exact": (score_exact, "normalized string equality with the reference"),
-    "code_tests": (score_code_tests, "response code + reference tests, run in the sandbox"),
-    "llm_judge": (score_llm_judge, "an OpenAI-compatible judge model grades 0-10, scaled to [0, 1]"),
+    "code-tests": (score_code_tests, "response code + reference tests, run in the sandbox"),
+    "llm-judge": (score_llm_judge, "an OpenAI-compatible judge model grades 0-10, scaled to [0, 1]"),
     "env": (score_env, "the environment's own reward, passed as metadata.env_reward"),
 }
 
