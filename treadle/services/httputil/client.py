@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pydantic
 
 from treadle import errors
 
@@ -59,3 +60,10 @@ def _parse(response: httpx.Response) -> tuple[str, str | None]:
         return str(body)[:500], None
     param = info.get("param")
     return str(info.get("message", "")), param if isinstance(param, str) else None
+
+
+def from_validation(exc: pydantic.ValidationError) -> errors.SpecError:
+    """A request model that failed to build on the caller's side, as the server would have refused it."""
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "body"
+    return errors.SpecError(first["msg"], field=field, value=first.get("input"))

