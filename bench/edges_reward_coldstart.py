@@ -2,7 +2,7 @@
 
 Measured: ``python -m treadle.services.reward`` started fresh ``--trials`` times on 127.0.0.1. For each
 trial: time to the first ``/healthz`` 200, then to the first ``math`` score answered, then the first
-``code_tests`` score (which also starts the sandbox's first child). Polling every 5 ms, so figures
+``code-tests`` score (which also starts the sandbox's first child). Polling every 5 ms, so figures
 are within ~5 ms. This machine has 2 cores.
 
 Run: ``python bench/edges_reward_coldstart.py``; results in ``--out`` (config.json, results.json).
@@ -55,7 +55,7 @@ def trial(cfg: Config, i: int) -> dict[str, float]:
                     "response": "<answer>4</answer>", "reference": "4"}  # fmt: skip
             assert h.post("/v1/score", json=body).json()["reward"] == 1.0
             scored = time.perf_counter() - started
-            code = {"trajectory_id": f"s{cfg.seed}-{i}-code", "reward_fn": "code_tests",
+            code = {"trajectory_id": f"s{cfg.seed}-{i}-code", "reward_fn": "code-tests",
                     "response": "```python\ndef f():\n    return 1\n```",
                     "reference": "assert f() == 1\n"}  # fmt: skip
             assert h.post("/v1/score", json=code).json()["reward"] == 1.0
