@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 from typing import Any
 
 import kopf
 
-from treadle.operator import config, kube, metrics
+from treadle.operator import config, kube, metrics, runtime
 
 
 def register(sub: Any) -> None:
@@ -29,8 +30,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # Registering the handlers is an import side effect, so import only when actually running.
-    from treadle.operator import handlers
+    # Importing the handlers registers them with kopf, so do it only when actually running.
+    importlib.import_module("treadle.operator.handlers")
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -39,9 +40,9 @@ def _run(args: argparse.Namespace) -> int:
     if not args.verbose:
         # Every pod event of every job runs child_changed; its success lines would drown the log.
         logging.getLogger("kopf.objects").addFilter(
-            lambda record: not str(record.msg).startswith("Handler 'child_changed'")
+            lambda record: not str(record.msg).startswith("Handler 'child_changed' succeeded")
         )
-    memo = handlers.Runtime(
+    memo = runtime.Runtime(
         kube=kube.Kube.from_environment(args.kubeconfig),
         kubeconfig=args.kubeconfig,
         cfg=config.OperatorConfig.from_env(),

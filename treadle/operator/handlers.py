@@ -2,16 +2,16 @@
 
 Registered on import; run by ``treadle operator run`` (``treadle.operator.cli``). Handlers are
 synchronous and run on kopf's thread pool (``settings.execution.max_workers``), which bounds the
-concurrent API calls. Shared state lives in kopf's ``memo`` (a ``Runtime``), never in globals.
+concurrent API calls. Shared state lives in kopf's ``memo`` (``runtime.Runtime``), not in globals.
 
 No finalizers: children carry ownerReferences, so the Kubernetes garbage collector deletes them
 with their job even while the operator is down; no handler here is a timer, a daemon or a
 non-optional delete handler (each of those would make kopf add a finalizer that blocks deletion
 while the operator is away).
 
-Status is recomputed from kopf indexes (in-memory views of child Deployments, Pods, GPU nodes
-and jobs, kept current by their watch streams) whenever a child changes, so refreshing status
-costs no API reads, only a status patch when something changed.
+Status is recomputed from kopf indexes (in-memory views of child Deployments, Pods and jobs,
+kept current by their watch streams) plus a GPU-capacity list cached for 30 s, whenever a child
+changes, so refreshing status costs no API reads, only a status patch when something changed.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
-import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -30,38 +28,10 @@ import kubernetes
 
 from treadle import errors
 from treadle.api import v1alpha1
-from treadle.devcluster import nodes
-from treadle.operator import config, diff, kube, metrics, reasons, render, status
+from treadle.operator import diff, kube, reasons, render, runtime, status
 
 JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
-JobKey = tuple[str, str]
-
-
-@dataclass
-class Runtime:
-    """What every handler shares; passed to kopf as ``memo``."""
-
-    kube: kube.Kube
-    cfg: config.OperatorConfig
-    kubeconfig: str | None
-    metrics: metrics.OperatorMetrics
-    metrics_port: int | None = None
-    metrics_addr: str = "0.0.0.0"
-    # The status each job was last given by us: two refreshes racing on a stale index must not
-    # both report the same transition as an Event.
-    last_status: dict[JobKey, tuple[int, v1alpha1.RolloutJobStatus]] = field(default_factory=dict)
-    _locks: dict[JobKey, threading.Lock] = field(default_factory=dict)
-    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
-    _http: Any = None
-
-    def lock(self, key: JobKey) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault(key, threading.Lock())
-
-    def forget(self, key: JobKey) -> None:
-        with self._locks_guard:
-            self._locks.pop(key, None)
-        self.last_status.pop(key, None)
+JobKey = runtime.JobKey
 
 
 def _ours(spec: Mapping[str, Any], **_: Any) -> bool:
@@ -95,7 +65,7 @@ def _ref(job: Mapping[str, Any]) -> kopf.Body:
 
 
 @kopf.on.startup()
-def configure(*, settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> None:
+def configure(*, settings: kopf.OperatorSettings, memo: runtime.Runtime, **_: Any) -> None:
     # Watches end server-side after 60 s and client-side after 90 s: a stream that silently
     # stalls (kopf #585, #787) leaves the operator blind for at most that long, then re-lists.
     settings.watching.server_timeout = 60
@@ -106,9 +76,10 @@ def configure(*, settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> No
     settings.networking.connect_timeout = 10
     # Sync handlers run on this pool: it bounds concurrent API calls from reconciles and refreshes.
     settings.execution.max_workers = 8
-    # Per-object workers (one per job / child with pending events); bounded so a burst of pod
-    # events from a large job cannot start thousands of tasks.
-    settings.queueing.worker_limit = 64
+    # Per-object workers are cheap coroutines that hand work to the thread pool above (the real
+    # bound on concurrent work). kopf's default (no limit) is kept on purpose: with a limit, a
+    # burst of pod events keeps every slot busy and RolloutJob events starve behind them.
+    settings.queueing.worker_limit = None
     settings.posting.level = logging.INFO
     # Progress and the last-handled spec live in our own annotations, not in status (which the
     # CRD's structural schema would prune) and not under kopf's default prefix.
@@ -128,7 +99,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> No
 
 
 @kopf.on.login()
-def login(*, memo: Runtime, **_: Any) -> kopf.ConnectionInfo:
+def login(*, memo: runtime.Runtime, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches use exactly the credentials of our own client (a kubeconfig or the pod's
     ServiceAccount), re-read on every login so a rotated token is picked up."""
     c = kube.load_configuration(memo.kubeconfig)
@@ -148,7 +119,7 @@ def login(*, memo: Runtime, **_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.cleanup()
-def shutdown(*, memo: Runtime, **_: Any) -> None:
+def shutdown(*, memo: runtime.Runtime, **_: Any) -> None:
     if memo._http is not None:
         server, thread = memo._http
         server.shutdown()
@@ -187,16 +158,10 @@ def child_pod_problems(
     return None if problem is None else {(namespace or "", labels[render.JOB_LABEL]): problem}
 
 
-@kopf.index("", "v1", "nodes")
-def gpu_nodes(*, body: kopf.Body, **_: Any) -> dict[str, int] | None:
-    found = status.node_gpus(_plain(body), nodes.ACCELERATOR_LABEL, nodes.GPU_RESOURCE)
-    return None if found is None else {found[0]: found[1]}
-
-
 # --- reconcile: render, diff, apply ----------------------------------------------------------------
 
 
-def _report_invalid(memo: Runtime, body: Mapping[str, Any], exc: errors.SpecError) -> None:
+def _report_invalid(memo: runtime.Runtime, body: Mapping[str, Any], exc: errors.SpecError) -> None:
     meta = body["metadata"]
     generation = int(meta.get("generation", 0))
     prev = v1alpha1.RolloutJobStatus.model_validate(body.get("status") or {})
@@ -211,7 +176,7 @@ def _report_invalid(memo: Runtime, body: Mapping[str, Any], exc: errors.SpecErro
     new = prev.model_copy(
         update={"conditions": conds, "phase": "Degraded", "observed_generation": generation}
     )
-    memo.kube.patch_status(meta["namespace"], meta["name"], _status_patch(new))
+    memo.kube.patch_status(meta["namespace"], meta["name"], _status_patch(new), uid=meta.get("uid"))
     kopf.event(_ref(body), type="Warning", reason=reasons.INVALID_SPEC, message=str(exc))
 
 
@@ -224,7 +189,11 @@ def _status_patch(st: v1alpha1.RolloutJobStatus) -> dict[str, Any]:
 @kopf.on.create(*JOBS, when=_ours, backoff=5, timeout=600)
 @kopf.on.update(*JOBS, when=_ours, backoff=5, timeout=600)
 def reconcile(
-    *, body: kopf.Body, memo: Runtime, logger: logging.Logger | logging.LoggerAdapter[Any], **kwargs: Any
+    *,
+    body: kopf.Body,
+    memo: runtime.Runtime,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **kwargs: Any,
 ) -> None:
     raw = _plain(body)
     started = time.perf_counter()
@@ -235,24 +204,31 @@ def reconcile(
             memo.metrics.reconcile_total.labels("invalid").inc()
             _report_invalid(memo, raw, exc)
             raise kopf.PermanentError(str(exc)) from exc
+        key = (job.namespace, job.name)
+        memo.reconciling.add(key)
         try:
             applied = _apply(memo, job)
         except kubernetes.client.ApiException as exc:
             memo.metrics.reconcile_total.labels("error").inc()
             if exc.status in (409, 429) or (exc.status or 500) >= 500:
-                raise kopf.TemporaryError(f"API {exc.status} {exc.reason}: retrying", delay=5) from exc
+                detail = str(exc.body or "")[:300]
+                raise kopf.TemporaryError(
+                    f"API {exc.status} {exc.reason}: {detail}; retrying", delay=5
+                ) from exc
             if exc.status in (401, 403):
                 # RBAC can be fixed without touching the job: keep retrying, slowly.
                 raise kopf.TemporaryError(f"API {exc.status}: {exc.body}", delay=30) from exc
             raise kopf.PermanentError(f"API {exc.status} {exc.reason}: {exc.body}") from exc
+        finally:
+            memo.reconciling.discard(key)
         memo.metrics.reconcile_total.labels("success").inc()
     # One parseable line per reconcile (bench/operator_scale.py reads the durations from it).
     logger.info("reconciled in %.3fs: %d applied (%s)", time.perf_counter() - started, len(applied),
                 ", ".join(applied) or "nothing changed")  # fmt: skip
-    refresh(memo, (job.namespace, job.name), job_snapshot=raw, **kwargs)
+    refresh(memo, key, job_snapshot=raw, **kwargs)
 
 
-def _apply(memo: Runtime, job: v1alpha1.RolloutJob) -> list[str]:
+def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
     rendered = render.render_children(job, memo.cfg)
     observed = memo.kube.list_children(job.namespace, job.name, str(job.metadata.get("uid", "")))
     plan = diff.plan(rendered, observed)
@@ -275,7 +251,7 @@ def _apply(memo: Runtime, job: v1alpha1.RolloutJob) -> list[str]:
 
 
 @kopf.on.delete(*JOBS, optional=True)
-def forget(*, namespace: str | None, name: str, memo: Runtime, **_: Any) -> None:
+def forget(*, namespace: str | None, name: str, memo: runtime.Runtime, **_: Any) -> None:
     """Drop the job's metric series; ``optional=True`` keeps kopf from adding a finalizer."""
     memo.metrics.forget_job(namespace or "", name)
     memo.forget((namespace or "", name))
@@ -286,28 +262,46 @@ def forget(*, namespace: str | None, name: str, memo: Runtime, **_: Any) -> None
 
 @kopf.on.event("apps", "v1", "deployments", labels={render.JOB_LABEL: kopf.PRESENT})
 @kopf.on.event("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
-def child_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Runtime, **kwargs: Any) -> None:
+def child_changed(
+    *, namespace: str | None, labels: Mapping[str, str], memo: runtime.Runtime, **kwargs: Any
+) -> None:
     refresh(memo, (namespace or "", labels[render.JOB_LABEL]), **kwargs)
 
 
-def _values(index: kopf.Index[JobKey, Any] | kopf.Index[str, Any], key: Any) -> Iterable[Any]:
+def _values(index: kopf.Index[JobKey, Any], key: JobKey) -> list[Any]:
     return list(index.get(key, ()))
 
 
 def refresh(
-    memo: Runtime,
+    memo: runtime.Runtime, key: JobKey, *, job_snapshot: dict[str, Any] | None = None, **indexes: Any
+) -> None:
+    """Recompute one job's status; coalesces concurrent calls for the same job."""
+    if not memo.begin_refresh(key):
+        return
+    again = True
+    while again:
+        try:
+            _refresh_once(memo, key, job_snapshot=job_snapshot, **indexes)
+        except BaseException:
+            memo.refresh_again(key, failed=True)
+            raise
+        job_snapshot = None  # a rerun reads the (by then newer) index
+        again = memo.refresh_again(key)
+
+
+def _refresh_once(
+    memo: runtime.Runtime,
     key: JobKey,
     *,
     job_bodies: kopf.Index[JobKey, dict[str, Any]],
     child_deployments: kopf.Index[JobKey, tuple[str, status.DeploymentState]],
     child_pod_problems: kopf.Index[JobKey, status.PodProblem],
-    gpu_nodes: kopf.Index[str, int],
     job_snapshot: dict[str, Any] | None = None,
     **_: Any,
 ) -> None:
-    """Recompute one job's status from the indexes; patch it and post Events only on change."""
+    """Patch the job's status and post Events, only when something changed."""
     found = _values(job_bodies, key)
-    raw = job_snapshot or (found[0] if found else None)  # type: ignore[index]
+    raw: dict[str, Any] | None = job_snapshot or (found[0] if found else None)
     if raw is None:
         return
     try:
@@ -315,27 +309,34 @@ def refresh(
     except errors.SpecError:
         return  # reported by reconcile
     generation = int(job.metadata.get("generation", 0))
-    with memo.lock(key):
-        cached = memo.last_status.get(key)
-        prev = cached[1] if cached is not None and cached[0] == generation else job.status
-        # Conditions from what we last wrote (the index may lag); policyVersion/step from the job.
-        prev = prev.model_copy(update={"policy_version": job.status.policy_version, "step": job.status.step})
-        observed = status.Observed(
-            deployments=dict(_values(child_deployments, key)),
-            problems=list(_values(child_pod_problems, key)),
-            gpu_capacity={acc: sum(_values(gpu_nodes, acc)) for acc in gpu_nodes},
-        )
-        if drift := status.drifted(job, observed):
-            # Someone scaled a child by hand (or an apply is still in flight): restore the rendering.
-            for obj in render.render_children(job, memo.cfg):
-                if obj["kind"] == "Deployment" and obj["metadata"]["name"] in drift:
-                    memo.kube.apply(obj)
-                    memo.metrics.children_applied.labels("Deployment", "restore").inc()
-        new, transitions = status.compute(job.model_copy(update={"status": prev}), observed, now=_now())
-        if new != prev or cached is None:
-            memo.kube.patch_status(job.namespace, job.name, _status_patch(new))
-            memo.metrics.status_updates.inc()
-        memo.last_status[key] = (generation, new)
+    uid = str(job.metadata.get("uid", ""))
+    cached = memo.last_status.get(key)
+    if cached is not None and cached[:2] != (uid, generation):
+        cached = None
+    prev = cached[2] if cached is not None else job.status
+    # Conditions from what we last wrote (the index may lag); policyVersion/step from the job.
+    prev = prev.model_copy(update={"policy_version": job.status.policy_version, "step": job.status.step})
+    observed = status.Observed(
+        deployments=dict(_values(child_deployments, key)),
+        problems=list(_values(child_pod_problems, key)),
+        gpu_capacity=memo.gpu_capacity(),
+    )
+    # Someone scaled a child by hand: restore the rendering (not while a reconcile is applying).
+    if (drift := status.drifted(job, observed)) and key not in memo.reconciling:
+        for obj in render.render_children(job, memo.cfg):
+            if obj["kind"] == "Deployment" and obj["metadata"]["name"] in drift:
+                memo.kube.apply(obj)
+                memo.metrics.children_applied.labels("Deployment", "restore").inc()
+    new, transitions = status.compute(job.model_copy(update={"status": prev}), observed, now=_now())
+    if new != prev or cached is None:
+        try:
+            memo.kube.patch_status(job.namespace, job.name, _status_patch(new), uid=uid)
+        except kubernetes.client.ApiException as exc:
+            if exc.status in (404, 409):
+                return  # deleted meanwhile, or re-created under the same name (uid precondition)
+            raise
+        memo.metrics.status_updates.inc()
+    memo.last_status[key] = (uid, generation, new)
     ref = _ref(raw)
     for t in transitions:
         kopf.event(
@@ -344,9 +345,7 @@ def refresh(
     memo.metrics.observe_job(job.namespace, job.name, str(job.metadata.get("uid", "")), new)
     pending = 0
     for k in job_bodies:
-        body = _values(job_bodies, k)
-        if body and int(body[0]["metadata"].get("generation", 0)) > int(  # type: ignore[index]
-            (body[0].get("status") or {}).get("observedGeneration", 0)  # type: ignore[index]
-        ):
-            pending += 1
+        for body in _values(job_bodies, k):
+            observed_generation = int((body.get("status") or {}).get("observedGeneration", 0))
+            pending += int(body["metadata"].get("generation", 0)) > observed_generation
     memo.metrics.jobs_pending.set(pending)

@@ -16,7 +16,8 @@ from typing import Any
 import kubernetes
 
 from treadle.api import v1alpha1
-from treadle.operator import render
+from treadle.devcluster import nodes
+from treadle.operator import render, status
 
 # Collection path of each child kind (namespaced).
 COLLECTIONS: Mapping[str, str] = {
@@ -119,9 +120,22 @@ class Kube:
                     out[(kind, item["metadata"]["name"])] = item
         return out
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    def gpu_capacity(self) -> dict[str, int]:
+        """Allocatable GPUs per accelerator class over schedulable labelled nodes (one list call)."""
+        listed = self._call("GET", "/api/v1/nodes", query=[("labelSelector", nodes.ACCELERATOR_LABEL)])
+        out: dict[str, int] = {}
+        for node in listed.get("items", []):
+            if found := status.node_gpus(node, nodes.ACCELERATOR_LABEL, nodes.GPU_RESOURCE):
+                out[found[0]] = out.get(found[0], 0) + found[1]
+        return out
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any], *, uid: str | None) -> None:
+        """Merge-patch the job's status; with ``uid``, a job re-created under the name gets 409."""
         path = JOBS_PATH.format(ns=namespace) + f"/{name}/status"
-        self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+        body: dict[str, Any] = {"status": status}
+        if uid:
+            body["metadata"] = {"uid": uid}  # the API server treats it as a precondition
+        self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
 
     def close(self) -> None:
         self.api.close()  # type: ignore[no-untyped-call]

@@ -78,7 +78,7 @@ def _rules(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], list[
 def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
     docs = _render()
     rules = _rules(docs, "ClusterRole")
-    assert rules[("", "nodes")] == ["list", "watch"]
+    assert rules[("", "nodes")] == ["list"]
     assert rules[("treadle.dev", "rolloutjobs/status")] == ["patch"]
     assert rules[("apps", "deployments")] == ["create", "delete", "list", "patch", "watch"]
     assert rules[("", "pods")] == ["list", "watch"]

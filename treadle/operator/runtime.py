@@ -1,0 +1,76 @@
+"""State the operator's handlers share (kopf's ``memo``): clients, config, metrics, caches.
+
+Created by ``treadle operator run`` (``treadle.operator.cli``) and handed to ``kopf.run`` as the
+memo; used from kopf's handler threads, hence the locks. No kopf import: unit-testable alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle.api import v1alpha1
+from treadle.operator import config, kube, metrics
+
+JobKey = tuple[str, str]
+CAPACITY_TTL_S = 30.0
+
+
+@dataclass
+class Runtime:
+    """What every handler shares; passed to kopf as ``memo``."""
+
+    kube: kube.Kube
+    cfg: config.OperatorConfig
+    kubeconfig: str | None
+    metrics: metrics.OperatorMetrics
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    # The status each job was last given by us: two refreshes racing on a stale index must not
+    # both report the same transition as an Event.
+    # Keyed by name but stamped with (uid, generation): a job deleted and re-created under the
+    # same name must never inherit its predecessor's status.
+    last_status: dict[JobKey, tuple[str, int, v1alpha1.RolloutJobStatus]] = field(default_factory=dict)
+    # Single flight per job: a burst of pod events runs at most one refresh at a time and one
+    # more after it, instead of one per event (each holding a worker thread).
+    _refreshing: set[JobKey] = field(default_factory=set)
+    _dirty: set[JobKey] = field(default_factory=set)
+    reconciling: set[JobKey] = field(default_factory=set)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+    _http: Any = None
+    # GPU capacity by accelerator class, listed at most every CAPACITY_TTL_S. Not a node watch:
+    # every node's heartbeat would wake the operator, and on a large cluster the node workers
+    # would crowd out the job workers.
+    _capacity: tuple[float, dict[str, int]] | None = None
+    _capacity_guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def gpu_capacity(self) -> dict[str, int]:
+        with self._capacity_guard:
+            now = time.monotonic()
+            if self._capacity is None or now - self._capacity[0] > CAPACITY_TTL_S:
+                self._capacity = (now, self.kube.gpu_capacity())
+            return self._capacity[1]
+
+    def begin_refresh(self, key: JobKey) -> bool:
+        """True if the caller should refresh now; False if a running refresh will redo it."""
+        with self._guard:
+            if key in self._refreshing:
+                self._dirty.add(key)
+                return False
+            self._refreshing.add(key)
+            return True
+
+    def refresh_again(self, key: JobKey, *, failed: bool = False) -> bool:
+        """After one refresh: True if events arrived meanwhile and it must run once more."""
+        with self._guard:
+            if key in self._dirty and not failed:
+                self._dirty.discard(key)
+                return True
+            self._dirty.discard(key)
+            self._refreshing.discard(key)
+            return False
+
+    def forget(self, key: JobKey) -> None:
+        self.last_status.pop(key, None)
