@@ -1,4 +1,8 @@
-"""charts/treadle: `helm lint` and `helm template` (the real helm binary, no cluster), RBAC, values schema."""
+"""charts/treadle: `helm lint` and `helm template` with the real helm binary, RBAC, values schema.
+
+In the e2e tier because it needs the Kubernetes tool binaries (built once by hack/build-k8s.sh);
+it needs no running cluster. The chart is installed for real by the fixtures in conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import yaml
 from treadle.api import crd
 from treadle.devcluster import binaries
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "treadle"
 KUBE_VERSION = "1.34.0"
 
