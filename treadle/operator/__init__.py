@@ -1,1 +1,12 @@
-"""The Treadle operator (``treadle.operator``): kopf handlers, pure child renderers and status."""
+"""The Treadle operator (``treadle.operator``): RolloutJob -> owned children, status and Events.
+
+Modules, from pure to I/O:
+
+- ``config``: operator-wide settings (images, ports, shared backends) read from ``TREADLE_*``.
+- ``render``: pure renderers of every child; ``diff``: what to apply or delete.
+- ``status`` / ``reasons``: pure status computation with machine-readable reasons.
+- ``metrics``: Prometheus collectors on the operator's own registry.
+- ``kube``: the few API calls (server-side apply, list, delete, status patch, node capacity).
+- ``runtime``: state shared by handlers (kopf's memo).
+- ``handlers``: the kopf handlers (registered on import); ``cli``: ``treadle operator run``.
+"""
