@@ -70,6 +70,9 @@ async def start_services(
     stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
+    # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
+    reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
+    await _check_reward_functions(reward, plan)
     engines: dict[str, str] = {}
     agents: dict[str, str] = {}
     for w in plan.workers:
@@ -88,8 +91,6 @@ async def start_services(
         (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http")).url
         for i in range(options.env_servers)
     ]
-    reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
-    await _check_reward_functions(reward, plan)
     metrics: dict[str, str] = {}
     buffer_args = [
         "--alpha",
