@@ -84,6 +84,8 @@ class Simulator:
         self.pool_workers: dict[str, list[entities.Worker]] = {}
         self.pool_meta: dict[str, tuple[str, int, str]] = {}
         width = len(str(sum(p.replicas for p in spec.pools)))
+        engines: dict[tuple[str, str, int], cost_mod.Roofline] = {}
+        self._pool_engines: dict[str, dict[str, tuple[cost_mod.EngineCost, int]]] = {}
         for pool in spec.pools:
             acc = costmodel.accelerator(pool.accelerator)
             shape = config.models[pool.agent]
@@ -93,7 +95,11 @@ class Simulator:
                     f"{shape.name} does not fit on {pool.tensor_parallel_size}x{acc.name}",
                     field=f"spec.pools.{pool.name}.tensorParallelSize",
                 )
-            engine = cost_mod.Roofline(acc, shape, pool.tensor_parallel_size)
+            engine_key = (acc.name, shape.name, pool.tensor_parallel_size)
+            if engine_key not in engines:
+                engines[engine_key] = cost_mod.Roofline(acc, shape, pool.tensor_parallel_size)
+            engine = engines[engine_key]
+            self._pool_engines.setdefault(pool.agent, {})[pool.name] = (engine, config.max_seqs)
             self.pool_meta[pool.name] = (pool.agent, pool.tensor_parallel_size, acc.name)
             members = []
             for _ in range(pool.replicas):
@@ -784,13 +790,12 @@ class Simulator:
             cached = int(context * task.workload.prefix_reuse)
             latency: dict[str, float] = {}
             work: dict[str, float] = {}
-            for pool in self.pool_meta:
-                if self.pool_meta[pool][0] != agent:
-                    continue
-                w = self.pool_workers[pool][0] if self.pool_workers[pool] else None
-                if w is None:
-                    continue
-                latency[pool], work[pool] = _turn_cost(w.engine, w.max_seqs, context, cached, added, out)
+            priced: dict[int, tuple[float, float]] = {}
+            for pool, (engine, max_seqs) in self._pool_engines[agent].items():
+                key = id(engine)
+                if key not in priced:  # pools of one accelerator class price a turn alike
+                    priced[key] = _turn_cost(engine, max_seqs, context, cached, added, out)
+                latency[pool], work[pool] = priced[key]
             segs.append(bounds.Segment(latency=latency, work=work))
             segs.append(bounds.Segment(wait_s=traj.shape_tools[turn]))
             context += added + out
