@@ -61,9 +61,7 @@ def main() -> None:
     print(f"SIMULATED scale run: {cfg.scenario} ({cfg.run}, {cfg.steps} steps, seed {cfg.seed})")
     for key, value in figures.items():
         print(f"  {key:22s} {value:,.1f}" if isinstance(value, float) else f"  {key:22s} {value}")
-    print(
-        "  target                 under 60 s for 3,000 GPUs and 50,000 trajectories (CPU time on this machine)"
-    )
+    print("  target                 < 60 s for 3,000 GPUs and 50,000 trajectories (CPU time on this machine)")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
