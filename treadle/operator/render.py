@@ -12,6 +12,8 @@ the garbage collector deletes them with J even while the operator is down):
 - ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
 - ``J-env`` Deployment + Service: CPU environment pods.
 - ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
+  It is the only ClusterIP Service (stateless, idempotent scoring behind a balancer); the others
+  are headless: singletons, stateful env sessions and per-replica inference/store addresses.
 - ``J-pool-P`` Deployment + headless Service per inference pool: vLLM + the agent sidecar.
 
 Per-job coordination services, not shared ones: the scheduler, placement and buffer hold per-job
@@ -242,7 +244,7 @@ def _service(
         "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports.items()],
     }
     if headless:
-        # Placement addresses each inference replica itself, so DNS must list every pod.
+        # DNS lists every ready pod; callers address the replicas themselves.
         spec["clusterIP"] = "None"
         spec["publishNotReadyAddresses"] = False
     return _stamp({"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, cfg, component, pool),
@@ -281,7 +283,9 @@ def render_coordination(
                              pod_spec={"containers": [container]})  # fmt: skip
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     deployment = _stamp(deployment)
-    service = _service(job, cfg, component, {"grpc": config.PORTS[component]})
+    # Headless: a single replica needs no virtual IP (gRPC resolves the pod through DNS), and
+    # ClusterIPs are a scarce per-cluster range (a /24 in the dev cluster; 7 per job would not fit).
+    service = _service(job, cfg, component, {"grpc": config.PORTS[component]}, headless=True)
     return [deployment, service]
 
 
@@ -314,7 +318,8 @@ def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
         replicas=job.spec.weights.replicas,
         pod_spec={"containers": [container], **spread},
     )
-    return [deployment, _service(job, cfg, "weights", {"grpc": config.PORTS["weights"]})]
+    # Headless: clients address each store process (each holds its own segment), not a balancer.
+    return [deployment, _service(job, cfg, "weights", {"grpc": config.PORTS["weights"]}, headless=True)]
 
 
 def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
@@ -336,7 +341,9 @@ def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> 
     # CPU pods stay off GPU nodes: the GPU taint already keeps them away, the selector makes it explicit.
     pod = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
     deployment = _deployment(job, cfg, "env", replicas=env.replicas, pod_spec=pod)
-    return [deployment, _service(job, cfg, "env", {"http": config.PORTS["env"]})]
+    # Headless: an environment session lives in one pod's memory, so the scheduler must open and
+    # step it on the same pod; DNS lists every pod and a balancer would scatter the steps.
+    return [deployment, _service(job, cfg, "env", {"http": config.PORTS["env"]}, headless=True)]
 
 
 def reward_replicas(job: v1alpha1.RolloutJob) -> int:

@@ -144,3 +144,9 @@ def test_config_map_carries_spec_and_endpoints(math_job: v1alpha1.RolloutJob) ->
     endpoints = yaml.safe_load(cm["data"]["endpoints.json"])
     assert endpoints["scheduler"] == "math-tool-scheduler.team-a.svc:50051"
     assert endpoints["pools"]["decode"]["accelerator"] == "H20"
+
+
+def test_only_the_reward_gateway_takes_a_cluster_ip(math_job: v1alpha1.RolloutJob) -> None:
+    services = [c for c in render.render_children(math_job, CFG) if c["kind"] == "Service"]
+    with_ip = [s["metadata"]["name"] for s in services if s["spec"].get("clusterIP") != "None"]
+    assert with_ip == ["math-tool-reward"]
