@@ -83,3 +83,8 @@ TINY: dict[str, Any] = {
 @pytest.fixture
 def tiny() -> dict[str, Any]:
     return copy.deepcopy(TINY)
+
+
+@pytest.fixture
+def workload() -> dict[str, Any]:
+    return copy.deepcopy(WORKLOAD)
