@@ -58,8 +58,9 @@ class Env:
 class Agent:
     """Answers every turn with two tokens tagged ``version``; ``hold`` makes generate wait until set."""
 
-    def __init__(self, *, version: int = 0) -> None:
+    def __init__(self, *, version: int = 0, pad: int = 0) -> None:
         self.version = version
+        self.pad = pad
         self.hold: asyncio.Event | None = None
         self.started = 0
         self.aborted: list[str] = []
@@ -76,10 +77,14 @@ class Agent:
                 output_logprobs=[], output_versions=[], finish_reason="abort",
             )  # fmt: skip
         return agent_protocol.GenerateResult(
-            trajectory_id=req.trajectory_id, text=f"answer {req.turn}", prompt_token_ids=[1, 2, 3],
-            output_token_ids=[7, 8], output_logprobs=[-0.5, -0.25], output_versions=[self.version] * 2,
+            trajectory_id=req.trajectory_id,
+            text=f"answer {req.turn}" + "x" * self.pad,
+            prompt_token_ids=[1, 2, 3],
+            output_token_ids=[7, 8],
+            output_logprobs=[-0.5, -0.25],
+            output_versions=[self.version] * 2,
             finish_reason="stop",
-        )  # fmt: skip
+        )
 
     async def abort(self, trajectory_id: str) -> bool:
         self.aborted.append(trajectory_id)

@@ -8,19 +8,20 @@ sleeps. The same paths over real services on 127.0.0.1 are in tests/integration/
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import dataplane_fakes as fakes
 import pytest
 
 from treadle import errors
 from treadle.policy import registry
+from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.grpcutil import backpressure
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
 TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
 
@@ -222,3 +223,41 @@ def test_gate_orders_waiters_by_policy() -> None:
         return order
 
     assert asyncio.run(scenario()) == ["b", "c", "a"]  # most turns first, FIFO among equals
+
+
+class FlakyBuffer:
+    """The first ``fail`` puts raise Unavailable, then it passes through."""
+
+    def __init__(self, inner: buffer_service.BufferService, fail: int) -> None:
+        self.inner, self.fail = inner, fail
+
+    async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> buffer_protocol.PutResult:
+        if self.fail > 0:
+            self.fail -= 1
+            raise errors.Unavailable("buffer down")
+        return await self.inner.put(trajectories)
+
+
+async def test_buffer_outage_keeps_trajectories_unsaved_until_it_returns() -> None:
+    st = Stack()
+    st.svc.buffer = FlakyBuffer(st.buffer, fail=3)
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    assert (await st.buffer.stats()).put == 4
+    assert adds_up(st.svc.stats())
+    await st.svc.aclose()
+
+
+async def test_trajectory_the_buffer_refuses_is_stored_as_failed_with_the_reason() -> None:
+    st = Stack()
+    st.agent.pad = 200
+    st.buffer.max_trajectory_bytes = 300  # two turns of 200+ characters do not fit; a stub does
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
+    stats = st.svc.stats()
+    assert dict(stats.failed_by_reason) == {"buffer: refused": 4} and adds_up(stats)
+    stored = await st.buffer.stats()
+    assert (stored.put, stored.failed) == (4, 4)
+    await st.svc.aclose()

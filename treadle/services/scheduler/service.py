@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 STAGES = ("generation", "environment", "reward", "waiting")
 RETRYABLE = (errors.Unavailable, TimeoutError)
+REFUSED = "buffer: refused: "
 
 
 class _Failed(Exception):
@@ -567,6 +568,31 @@ class SchedulerService:
             self._saving = len(chunk)
             try:
                 await self.buffer.put([traj for traj, _ in chunk])
+            except errors.SpecError as exc:
+                # The buffer refuses something in the chunk (too large, say): retrying it cannot help, so
+                # put one by one and store what is refused as a failed stub that says why.
+                log.warning("buffer refused a put of %d trajectories: %s", len(chunk), exc)
+                again = []
+                for traj, result in chunk:
+                    try:
+                        await self.buffer.put([traj])
+                    except errors.SpecError as refused:
+                        if traj.reason.startswith(REFUSED):
+                            # Even the stub is refused: count it here, since storing it cannot succeed.
+                            log.error(
+                                "buffer refused trajectory %s even as a stub: %s", traj.trajectory_id, refused
+                            )
+                            self._record(traj, result)
+                        else:
+                            again.append(_stub(traj, result, f"{REFUSED}{refused}"))
+                        continue
+                    except errors.TreadleError:
+                        again.append((traj, result))
+                        continue
+                    self._record(traj, result)
+                self._unsaved[:0] = again
+                self._saving = 0
+                continue
             except errors.TreadleError as exc:
                 log.warning(
                     "buffer put of %d trajectories failed (retrying in %.2fs): %s", len(chunk), delay, exc
@@ -599,6 +625,19 @@ class SchedulerService:
                 with contextlib.suppress(asyncio.QueueEmpty):
                     q.get_nowait()
                 q.put_nowait(None)
+
+
+def _stub(
+    traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult, reason: str
+) -> tuple[common_pb2.Trajectory, scheduler_pb2.TrajectoryResult]:
+    """``traj`` as a failed record without turns or prompt, so the buffer can take it."""
+    stub = common_pb2.Trajectory()
+    stub.CopyFrom(traj)
+    del stub.turns[:]
+    stub.prompt = ""
+    stub.status, stub.reason = "failed", reason
+    result.status, result.reason = "failed", reason
+    return stub, result
 
 
 def _reason_kind(reason: str) -> str:
