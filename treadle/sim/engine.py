@@ -200,7 +200,6 @@ class Simulator:
         """Newest version whose weights reached the store (loadable)."""
         self.trained_version = 0
         self._pending_batch: list[int] = []
-        self._rollout_open = False
         self.used: list[int] = []
         self.staleness_sum = 0
         self.max_staleness = 0
@@ -387,7 +386,6 @@ class Simulator:
             task_idx = self._next_task()
             collected += self.tasks[task_idx].group_size
             out += self._start_group(task_idx)
-        self._rollout_open = True
         self.timeline.record(self.now, self.running)
         return out
 

@@ -149,10 +149,6 @@ class TrajectoryShape:
     tools: tuple[float, ...]
     reset_s: float
 
-    @property
-    def tokens(self) -> int:
-        return sum(self.inputs) + sum(self.responses)
-
 
 def draw(workload: Workload, rng: random.Random) -> TrajectoryShape:
     """One trajectory of ``workload``; the context never exceeds ``max_context`` (the last turn is cut)."""
