@@ -81,6 +81,8 @@ class StepRecord:
     mean_reward: float
     staleness: int
     """Largest ``version - init_version`` over the batch's samples."""
+    token_versions: tuple[int, int]
+    """Oldest and newest policy version recorded on the batch's output tokens."""
     evicted_groups: int
     swap_s: float
     """Wall time of the suspend -> swap -> commit -> resume fence before this step."""
@@ -100,6 +102,12 @@ def sequences(
         for turn in s.turns:
             if not turn.output_token_ids:
                 continue
+            if len(turn.output_versions) != len(turn.output_token_ids):
+                raise errors.SpecError(
+                    f"trajectory {s.trajectory_id}: {len(turn.output_token_ids)} output tokens but "
+                    f"{len(turn.output_versions)} token versions; every token's version must be recorded",
+                    field="turns.output_versions",
+                )
             if len(turn.output_logprobs) != len(turn.output_token_ids):
                 raise errors.SpecError(
                     f"trajectory {s.trajectory_id}: {len(turn.output_token_ids)} output tokens but "
@@ -199,6 +207,7 @@ class Trainer:
             tokens=stats.tokens,
             mean_reward=_mean(batch.rewards), evicted_groups=batch.evicted_groups,
             staleness=max((version - s.init_version for s in batch.samples), default=0),
+            token_versions=_token_versions(batch),
             swap_s=swap_s, train_s=trained - began, publish_s=time.perf_counter() - trained, stats=stats,
             aborted_on_commit=aborted,
         )  # fmt: skip
@@ -211,10 +220,16 @@ class Trainer:
 def line(r: StepRecord) -> str:
     return (
         f"step {r.step:3d}  v{r.version}  mean reward {r.mean_reward:.3f}  samples {r.samples}  "
-        f"staleness {r.staleness}  evicted groups {r.evicted_groups}  loss {r.stats.loss:+.4f}  "
+        f"staleness {r.staleness}  token versions {r.token_versions[0]}-{r.token_versions[1]}  "
+        f"evicted groups {r.evicted_groups}  loss {r.stats.loss:+.4f}  "
         f"clip {r.stats.clip_fraction:.2f}  swap {r.swap_s * 1000:.0f} ms  train {r.train_s:.2f}s  "
         f"publish {r.publish_s * 1000:.0f} ms"
     )
+
+
+def _token_versions(batch: batches_mod.TrainBatch) -> tuple[int, int]:
+    versions = [v for s in batch.samples for t in s.turns for v in t.output_versions]
+    return (min(versions), max(versions)) if versions else (0, 0)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -351,12 +351,16 @@ async def train(
     }
 
 
-async def _settle(scheduler: scheduler_client.SchedulerClient, *, timeout_s: float = 60.0) -> Any:
-    """Scheduler stats once nothing is in flight or unsaved (or ``timeout_s`` passed)."""
+async def _settle(scheduler: scheduler_client.SchedulerClient, *, timeout_s: float = 30.0) -> Any:
+    """Scheduler stats once every finished trajectory is saved to the buffer (or ``timeout_s`` passed).
+
+    The scheduler is suspended by then, which also holds in-flight trajectories at their next turn,
+    so they stay counted as in flight rather than being waited for.
+    """
     deadline = time.monotonic() + timeout_s
     stats = await scheduler.stats()
-    while (stats.in_flight or stats.unsaved) and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    while stats.unsaved and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
         stats = await scheduler.stats()
     return stats
 
