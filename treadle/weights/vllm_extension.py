@@ -1,0 +1,56 @@
+"""vLLM worker extension: pull published weight versions and swap them in, never partially.
+
+Start vLLM with ``--worker-extension-cls treadle.weights.vllm_extension.WeightsExtension`` and
+``VLLM_SERVER_DEV_MODE=1``, plus the store settings ``loader.store_from_env`` reads. The inference
+agent (or a test) then drives an update over vLLM's dev routes::
+
+    POST /collective_rpc {"method": "treadle_weights_prefetch", "args": ["7"]}   # while generating
+    POST /pause?mode=keep                                                        # suspend
+    POST /collective_rpc {"method": "treadle_weights_apply", "args": ["7"]}      # validate + load
+    POST /reset_prefix_cache                                                     # old-weight KV
+    POST /resume
+    POST /collective_rpc {"method": "treadle_weights_status"}                    # loaded_version
+
+vLLM passes collective_rpc arguments as strings, hence ``version: str``. An apply that is refused
+(missing, corrupt or mismatched version) raises, so the route answers 500 and the engine keeps
+serving the previous version; a load that fails midway exits the worker (see ``loader``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from treadle.weights import loader, pull
+
+
+class WeightsExtension:
+    """Mixed into vLLM's worker class; ``model_runner`` and ``vllm_config`` are the worker's."""
+
+    model_runner: Any
+    vllm_config: Any
+
+    def _treadle_loader(self) -> loader.Loader:
+        existing: loader.Loader | None = getattr(self, "_treadle_weights_loader", None)
+        if existing is None:
+            store, prefix = loader.store_from_env(os.environ)
+            spec = loader.checkpoint_spec(self.vllm_config.model_config.model)
+            initial = int(os.environ.get("TREADLE_WEIGHTS_INITIAL_VERSION", "0"))
+            existing = loader.Loader(pull.Reader(store, prefix), spec, loaded_version=initial, kind="torch")
+            self._treadle_weights_loader = existing
+        return existing
+
+    def treadle_weights_status(self) -> dict[str, Any]:
+        return self._treadle_loader().status()
+
+    def treadle_weights_prefetch(self, version: str) -> dict[str, Any]:
+        target = self._treadle_loader()
+        target.prefetch(int(version))
+        return target.status()
+
+    def treadle_weights_apply(self, version: str) -> dict[str, Any]:
+        def load(weights: Iterable[tuple[str, Any]]) -> None:
+            self.model_runner.reload_weights(weights_iterator=iter(weights))
+
+        return self._treadle_loader().apply(int(version), load)
