@@ -1,7 +1,9 @@
 """State the operator's handlers share (kopf's ``memo``): clients, config, metrics, caches.
 
 Created by ``treadle operator run`` (``treadle.operator.cli``) and handed to ``kopf.run`` as the
-memo; used from kopf's handler threads, hence the locks. No kopf import: unit-testable alone.
+memo; used from kopf's handler threads, hence the lock. kopf gives each object a shallow copy of
+the memo, so all mutable shared state sits in containers created once (dicts, sets). No kopf
+import: unit-testable alone.
 """
 
 from __future__ import annotations
@@ -43,15 +45,17 @@ class Runtime:
     # GPU capacity by accelerator class, listed at most every CAPACITY_TTL_S. Not a node watch:
     # every node's heartbeat would wake the operator, and on a large cluster the node workers
     # would crowd out the job workers.
-    _capacity: tuple[float, dict[str, int]] | None = None
-    _capacity_guard: threading.Lock = field(default_factory=threading.Lock)
+    _capacity: dict[str, Any] = field(default_factory=dict)
 
     def gpu_capacity(self) -> dict[str, int]:
-        with self._capacity_guard:
+        # kopf hands each object a *shallow copy* of the memo, so every piece of shared state
+        # lives in a mutable container created once (here a dict), never in a plain attribute.
+        with self._guard:
             now = time.monotonic()
-            if self._capacity is None or now - self._capacity[0] > CAPACITY_TTL_S:
-                self._capacity = (now, self.kube.gpu_capacity())
-            return self._capacity[1]
+            if "at" not in self._capacity or now - self._capacity["at"] > CAPACITY_TTL_S:
+                self._capacity.update(at=now, gpus=self.kube.gpu_capacity())
+            gpus: dict[str, int] = self._capacity["gpus"]
+            return gpus
 
     def begin_refresh(self, key: JobKey) -> bool:
         """True if the caller should refresh now; False if a running refresh will redo it."""

@@ -57,3 +57,17 @@ def test_gpu_capacity_is_cached() -> None:
     assert rt.gpu_capacity() == {"H800": 16}
     assert rt.gpu_capacity() == {"H800": 16}
     assert kube.calls == 1
+
+
+def test_state_is_shared_across_kopfs_shallow_copies() -> None:
+    """kopf gives every object ``copy.copy(memo)``: caches and flights must still be shared."""
+    import copy
+
+    kube = CountingKube()
+    root = _runtime(kube)
+    a, b = copy.copy(root), copy.copy(root)
+    assert a.gpu_capacity() == b.gpu_capacity() == {"H800": 16}
+    assert kube.calls == 1
+    assert a.begin_refresh(("ns", "job"))
+    assert not b.begin_refresh(("ns", "job"))
+    assert a.refresh_again(("ns", "job"))
