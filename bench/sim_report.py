@@ -32,7 +32,7 @@ class Config:
         default="bench/reports/rollart.md", metadata={"help": "markdown file to write"}
     )
     results: str = dataclasses.field(
-        default="sim-out/rollart-report", metadata={"help": "directory for config.json and results.json"}
+        default="out/sim/rollart-report", metadata={"help": "directory for config.json and results.json"}
     )
     seed_offset: int = dataclasses.field(default=0, metadata={"help": "added to every scenario's seed"})
 
@@ -231,14 +231,9 @@ def fig4(cfg: Config) -> Section:
         ),
         Row("FrozenLake: over batch sizes", "-", f"{min(fl):.2f}-{max(fl):.2f}x"),
         Row(
-            "GEM-Math: 6xH20 time / 2xH800 time, range over batch sizes",
-            "0.49-0.79x",
-            f"{min(gm):.2f}-{max(gm):.2f}x",
-            0.49,
-            0.79,
-            min(gm),
+            "GEM-Math: 6xH20 time / 2xH800 time, best batch", "0.49x", f"{min(gm):.2f}x", 0.49, 0.49, min(gm)
         ),
-        Row("GEM-Math: worst batch", "0.79x", f"{max(gm):.2f}x", 0.49, 0.79, max(gm)),
+        Row("GEM-Math: worst batch", "0.79x", f"{max(gm):.2f}x", 0.79, 0.79, max(gm)),
     ]
     detail = (
         "| task | batch | 2xH800 rollout s | 6xH20 rollout s | ratio |\n|---|---|---|---|---|\n"
@@ -247,7 +242,10 @@ def fig4(cfg: Config) -> Section:
     notes = (
         "The phase-level cost model is calibrated to these two figures (`treadle.policy.costmodel`: MFU "
         "ratio from 0.53x, equal MBU spanning 0.49-0.79x); this end-to-end check adds queueing, tool calls "
-        "and long tails, so single batches scatter around the calibrated value. FrozenLake's context is "
+        "and long tails, so single batches scatter around the calibrated value. GEM-Math's best is higher "
+        "than the phase model's 0.49x because each batch's tail runs with few sequences per GPU, where "
+        "decode is bound by reading the weights and H20's bandwidth edge per GPU is small (about 0.84x). "
+        "FrozenLake's context is "
         "re-prefilled every turn (Qwen3's template drops earlier reasoning, so the prefix cache misses); "
         "with a perfect prefix cache the cost model calls it decode-heavy "
         "(tests/unit/policy/test_affinity.py)."
@@ -263,6 +261,7 @@ def serverless(cfg: Config) -> Section:
         Row("rollout time, dedicated reward GPUs", "158 s", f"{local:.0f} s"),
         Row("rollout time, serverless reward", "77 s", f"{remote:.0f} s"),
         Row("speed-up", "2.05x", f"{local / remote:.2f}x", 2.05, 2.05, local / remote),
+        Row("dedicated reward GPU utilisation", "6%", f"{res['local-reward'].reward_busy_share:.0%}"),
     ]
     detail = "\n".join(
         f"- `{n}`: rollout (wait) {r.split()['wait']:.1f} s; busy {_busy(r)}; total/LB {r.lb_ratio:.2f}"
@@ -273,7 +272,8 @@ def serverless(cfg: Config) -> Section:
         "rollout is throughput-bound; ours is partly bound by the longest trajectories (the busy shares "
         "above stay well below 100%), so it gains less than the paper's 2.05x. The paper's three concurrent "
         "jobs are one job of batch 252 here, and the serverless judge's cold start is our 5 s (the paper "
-        "gives none)."
+        "gives none). The paper's 88% utilisation with serverless reward is of the serverless platform's "
+        "GPUs, which we do not model as a pool."
     )
     return Section(
         "Serverless vs dedicated reward (R3, Fig. 12)",
@@ -323,6 +323,46 @@ def redundancy(cfg: Config) -> Section:
     )
 
 
+def env_interaction(cfg: Config) -> Section:
+    raw = _raw("rollart-r2-env.yaml")
+    lines = []
+    gains = []
+    for sigma in (1.0, 5.0, 10.0):
+        r2 = copy.deepcopy(raw)
+        r2["simulation"]["workloads"]["agentic"]["tool_latency_s"]["cv"] = sigma / 10.0
+        waits = {n: _run(r2, n, cfg).split()["wait"] for n in ("batch-env", "sync-plus")}
+        gain = waits["batch-env"] / waits["sync-plus"]
+        gains.append(gain)
+        lines.append(f"| {sigma:.0f} | {waits['batch-env']:.1f} | {waits['sync-plus']:.1f} | {gain:.2f}x |")
+    rows = [
+        Row(
+            "trajectory-level over batch env, sigma = 1 s", "1.23x", f"{gains[0]:.2f}x", 1.23, 1.23, gains[0]
+        ),
+        Row(
+            "trajectory-level over batch env, sigma = 10 s",
+            "2.27x",
+            f"{gains[-1]:.2f}x",
+            2.27,
+            2.27,
+            gains[-1],
+        ),
+        Row("gain grows with sigma", "yes", "yes" if gains == sorted(gains) else "no"),
+    ]
+    detail = (
+        "| sigma s | batch env rollout s | trajectory-level rollout s | gain |\n|---|---|---|---|\n"
+        + "\n".join(lines)
+    )
+    notes = (
+        "Per-turn barriers make every turn as slow as its slowest environment step and slowest generation; "
+        "the gain grows with the spread of env latency as in the paper. Our task shape (6 turns, 300-token "
+        "responses) is ours, so the size of the gain at each sigma depends on it; a normal latency is "
+        "truncated at 0 s."
+    )
+    return Section(
+        "Trajectory-level vs batch env interaction (R2, Fig. 11b)", "rollart-r2-env.yaml", rows, detail, notes
+    )
+
+
 def render(sections: Sequence[Section], seconds: float) -> str:
     out = [
         "# RollArt reproductions (simulated)",
@@ -356,7 +396,14 @@ def main() -> None:
         parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=f.metadata["help"])
     cfg = Config(**vars(parser.parse_args()))
     started = time.perf_counter()
-    builders: list[Callable[[Config], Section]] = [headline, affinity, fig4, serverless, redundancy]
+    builders: list[Callable[[Config], Section]] = [
+        headline,
+        affinity,
+        fig4,
+        env_interaction,
+        serverless,
+        redundancy,
+    ]
     sections = []
     for build in builders:
         section = build(cfg)

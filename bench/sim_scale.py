@@ -27,7 +27,7 @@ class Config:
     run: str = dataclasses.field(default="rollart", metadata={"help": "system or variant to run"})
     steps: int = dataclasses.field(default=5, metadata={"help": "training steps (batch 10,000 each)"})
     seed: int = dataclasses.field(default=11, metadata={"help": "the run's random seed"})
-    out: str = dataclasses.field(default="sim-out/scale", metadata={"help": "output directory"})
+    out: str = dataclasses.field(default="out/sim/scale", metadata={"help": "output directory"})
 
 
 def main() -> None:

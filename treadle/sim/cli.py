@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
         "--steps", type=int, default=None, help="training steps per run (default: the scenario's)"
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
-    parser.add_argument("--out", default="", help="output directory (default: sim-out/<scenario>)")
+    parser.add_argument("--out", default="", help="output directory (default: out/sim/<scenario>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.set_defaults(func=main)
 
@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 2
     print(table(results))
-    out = Path(args.out or Path("sim-out") / sc.name)
+    out = Path(args.out or Path("out") / "sim" / sc.name)
     write(out, sc, results, options={"runs": runs, **changes}, plots=not args.no_plots)
     print(
         f"\nwrote {out}/config.json, results.json"

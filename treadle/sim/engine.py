@@ -177,6 +177,7 @@ class Simulator:
         # ----- reward
         self._reward_free = [0.0] * max(0, config.reward_gpus)
         self._serverless_last = -math.inf
+        self._reward_busy_s = 0.0
 
         # ----- trainer
         shape0 = config.models[spec.agents[0].name]
@@ -501,6 +502,7 @@ class Simulator:
             gpu = min(range(len(self._reward_free)), key=lambda i: self._reward_free[i])
             start = max(self.now, self._reward_free[gpu])
             self._reward_free[gpu] = start + compute
+            self._reward_busy_s += compute
             done = start + compute
         else:
             done = self.now + self.cfg.reward.overhead_s(self.rng) + compute
@@ -772,6 +774,11 @@ class Simulator:
             lower_bound_s=parts["bound"],
             lower_bound_parts=parts,
             cost_h20_hours=cost_h20_s / 3600.0,
+            reward_busy_share=(
+                self._reward_busy_s / (len(self._reward_free) * total)
+                if self._reward_free and self.system.reward == "local" and total > 0
+                else 0.0
+            ),
             events=count,
             wall_s=wall,
             timeline=self.timeline,

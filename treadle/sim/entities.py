@@ -306,10 +306,11 @@ class Worker:
                 survivors.append(req)
             self.n_running = 0
             self._base_sum = 0.0
-            for req in self.pending:  # an interrupted prefill starts over
+            interrupted = [r for r in self.pending if not r.dead]  # an interrupted prefill starts over
+            for req in interrupted:
                 req.new_tokens = req.context
                 req.cached_tokens = 0
-            self.pending = survivors + self.pending
+            self.pending = survivors + interrupted
             self._pending_ctx = sum(r.context for r in self.pending)
         self.state = "paused"
         self.token += 1

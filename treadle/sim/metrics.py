@@ -92,6 +92,8 @@ class Result:
     lower_bound_parts: Mapping[str, float]
     cost_h20_hours: float
     """GPU-hours times normalized cost (RollArt Table 2: H800 2.85, H20 1.00), all GPUs of the run."""
+    reward_busy_share: float
+    """Share of the run the dedicated reward GPUs spent scoring (0 with serverless reward)."""
     events: int
     wall_s: float
     timeline: Timeline
@@ -150,6 +152,7 @@ class Result:
             "lower_bound_parts": dict(self.lower_bound_parts),
             "lb_ratio": self.lb_ratio,
             "cost_h20_hours": self.cost_h20_hours,
+            "reward_busy_share": self.reward_busy_share,
             "events": self.events,
             "wall_s": self.wall_s,
         }
