@@ -28,6 +28,7 @@ Calibration (RollArt §3, Fig. 4: Qwen3-8B, 6×H20 vs 2×H800, cost-equivalent, 
   paper's 0.49-0.79× "across varying batch sizes". Small batches are weight-read bound (each H20
   re-reads the weights), large ones KV-read bound (where H20's 3.6× bandwidth per cost wins).
 
+KV migration (Heddle) is bytes over the cluster link plus a fixed cost (``kv_migration_time``).
 Weight transfer interpolates RollArt Tables 3-4 (measured at 15.26 / 27.51 / 61.02 GiB): exact at
 the paper's three model sizes, linear between them and beyond: see ``TRANSFERS``.
 """
@@ -351,6 +352,23 @@ def transfer_time(path: str, size_gib: float) -> float:
             f"unknown transfer path {path!r}; known: {sorted(TRANSFERS)}", field="path"
         ) from None
     return measured.at(size_gib)
+
+
+KV_LINK_GBPS = 400.0
+"""Inter-node link for KV migration: RollArt's 400 Gbps InfiniBand inside a GPU cluster (§7.1)."""
+KV_LINK_EFFICIENCY = 0.5
+"""Share of the link a KV transfer achieves (ours: block-by-block copies, not one stream)."""
+KV_MIGRATION_FIXED_S = 0.1
+"""Fixed cost of a migration (handshake, block table rebuild); ours, chosen so that the result falls in
+Heddle's measured 0.12-0.35 s per trajectory (Table 1) for 8B-32B at typical agentic contexts."""
+
+
+def kv_migration_time(shape: ModelShape, *, tokens: float, link_gbps: float = KV_LINK_GBPS) -> float:
+    """Seconds to move one trajectory's KV cache of ``tokens`` to another worker (Heddle §4.2)."""
+    if tokens <= 0:
+        return 0.0
+    rate = link_gbps / 8 * 1e9 * KV_LINK_EFFICIENCY
+    return KV_MIGRATION_FIXED_S + shape.kv_bytes_per_token * tokens / rate
 
 
 def weight_gib(shape: ModelShape) -> float:

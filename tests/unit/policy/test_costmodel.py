@@ -123,3 +123,12 @@ def test_bad_input_names_the_field(call: object, field: str) -> None:
     with pytest.raises(errors.SpecError) as info:
         call()  # type: ignore[operator]
     assert info.value.field == field
+
+
+def test_kv_migration_hand_computed_and_within_heddle_table_1() -> None:
+    # 10k tokens of Qwen3-8B KV = 147456 * 1e4 = 1.47456e9 B over 400 Gbps at 50% = 25e9 B/s
+    assert costmodel.kv_migration_time(Q8B, tokens=10_000) == pytest.approx(0.1 + 1.47456e9 / 25e9)
+    assert costmodel.kv_migration_time(Q8B, tokens=0) == 0.0
+    # Heddle Table 1 measures 0.12-0.35 s per migrated trajectory (8B-32B); typical contexts land there
+    for shape, tokens in [(Q8B, 4_000), (Q8B, 16_000), (costmodel.QWEN3_14B, 10_000), (Q32B, 12_000)]:
+        assert 0.12 <= costmodel.kv_migration_time(shape, tokens=tokens) <= 0.35
