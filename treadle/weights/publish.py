@@ -110,27 +110,13 @@ class Publisher:
         for f, (b, off) in zip(flats, placements, strict=True):
             sizes[b] = max(sizes[b], off + f.data.nbytes)
         staging = self._staging_buffer(max(sizes))
-        buckets: list[layout.BucketEntry] = []
-        entries: list[layout.TensorEntry] = []
-        first = 0
-        for b in range(count):
-            view = staging[: sizes[b]]
-            end = first
-            cursor = 0
-            while end < len(flats) and placements[end][0] == b:
-                off = placements[end][1]
-                view[cursor:off] = 0  # alignment gaps: deterministic bytes, deterministic digest
-                view[off : off + flats[end].data.nbytes] = flats[end].data
-                cursor = off + flats[end].data.nbytes
-                f = flats[end]
-                entries.append(layout.TensorEntry(f.name, f.dtype, f.shape, b, off, f.data.nbytes))
-                end += 1
-            first = end
-            key = layout.bucket_key(self.prefix, version, b)
-            buckets.append(layout.BucketEntry(key, sizes[b], layout.digest(view)))
-            objects.retrying(f"put {key}", lambda: self.store.put(key, view), deadline_s=self.deadline_s)  # noqa: B023
-            if self._on_bucket is not None:
-                self._on_bucket(b, count)
+        # Registered per publish, not once: a buffer left registered after its Publisher is gone
+        # makes the next registration at a reused address fail ("overlapped memory region").
+        self.store.register(staging)
+        try:
+            buckets, entries = self._write_buckets(flats, placements, sizes, version, staging)
+        finally:
+            self.store.unregister(staging)
 
         manifest = layout.Manifest(version, self.prefix, tuple(buckets), tuple(entries), self._clock())
         self._versions[version] = [*(b.key for b in buckets), manifest_key]
@@ -149,13 +135,41 @@ class Publisher:
         self.gc()
         return manifest
 
+    def _write_buckets(
+        self,
+        flats: list[tensors.Flat],
+        placements: list[tuple[int, int]],
+        sizes: list[int],
+        version: int,
+        staging: objects.Bytes,
+    ) -> tuple[list[layout.BucketEntry], list[layout.TensorEntry]]:
+        """Pack, hash and store every bucket in order; the manifest entries that describe them."""
+        buckets: list[layout.BucketEntry] = []
+        entries: list[layout.TensorEntry] = []
+        first = 0
+        for b, size in enumerate(sizes):
+            view = staging[:size]
+            end = first
+            cursor = 0
+            while end < len(flats) and placements[end][0] == b:
+                f, off = flats[end], placements[end][1]
+                view[cursor:off] = 0  # alignment gaps: deterministic bytes, deterministic digest
+                view[off : off + f.data.nbytes] = f.data
+                cursor = off + f.data.nbytes
+                entries.append(layout.TensorEntry(f.name, f.dtype, f.shape, b, off, f.data.nbytes))
+                end += 1
+            first = end
+            key = layout.bucket_key(self.prefix, version, b)
+            buckets.append(layout.BucketEntry(key, size, layout.digest(view)))
+            objects.retrying(f"put {key}", lambda: self.store.put(key, view), deadline_s=self.deadline_s)  # noqa: B023
+            if self._on_bucket is not None:
+                self._on_bucket(b, len(sizes))
+        return buckets, entries
+
     def _staging_buffer(self, size: int) -> objects.Bytes:
-        """One reusable, store-registered buffer (registration pins memory; do it once, not per bucket)."""
+        """One reusable packing buffer: fresh memory costs first-touch page faults on every publish."""
         if self._staging is None or self._staging.nbytes < size:
-            if self._staging is not None:
-                self.store.unregister(self._staging)
             self._staging = np.empty(size, dtype=np.uint8)
-            self.store.register(self._staging)
         return self._staging
 
     def gc(self) -> list[int]:
@@ -191,7 +205,5 @@ class Publisher:
         return sorted(self._versions)
 
     def close(self) -> None:
-        """Release the staging buffer (the store itself belongs to the caller)."""
-        if self._staging is not None:
-            self.store.unregister(self._staging)
-            self._staging = None
+        """Drop the staging buffer (the store itself belongs to the caller)."""
+        self._staging = None
