@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,3 +164,25 @@ def test_flatten_rejects_bad_entries(state: dict[str, object], field: str) -> No
     with pytest.raises(errors.SpecError) as exc:
         tensors.flatten(state)
     assert exc.value.field == field
+
+
+def test_torch_tensors_round_trip_with_their_dtypes(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from treadle.weights import objects, publish, pull
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {
+        "bf16": base.to(torch.bfloat16),
+        "f32_transposed": base.t(),  # not contiguous
+        "i64": torch.tensor([1, -2, 3]),
+        "scalar": torch.tensor(2.5),
+        "param": torch.nn.Parameter(base.clone()),  # requires grad: published detached
+    }
+    store = objects.FileStore(tmp_path)
+    publish.Publisher(store, "t", bucket_bytes=1024).publish(state, 1)
+    as_torch = pull.Reader(store, "t").pull(1, kind="torch").tensors
+    for name, want in state.items():
+        assert as_torch[name].dtype == want.dtype and torch.equal(as_torch[name], want.detach()), name
+    as_numpy = pull.Reader(store, "t").pull(1).tensors
+    assert as_numpy["bf16"].dtype == np.uint16  # bfloat16 bit patterns
+    np.testing.assert_array_equal(as_numpy["bf16"], state["bf16"].view(torch.int16).numpy().view(np.uint16))
