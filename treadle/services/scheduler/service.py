@@ -60,6 +60,10 @@ class _Failed(Exception):
     """The trajectory cannot go on; ``str()`` is the reason stored with it."""
 
 
+ENV_CALLS = ("open", "step")
+"""Environment calls the scheduler retries; the ``call`` label of the env-failure counter."""
+
+
 class SchedulerMetrics:
     def __init__(self, registry_: prom.CollectorRegistry) -> None:
         self.stage = prom.Histogram(
@@ -83,6 +87,8 @@ class SchedulerMetrics:
             ["call"],
             registry=registry_,
         )
+        for call in ENV_CALLS:  # series exist at 0 before the first failure, so dashboards show a flat line
+            self.env_failures.labels(call)
         self.reward_seconds = prom.Histogram(
             metrics.SCHED_REWARD_SECONDS, "Reward gateway latency", registry=registry_,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
