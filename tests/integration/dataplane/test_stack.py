@@ -10,8 +10,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from treadle import metrics
 from treadle.api import v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import run as run_mod
@@ -84,6 +86,16 @@ async def test_trajectories_carry_tokens_logprobs_and_versions(
             assert await buffer.ack(batch.batch_id) == len(batch.trajectories)
         assert len(set(seen)) == 16
         assert (await buffer.stats()).stored == 0
+        # every service exports its metrics, names from treadle.metrics
+        async with httpx.AsyncClient(timeout=10) as http:
+            scraped = {name: (await http.get(url)).text for name, url in services.metrics.items()}
+        for name in (metrics.SCHED_STAGE_SECONDS, metrics.SCHED_INFLIGHT, metrics.SCHED_REWARD_SECONDS):
+            assert name in scraped["scheduler"], name
+        completed = f'{metrics.SCHED_TRAJECTORIES_TOTAL}{{status="completed",task="math"}} 16.0'
+        assert completed in scraped["scheduler"]
+        assert f'{metrics.SCHED_STAGE_SECONDS}_count{{stage="generation"}}' in scraped["scheduler"]
+        assert f"{metrics.BUFFER_STALENESS}_count 16.0" in scraped["buffer"]
+        assert f'{metrics.PLACEMENT_ASSIGNMENTS_TOTAL}{{pool="decode",reason=' in scraped["placement"]
     finally:
         await scheduler.aclose()
         await buffer.aclose()
