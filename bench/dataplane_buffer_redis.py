@@ -42,7 +42,10 @@ class Config:
     tokens: int = dataclasses.field(default=16, metadata={"help": "output tokens in the one turn"})
     trials: int = dataclasses.field(default=3, metadata={"help": "rounds (a fresh namespace each)"})
     seed: int = dataclasses.field(default=0, metadata={"help": "id prefix seed (ids are deterministic)"})
-    out: str = dataclasses.field(default="bench-out/dataplane_buffer_redis", metadata={"help": "output dir"})
+    out: str = dataclasses.field(
+        default=str(Path.home() / ".cache/treadle/bench/dataplane_buffer_redis"),
+        metadata={"help": "output dir"},
+    )
 
 
 def trajectory(i: int, cfg: Config) -> common_pb2.Trajectory:

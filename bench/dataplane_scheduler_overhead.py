@@ -82,7 +82,8 @@ class Config:
         },
     )
     out: str = dataclasses.field(
-        default="bench-out/dataplane_scheduler_overhead", metadata={"help": "output dir"}
+        default=str(Path.home() / ".cache/treadle/bench/dataplane_scheduler_overhead"),
+        metadata={"help": "output dir"},
     )
 
 
