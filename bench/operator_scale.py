@@ -6,7 +6,7 @@ Everything is real except the nodes: etcd, kube-apiserver, controller-manager an
 a subprocess (``treadle operator run``), exactly as ``make cluster-up`` and the chart run it.
 
 Phases: (1) create ``--jobs`` RolloutJobs at once (the four examples in turn, renamed) and wait
-until every one is Ready; (2) scale one pool of every job and wait until all are Ready again on
+until every one is Ready; (2) add a replica to one pool of every job and wait until all are Ready again on
 the new generation. Reconcile latency comes from the operator's own per-reconcile log line;
 RSS is sampled from /proc every 0.5 s.
 
@@ -178,9 +178,10 @@ def run(cfg: Config) -> dict[str, Any]:
         create_lat = _latencies(log)
         skip = len(log.read_text().splitlines())
 
-        # Scale the first pool of every job to one replica: each job's update rolls one Deployment.
+        # Add a replica to the first pool of every job: each job's update rolls one Deployment.
         for job in jobs:
-            patch = '[{"op": "replace", "path": "/spec/pools/0/replicas", "value": 1}]'
+            replicas = job["spec"]["pools"][0].get("replicas", 1) + 1
+            patch = f'[{{"op": "replace", "path": "/spec/pools/0/replicas", "value": {replicas}}}]'
             cluster.kubectl(
                 "patch", "rolloutjob", job["metadata"]["name"], "-n", NAMESPACE, "--type=json", "-p", patch
             )
@@ -238,7 +239,8 @@ def main() -> int:
     print(
         f"\n{cfg.jobs} RolloutJobs on {cfg.nodes} fake nodes ({results['pods_at_end']} pods): "
         f"all Ready {c['all_ready_s']} s after create; reconcile p50 {c['reconcile']['p50_s']} s, "
-        f"p99 {c['reconcile']['p99_s']} s; after scaling one pool each: all Ready {u['all_ready_s']} s, "
+        f"p99 {c['reconcile']['p99_s']} s; after adding a replica to one pool each: "
+        f"all Ready {u['all_ready_s']} s, "
         f"reconcile p50 {u['reconcile']['p50_s']} s, p99 {u['reconcile']['p99_s']} s; "
         f"operator RSS idle {m['idle']} MiB, peak {m['peak']} MiB.\nwritten to {cfg.out}"
     )
