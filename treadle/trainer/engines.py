@@ -7,9 +7,10 @@ Called by ``treadle.trainer.loop`` between iterations. Per replica (engine + its
    thread while generation goes on;
 2. ``swap(v)``: pause through the agent with ``mode="wait"``, apply ``v`` (the extension refuses
    a missing, corrupt or mismatched version before touching the model: the route answers 500 and
-   the engine keeps serving the previous version), drop the prefix cache computed with the old
-   weights, set the engine's weight-version label, resume through the agent (which re-reads the
-   label, so the next request is tagged with ``v``).
+   the engine keeps serving the previous version), re-pack the tied LM head
+   (``treadle.trainer.vllm_worker``: vLLM CPU's reload leaves it stale), drop the prefix cache
+   computed with the old weights, set the engine's weight-version label, resume through the agent
+   (which re-reads the label, so the next request is tagged with ``v``).
 
 In-flight partial responses across a version change: we drain them (``pause?mode=wait``) rather
 than keep them (``keep``, whose tokens after the swap would come from new weights on a KV cache
@@ -69,7 +70,7 @@ class EngineSwapper:
             for r in self.replicas:
                 # A failed prefetch is not an error: apply pulls (and validates) by itself.
                 try:
-                    await _rpc(http, r.engine_url, "treadle_weights_prefetch", version)
+                    await _rpc(http, r.engine_url, "treadle_weights_prefetch", str(version))
                 except SwapRefused as exc:
                     log.warning("prefetch of v%d on %s failed: %s", version, r.worker_id, exc)
 
@@ -88,7 +89,8 @@ class EngineSwapper:
                 await agent.pause("wait")
                 try:
                     if self.extension:
-                        await _rpc(http, r.engine_url, "treadle_weights_apply", version)
+                        await _rpc(http, r.engine_url, "treadle_weights_apply", str(version))
+                        await _rpc(http, r.engine_url, "treadle_refresh_lm_head")
                         await _post(http, "/reset_prefix_cache")
                     await _post(http, "/update_weight_version", json={"new_version": str(version)})
                 finally:
@@ -104,9 +106,7 @@ async def _post(http: httpx.AsyncClient, path: str, json: dict[str, Any] | None 
         raise SwapRefused(f"POST {path} answered HTTP {response.status_code}: {response.text[:300]}")
 
 
-async def _rpc(http: httpx.AsyncClient, engine_url: str, method: str, version: int) -> None:
-    response = await http.post(
-        f"{engine_url}/collective_rpc", json={"method": method, "args": [str(version)]}
-    )
+async def _rpc(http: httpx.AsyncClient, engine_url: str, method: str, *args: str) -> None:
+    response = await http.post(f"{engine_url}/collective_rpc", json={"method": method, "args": list(args)})
     if response.status_code != 200:
-        raise SwapRefused(f"{method}({version}) answered HTTP {response.status_code}: {response.text[:300]}")
+        raise SwapRefused(f"{method}{args} answered HTTP {response.status_code}: {response.text[:300]}")
