@@ -58,7 +58,7 @@ class Config:
         default=3, metadata={"help": "publish+pull rounds per size (1st is cold)"}
     )
     overlap_ratios: list[float] = dataclasses.field(
-        default_factory=lambda: [0.5, 1.0], metadata={"help": "emulated generation time / pull time"}
+        default_factory=lambda: [0.5, 1.0, 1.5], metadata={"help": "emulated generation time / pull time"}
     )
     seed: int = dataclasses.field(default=0, metadata={"help": "RNG seed of the synthetic weights"})
     out: str = dataclasses.field(
