@@ -145,7 +145,13 @@ def run(cfg: Config) -> dict[str, Any]:
     sampler: RssSampler | None = None
     try:
         cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "manifests" / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/rolloutjobs.treadle.dev", "--timeout=60s")
+        # `kubectl wait` fails outright while the new CRD has no conditions yet: poll instead.
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + 60
+        while cluster.kubectl("get", "crd", "rolloutjobs.treadle.dev", "-o", f"jsonpath={query}") != "True":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the RolloutJob CRD was not Established within 60 s")
+            time.sleep(0.5)
         cluster.kubectl("create", "namespace", NAMESPACE)
         env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
         argv = [
