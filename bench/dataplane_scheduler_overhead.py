@@ -17,11 +17,10 @@ work, event-loop queueing behind the other ~2,000 trajectories -- and nothing th
 environment does. Targets of issue 4: median < 1 ms, p99 < 5 ms. The process CPU time per turn is
 printed too.
 
-Variants, to tell the parts apart: ``--agent none`` replaces agent and engine with an in-process
-stand-in that answers after the engine's time (the scheduler alone); ``--agent-pool sharded`` gives
-the agent's engine client 16 httpcore pools instead of one (see ``ShardedTransport``).
+``--agent none`` replaces agent and engine with an in-process stand-in that answers after the
+engine's time, to measure the scheduler alone.
 
-Run: ``python bench/dataplane_scheduler_overhead.py [--agent none] [--agent-pool sharded]``;
+Run: ``python bench/dataplane_scheduler_overhead.py [--agent none]``;
 results in ``--out`` (config.json, results.json).
 """
 
@@ -39,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import prometheus_client
 
 from treadle.localmode import stack as stack_mod
@@ -70,10 +68,6 @@ class Config:
     step_ms: float = dataclasses.field(default=250.0, metadata={"help": "simulated engine step time"})
     env_max_s: float = dataclasses.field(default=2.0, metadata={"help": "env latency ~ U(0, this)"})
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the env latencies"})
-    agent_pool: str = dataclasses.field(
-        default="single",
-        metadata={"help": "agent's engine client: single (as shipped) or sharded (16 pools)"},
-    )
     agent: str = dataclasses.field(
         default="real",
         metadata={
@@ -183,47 +177,19 @@ class InProcessAgent:
         return self.svc.abort(trajectory_id)
 
 
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """Spread requests over ``shards`` independent httpcore pools (least in flight first).
+def time_engine_calls(agent: agent_service.AgentService, timeline: Timeline) -> None:
+    """Time every engine completion call of ``agent`` (keyed by the turn in ``current``)."""
+    inner = agent.engine.request
 
-    httpcore's pool rescans every connection and queued request whenever one finishes, so one pool
-    with ~2,000 concurrent requests costs O(n) per request; shards of ~n/16 cut that 16-fold. This
-    is the change proposed for the agent's engine client (``--agent-pool sharded``); the agent as
-    shipped uses one pool (``--agent-pool single``).
-    """
-
-    def __init__(self, shards: int, max_connections: int) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
-        self.busy = [0] * shards
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        i = min(range(len(self.pools)), key=self.busy.__getitem__)
-        self.busy[i] += 1
+    async def timed(method: str, path: str, **kwargs: Any) -> Any:
+        began = time.perf_counter()
         try:
-            response = await self.pools[i].handle_async_request(request)
-            await response.aread()
+            return await inner(method, path, **kwargs)
         finally:
-            self.busy[i] -= 1
-        return response
+            if path == "/v1/chat/completions":
+                timeline.engine_s[current.get()] = time.perf_counter() - began
 
-    async def aclose(self) -> None:
-        for pool in self.pools:
-            await pool.aclose()
-
-
-def time_engine_calls(client: httpx.AsyncClient, timeline: Timeline) -> None:
-    async def on_request(request: httpx.Request) -> None:
-        if request.url.path == "/v1/chat/completions":
-            timeline.engine_start[current.get()] = time.perf_counter()
-
-    async def on_response(response: httpx.Response) -> None:
-        key = current.get()
-        if response.request.url.path == "/v1/chat/completions" and key in timeline.engine_start:
-            await response.aread()  # the body is part of the engine's answer
-            timeline.engine_s[key] = time.perf_counter() - timeline.engine_start.pop(key)
-
-    client.event_hooks = {"request": [on_request], "response": [on_response]}
+    setattr(agent.engine, "request", timed)  # noqa: B010 - an instance attribute over the bound method
 
 
 def pct(values: list[float], q: float) -> float:
@@ -245,12 +211,8 @@ async def main(cfg: Config) -> dict[str, Any]:
         agent = agent_service.AgentService(
             engine_url=engine.url, worker_id="w0", registry=prometheus_client.CollectorRegistry()
         )
-        if cfg.agent_pool == "sharded":
-            await agent.engine.aclose()
-            transport = ShardedTransport(16, max_connections=cfg.in_flight)
-            agent.engine = httpx.AsyncClient(base_url=engine.url, timeout=600.0, transport=transport)
         await agent.start()
-        time_engine_calls(agent.engine, timeline)
+        time_engine_calls(agent, timeline)
         placement = placement_service.PlacementService(
             pools={"p": "any"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
         )
@@ -301,11 +263,11 @@ async def main(cfg: Config) -> dict[str, Any]:
     result = {
         "engine": "SIMULATED ENGINE (treadle.services.fakevllm)",
         "agent": cfg.agent,
-        "agent_pool": cfg.agent_pool,
         "turns_measured": len(ms),
         "turns": stats.turns,
         "completed": stats.completed,
         "failed": stats.failed,
+        "failed_by_reason": dict(stats.failed_by_reason),
         "in_flight_mean": statistics.mean(samples),
         "in_flight_max": max(samples),
         "turns_per_s": stats.turns / wall,
@@ -318,7 +280,9 @@ async def main(cfg: Config) -> dict[str, Any]:
         f"in {wall:.1f}s, {stats.turns / wall:.0f} turns/s; in flight mean {statistics.mean(samples):.0f}, "
         f"max {max(samples)}"
     )
-    what = f"scheduler+agent ({cfg.agent_pool} engine pool)" if cfg.agent == "real" else "scheduler alone"
+    if stats.failed:
+        print(f"failures by reason: {dict(stats.failed_by_reason)}")
+    what = "scheduler+agent" if cfg.agent == "real" else "scheduler alone"
     print(
         f"{what}: overhead per turn: median {overhead['median']:.3f} ms, p90 {overhead['p90']:.3f} ms, "
         f"p99 {overhead['p99']:.3f} ms, max {overhead['max']:.1f} ms "
