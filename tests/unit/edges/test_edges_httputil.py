@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 from treadle import errors
@@ -35,12 +34,11 @@ def test_to_response(exc: Exception, code: int, type_: str, param: str | None) -
     assert "secret" not in body["error"]["message"]  # tracebacks and internals never reach clients
 
 
-def response(code: int, error: dict[str, object] | None = None, text: str | None = None) -> httpx.Response:
+def response(code: int, error: dict[str, object] | None = None, text: str | None = None) -> tuple[int, bytes]:
     if text is not None:
-        return httpx.Response(code, text=text)
-    return httpx.Response(
-        code, json={"error": {"message": "m", "type": "T", "param": None, "code": code, **(error or {})}}
-    )
+        return code, text.encode()
+    body = {"error": {"message": "m", "type": "T", "param": None, "code": code, **(error or {})}}
+    return code, json.dumps(body).encode()
 
 
 @pytest.mark.parametrize(
@@ -57,13 +55,13 @@ def response(code: int, error: dict[str, object] | None = None, text: str | None
     ],
     ids=["400-param", "422", "413", "404", "409", "500", "503", "502-not-json"],
 )
-def test_from_response(resp: httpx.Response, kind: type[Exception], field: str | None) -> None:
-    exc = client.from_response(resp)
+def test_from_response(resp: tuple[int, bytes], kind: type[Exception], field: str | None) -> None:
+    exc = client.from_response(*resp)
     assert isinstance(exc, kind)
     if field is not None:
         assert isinstance(exc, errors.SpecError) and exc.field == field
 
 
 def test_spec_error_message_is_not_prefixed_twice() -> None:
-    exc = client.from_response(response(400, {"param": "env", "message": "env: unknown environment"}))
+    exc = client.from_response(*response(400, {"param": "env", "message": "env: unknown environment"}))
     assert str(exc) == "env: unknown environment"

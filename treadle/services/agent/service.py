@@ -23,7 +23,6 @@ import re
 import time
 from typing import Any
 
-import httpx
 import prometheus_client
 
 from treadle import errors, metrics
@@ -203,13 +202,11 @@ class AgentService:
                 self.model = str(models["data"][0]["id"])
             info = await http.call(self.engine, "GET", "/weight_info")
             self.version = parse_version(info.get("weight_version") if isinstance(info, dict) else None)
-            response = await self.engine.get("/metrics")
-            response.raise_for_status()
-            scraped = parse_metrics(response.text)
+            scraped = parse_metrics(await http.text(self.engine, "/metrics"))
             self.engine_waiting = int(scraped.get(metrics.VLLM_NUM_REQUESTS_WAITING, 0))
             self.kv_cache_usage = float(scraped.get(metrics.VLLM_KV_CACHE_USAGE_PERC, 0.0))
             self.healthy = True
-        except (errors.TreadleError, httpx.HTTPError, KeyError, IndexError, TypeError) as exc:
+        except (errors.TreadleError, KeyError, IndexError, TypeError, ValueError) as exc:
             log.warning("engine poll failed: %s", exc)
             self.healthy = False
 
