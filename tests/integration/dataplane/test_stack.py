@@ -68,7 +68,7 @@ async def test_trajectories_carry_tokens_logprobs_and_versions(
         await scheduler.submit(
             [scheduler_pb2.PromptGroup(group_id=g, task=t, seed=s) for g, t, s in plan.groups]
         )
-        stats = await wait_finished(scheduler, timeout_s=120)
+        stats = await wait_finished(scheduler, timeout_s=300)
         assert (stats.submitted, stats.completed) == (16, 16)
         seen = []
         for _ in range(2):
@@ -116,7 +116,7 @@ async def test_killing_an_env_server_loses_no_trajectory(stack: stack_mod.Stack)
             assert time.monotonic() < deadline, "no progress before the kill"
             await asyncio.sleep(0.1)
         stack.kill("env-0")
-        stats = await wait_finished(scheduler, timeout_s=180)
+        stats = await wait_finished(scheduler, timeout_s=300)
         assert stats.submitted == 64
         assert stats.completed + stats.failed == 64 and stats.aborted == 0
         assert (
