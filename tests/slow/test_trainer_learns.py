@@ -16,6 +16,8 @@ import pytest
 from treadle.trainer import run
 
 
+# Minutes on a loaded 2-core machine: vLLM start, 20 steps, shutdown (3m47s measured with a load of ~10).
+@pytest.mark.timeout(1800)
 def test_mean_reward_rises_clearly_over_20_steps(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     summary = asyncio.run(

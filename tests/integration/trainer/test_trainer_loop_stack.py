@@ -18,6 +18,8 @@ from treadle.trainer import run
 
 STEPS = 5
 ALPHA = 1
+# 49 s measured with a load of ~10 on 2 cores; the module's stack starts in the first test.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
