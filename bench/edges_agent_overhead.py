@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from treadle.services.httputil import client as http
 from treadle.testing import procs
 
 
@@ -64,10 +65,10 @@ def healthy(url: str) -> bool:
 
 
 async def level(cfg: Config, engine: str, agent: str, model: str, n: int) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8)
     lat: dict[str, list[float]] = {"direct": [], "agent": []}
     deadline = time.monotonic() + cfg.duration_s
-    async with httpx.AsyncClient(timeout=300, limits=limits) as h:
+    to_engine, to_agent = http.new_client(engine, timeout_s=300), http.new_client(agent, timeout_s=300)
+    try:
 
         async def worker(i: int) -> None:
             path = "direct" if i % 2 == 0 else "agent"
@@ -78,18 +79,20 @@ async def level(cfg: Config, engine: str, agent: str, model: str, n: int) -> dic
                 if path == "direct":
                     body = {"model": model, "messages": messages, "max_tokens": cfg.max_tokens,
                             "temperature": 1.0, "logprobs": True, "return_token_ids": True}  # fmt: skip
-                    r = await h.post(f"{engine}/v1/chat/completions", json=body)
+                    await http.call(to_engine, "POST", "/v1/chat/completions", json=body)
                 else:
                     body = {"trajectory_id": f"b{n}-{i}", "turn": turn, "messages": messages,
                             "max_tokens": cfg.max_tokens}  # fmt: skip
-                    r = await h.post(f"{agent}/v1/generate", json=body)
-                r.raise_for_status()
+                    await http.call(to_agent, "POST", "/v1/generate", json=body)
                 lat[path].append(time.perf_counter() - started)
                 turn += 1
 
-        before = await overhead(h, agent)
+        before = await overhead(to_agent)
         await asyncio.gather(*(worker(i) for i in range(max(n, 2))))
-        after = await overhead(h, agent)
+        after = await overhead(to_agent)
+    finally:
+        await to_engine.aclose()
+        await to_agent.aclose()
     d, a = lat["direct"], lat["agent"]
     return {
         "in_flight": n, "direct_turns": len(d), "agent_turns": len(a),
@@ -100,9 +103,9 @@ async def level(cfg: Config, engine: str, agent: str, model: str, n: int) -> dic
     }  # fmt: skip
 
 
-async def overhead(h: httpx.AsyncClient, agent: str) -> dict[str, float]:
+async def overhead(to_agent: http.Client) -> dict[str, float]:
     """The agent's overhead histogram samples, keyed by name with labels."""
-    text = (await h.get(f"{agent}/metrics")).text
+    text = await http.text(to_agent, "/metrics")
     samples = (
         line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("treadle_agent_overhead_seconds")
     )

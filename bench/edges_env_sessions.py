@@ -22,13 +22,14 @@ from typing import Any
 
 import httpx
 
+from treadle.services.httputil import client as http
 from treadle.testing import procs
 
 
 @dataclasses.dataclass
 class Config:
     sizes: str = dataclasses.field(default="1000,5000", metadata={"help": "concurrent sessions, comma list"})
-    connections: int = dataclasses.field(default=256, metadata={"help": "pooled HTTP connections"})
+    connections: int = dataclasses.field(default=0, metadata={"help": "HTTP connection cap (0: none)"})
     seed: int = dataclasses.field(default=0, metadata={"help": "first task seed"})
     out: str = dataclasses.field(default="bench-out/edges_env_sessions", metadata={"help": "output dir"})
 
@@ -54,15 +55,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run(cfg: Config, url: str, pid: int, n: int) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=cfg.connections, max_keepalive_connections=cfg.connections)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as h:
+    h = http.new_client(url, timeout_s=300, max_connections=cfg.connections)
+    try:
         idle = rss_mib(pid)
 
         async def timed(method: str, path: str, body: Any = None) -> tuple[float, Any]:
             started = time.perf_counter()
-            r = await h.request(method, path, json=body)
-            r.raise_for_status()
-            return time.perf_counter() - started, r.json()
+            result = await http.call(h, method, path, json=body)
+            return time.perf_counter() - started, result
 
         phases: dict[str, float] = {}
         t = time.perf_counter()
@@ -87,12 +87,14 @@ async def run(cfg: Config, url: str, pid: int, n: int) -> dict[str, Any]:
         await asyncio.gather(*(timed("DELETE", f"/v1/sessions/n{n}-{i}") for i in range(n)))
         phases["close"] = time.perf_counter() - t
         steps = [s for s, _ in tool + answer]
-        return {
-            "sessions": n, **{f"{k}_s": v for k, v in phases.items()},
-            "requests_per_s": 4 * n / sum(phases.values()), "step_p50_ms": pct(steps, 0.5) * 1e3,
-            "step_p99_ms": pct(steps, 0.99) * 1e3, "rss_idle_mib": idle, "rss_open_mib": full,
-            "kib_per_session": (full - idle) * 1024 / n,
-        }  # fmt: skip
+    finally:
+        await h.aclose()
+    return {
+        "sessions": n, **{f"{k}_s": v for k, v in phases.items()},
+        "requests_per_s": 4 * n / sum(phases.values()), "step_p50_ms": pct(steps, 0.5) * 1e3,
+        "step_p99_ms": pct(steps, 0.99) * 1e3, "rss_idle_mib": idle, "rss_open_mib": full,
+        "kib_per_session": (full - idle) * 1024 / n,
+    }  # fmt: skip
 
 
 def healthy(url: str) -> bool:

@@ -58,7 +58,10 @@ class AgentService:
         max_connections: int = 4096,
     ) -> None:
         self.worker_id = worker_id
-        self.engine = http.new_client(engine_url, timeout_s=engine_timeout_s, max_connections=max_connections)
+        # vLLM closes idle keep-alive connections after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); drop ours first.
+        self.engine = http.new_client(
+            engine_url, timeout_s=engine_timeout_s, max_connections=max_connections, keepalive_s=3.0
+        )
         self.model: str | None = None
         self.version = 0
         self.healthy = False

@@ -25,15 +25,21 @@ from treadle import errors
 class Client:
     """A JSON-over-HTTP client bound to one base URL."""
 
-    def __init__(self, base_url: str, *, timeout_s: float, max_connections: int = 0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float, max_connections: int = 0, keepalive_s: float = 30.0
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.keepalive_s = keepalive_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
+            # Idle connections are dropped before the server's keep-alive (75 s, httputil.serve) ends.
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, ttl_dns_cache=300, keepalive_timeout=30
+            )
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session
 
@@ -54,9 +60,11 @@ class Client:
             self._session = None
 
 
-def new_client(base_url: str, *, timeout_s: float, max_connections: int = 0) -> Client:
+def new_client(
+    base_url: str, *, timeout_s: float, max_connections: int = 0, keepalive_s: float = 30.0
+) -> Client:
     """``max_connections`` 0 means no cap (the server bounds its own concurrency)."""
-    return Client(base_url, timeout_s=timeout_s, max_connections=max_connections)
+    return Client(base_url, timeout_s=timeout_s, max_connections=max_connections, keepalive_s=keepalive_s)
 
 
 async def call(client: Client, method: str, path: str, *, json: Any = None) -> Any:
