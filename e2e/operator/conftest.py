@@ -40,7 +40,13 @@ def chart(dev_cluster: kwok.DevCluster, kubectl: op_harness.Kubectl) -> Iterator
         "--namespace", op_harness.SYSTEM_NS, "--create-namespace", "--wait=false", "--set", values,
     )  # fmt: skip
     try:
-        kubectl("wait", "--for=condition=Established", f"crd/{op_harness.CRD}", "--timeout=60s")
+        # Poll rather than `kubectl wait`, which fails outright while the CRD has no conditions yet.
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        op_harness.wait_for(
+            "the RolloutJob CRD to be Established",
+            lambda: kubectl("get", "crd", op_harness.CRD, "-o", f"jsonpath={query}").stdout == "True",
+            timeout=60,
+        )
         yield op_harness.RELEASE
     finally:
         kubectl("delete", "namespace", op_harness.JOBS_NS, "--wait=true", "--timeout=120s", check=False)
