@@ -33,7 +33,7 @@ MODULES: Mapping[str, str] = {
 }
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 # The vLLM worker extension (weight pull under suspend) shipped in the inference image.
-VLLM_WORKER_EXTENSION = "treadle.weights.vllm_extension.WeightSyncExtension"
+VLLM_WORKER_EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
 
 
 @dataclass(frozen=True)

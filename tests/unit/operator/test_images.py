@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))
 LABEL = re.compile(r'^LABEL dev\.treadle\.entrypoints="([^"]+)"', re.MULTILINE)
 # Entrypoints whose modules other components have not landed yet (checked to be still missing).
-PENDING = frozenset({"treadle.weights.vllm_extension:WeightSyncExtension"})
+PENDING: frozenset[str] = frozenset()
 
 
 def _entrypoints(dockerfile: Path) -> list[str]:
