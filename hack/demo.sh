@@ -43,3 +43,6 @@ echo "children left: $(children)"
 
 section "2/3 Local rollout: math-tool job, every service a process on 127.0.0.1"
 "$TREADLE" run manifests/examples/math-tool-h20.yaml --interval 5
+
+section "3/3 Learning loop: GRPO on a tiny Llama, real vLLM on CPU, weights hot-swapped every step"
+"$TREADLE" train
