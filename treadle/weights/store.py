@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import re
 import selectors
@@ -91,7 +92,14 @@ def spawned(
             argv = [sys.executable, "-m", "treadle.weights.store", "--master", master, "--metadata", metadata,
                     "--segment", segment, "--hostname", hostname]  # fmt: skip
             env = {**os.environ, "MC_TCP_BIND_ADDRESS": hostname}
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
             try:
                 _wait_ready(proc, log_path, timeout)
                 yield proc
@@ -105,6 +113,13 @@ def spawned(
                         proc.wait()
                 assert proc.stdout is not None
                 proc.stdout.close()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the spawning thread dies (PR_SET_PDEATHSIG), so a
+    SIGKILLed or OOM-killed test or benchmark does not leave stores holding gigabytes behind."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
