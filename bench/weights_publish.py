@@ -15,7 +15,10 @@ weight size it reports
 
 Run: ``python bench/weights_publish.py --sizes-gib 1 8``. Results go to ``--out`` (config.json,
 results.json) and to stdout. A size whose working set does not fit in MemAvailable gets fewer
-replicas (said in the output) or is skipped.
+replicas (said in the output) or is skipped. The check is made once, at the start of each size:
+on a shared machine run the large sizes alone (an 8 GiB run was OOM-killed here when other
+workloads grew meanwhile). First-touch page faults dominate cold rounds on VMs (seconds per GiB),
+which is why round 0 is reported apart from the warm ones.
 """
 
 from __future__ import annotations
