@@ -71,4 +71,5 @@ OPERATOR_STATUS_UPDATES_TOTAL = f"{PREFIX}_operator_status_updates_total"
 # Per-job state, like kuberay_*_info / *_condition_*.
 OPERATOR_JOB_INFO = f"{PREFIX}_operator_job_info"  # labels namespace, name, uid, phase
 OPERATOR_JOB_CONDITION = f"{PREFIX}_operator_job_condition"  # labels namespace, name, condition, reason
-OPERATOR_POOL_REPLICAS = f"{PREFIX}_operator_pool_replicas"  # labels namespace, name, pool, accelerator, state
+# labels namespace, name, pool, accelerator, state
+OPERATOR_POOL_REPLICAS = f"{PREFIX}_operator_pool_replicas"

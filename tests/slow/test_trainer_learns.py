@@ -5,7 +5,8 @@
 (worker extension, applied under suspend), so the mean reward only rises if every stage works.
 Measured on the 2-core machine, seed 0, two runs: step 1 -> 20 mean reward 0.016 -> 0.136 and
 0.016 -> 0.157 (mean of the first three steps 0.022 / 0.021, of the last three 0.130 / 0.148, about
-6-7x); seed 1 (other prompts): 0.016 -> 0.148. The threshold (last three at least twice the first three) leaves a wide margin.
+6-7x); seed 1 (other prompts): 0.016 -> 0.148. The threshold (last three at least twice the
+first three) leaves a wide margin.
 """
 
 from __future__ import annotations
