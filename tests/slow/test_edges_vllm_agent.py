@@ -64,22 +64,44 @@ async def test_trajectory_carries_token_ids_logprobs_and_versions(
 
 
 async def test_abort_stops_the_real_engine(vllm_url: str, agent: agent_client.AgentClient) -> None:
-    long = turn("long", 0, "count", max_tokens=200)
-    task = asyncio.create_task(agent.generate(long))
+    # Paused (keep), vLLM holds new requests before scheduling them, so the request is certainly
+    # unfinished when ABORT arrives; after resume it must not run (no 200 tokens generated).
+    async with httpx.AsyncClient(base_url=vllm_url) as h:
+        before = await generated_tokens(h)
+        await agent.pause("keep")
+        try:
+            task = asyncio.create_task(agent.generate(turn("long", 0, "count", max_tokens=200)))
+            for _ in range(500):
+                if (await agent.load()).running == 1:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # no signal from a paused vLLM that the request has arrived
+            assert await agent.abort("long") is True
+            assert (await task).finish_reason == "abort"
+        finally:
+            await agent.resume()
+        assert await engine_requests(h, want=0) == 0
+        assert await generated_tokens(h) - before < 200  # the disconnect aborted it inside vLLM
+    assert (await agent.generate(turn("long", 1, "again", max_tokens=4))).output_token_ids
+
+
+async def generated_tokens(h: httpx.AsyncClient) -> float:
+    lines = (await h.get("/metrics")).text.splitlines()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("vllm:generation_tokens_total{"))
+
+
+async def engine_requests(h: httpx.AsyncClient, *, want: int) -> float:
+    """vLLM's running + waiting requests, polled (bounded) until it equals ``want``."""
+    total = -1.0
     for _ in range(500):
-        if (await agent.load()).running == 1:
+        samples = [
+            ln for ln in (await h.get("/metrics")).text.splitlines() if ln.startswith("vllm:num_requests_")
+        ]
+        total = sum(float(ln.rsplit(" ", 1)[1]) for ln in samples if "{" in ln and "_by_reason" not in ln)
+        if total == want:
             break
         await asyncio.sleep(0.01)
-    assert await agent.abort("long") is True
-    assert (await task).finish_reason == "abort"
-    async with httpx.AsyncClient(base_url=vllm_url) as h:
-        for _ in range(500):
-            text = (await h.get("/metrics")).text
-            running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running{")]
-            if running and float(running[0].rsplit(" ", 1)[1]) == 0.0:
-                break
-            await asyncio.sleep(0.01)
-        assert float(running[0].rsplit(" ", 1)[1]) == 0.0
+    return total
 
 
 def test_generated_model_meets_the_cpu_constraints(tmp_path: pathlib.Path) -> None:
