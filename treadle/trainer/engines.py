@@ -7,8 +7,8 @@ Called by ``treadle.trainer.loop`` between iterations. Per replica (engine + its
    thread while generation goes on;
 2. ``swap(v)``: pause through the agent with ``mode="wait"``, apply ``v`` (the extension refuses
    a missing, corrupt or mismatched version before touching the model: the route answers 500 and
-   the engine keeps serving the previous version), re-pack the tied LM head
-   (``treadle.trainer.vllm_worker``: vLLM CPU's reload leaves it stale), drop the prefix cache
+   the engine keeps serving the previous version; the extension also re-packs the tied LM head,
+   which vLLM CPU's reload leaves stale), drop the prefix cache
    computed with the old weights, set the engine's weight-version label, resume through the agent
    (which re-reads the label, so the next request is tagged with ``v``).
 
@@ -90,7 +90,6 @@ class EngineSwapper:
                 try:
                     if self.extension:
                         await _rpc(http, r.engine_url, "treadle_weights_apply", str(version))
-                        await _rpc(http, r.engine_url, "treadle_refresh_lm_head")
                         await _post(http, "/reset_prefix_cache")
                     await _post(http, "/update_weight_version", json={"new_version": str(version)})
                 finally:

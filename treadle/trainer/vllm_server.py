@@ -7,8 +7,8 @@ OpenMP runtime preloaded, the store the extension pulls from; anchors/weights_in
 and replaces itself with vLLM's OpenAI server, so a restart of the process restarts vLLM the same way.
 
 ``--enforce-eager``: it skips the torch.compile warm-up (healthy after 141 s instead of 168 s on
-the loaded 2-core machine), and the hot swap (with ``treadle.trainer.vllm_worker``'s LM-head
-re-pack) was verified to reproduce the trainer's logprobs exactly in eager mode; the compiled mode
+the loaded 2-core machine), and the hot swap (with the weights extension's LM-head re-pack) was
+verified to reproduce the trainer's logprobs exactly in eager mode; the compiled mode
 was not verified.
 """
 
@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-EXTENSION = "treadle.trainer.vllm_worker.TrainerWeightsExtension"
+EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
 
 
 def argv_and_env(args: argparse.Namespace, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:

@@ -52,5 +52,23 @@ class WeightsExtension:
     def treadle_weights_apply(self, version: str) -> dict[str, Any]:
         def load(weights: Iterable[tuple[str, Any]]) -> None:
             self.model_runner.reload_weights(weights_iterator=iter(weights))
+            self._repack_vocab_embeddings()
 
         return self._treadle_loader().apply(int(version), load)
+
+    def _repack_vocab_embeddings(self) -> None:
+        """Redo the CPU GEMM packing of every vocabulary embedding from its reloaded weights.
+
+        On vLLM CPU 0.32 ``reload_weights`` updates the embedding table but not the packed copy that
+        a tied LM head multiplies with (made once by ``process_weights_after_loading`` at start), so
+        without this the new version's logits come out of the old head. Found by the reference
+        trainer, whose logprobs now match vLLM's after every swap. Engines without ``cpu_linear``
+        (GPU builds) have nothing to repack.
+        """
+        from vllm.model_executor.layers import vocab_parallel_embedding
+
+        for module in self.model_runner.get_model().modules():
+            if isinstance(module, vocab_parallel_embedding.VocabParallelEmbedding) and hasattr(
+                module, "cpu_linear"
+            ):
+                module.quant_method.process_weights_after_loading(module)

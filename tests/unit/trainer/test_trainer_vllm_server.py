@@ -17,10 +17,7 @@ def test_argv_and_env() -> None:
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(argv)
     assert "--model /m --host 127.0.0.1 --port 8123" in joined and "--enforce-eager" in argv
-    assert (
-        argv[argv.index("--worker-extension-cls") + 1]
-        == "treadle.trainer.vllm_worker.TrainerWeightsExtension"
-    )
+    assert argv[argv.index("--worker-extension-cls") + 1] == "treadle.weights.vllm_extension.WeightsExtension"
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["PATH"] == "/bin"
     assert (env["TREADLE_WEIGHTS_DIR"], env["TREADLE_WEIGHTS_PREFIX"]) == ("/w", "local/x")
     assert env["VLLM_CACHE_ROOT"] == "/c" and env["VLLM_CPU_KVCACHE_SPACE"] == "4"
