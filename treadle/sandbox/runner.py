@@ -35,6 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+REAP_TIMEOUT_S = 10.0
+"""How long a killed run's pipes and exit status are awaited before giving up on them."""
+
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit"]
 Isolation = Literal["namespaces", "socket-block"]
 
@@ -201,7 +204,13 @@ class Sandbox:
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, ProcessLookupError):
                 await readers
-            await proc.wait()
+            # On Python 3.11 Process.wait() resolves only once the pipes have closed as well, and a
+            # pipe nobody reads stays paused short of EOF: read what is left (discarded) so both pipes
+            # see EOF, then wait. Both steps are bounded so a stray holder of a pipe cannot hang us.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_discard_until_eof(proc), REAP_TIMEOUT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), REAP_TIMEOUT_S)
         overflowed.cancel()
         cap = limits.max_output_bytes
         return status, bytes(out[:cap]), bytes(err[:cap])
@@ -235,6 +244,13 @@ def _classify(returncode: int | None, stderr: bytes) -> Status:
     if b"MemoryError" in stderr:
         return "memory_limit"
     return "error"
+
+
+async def _discard_until_eof(proc: asyncio.subprocess.Process) -> None:
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            while await stream.read(65536):
+                pass
 
 
 def _terminate(proc: asyncio.subprocess.Process) -> None:
