@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -69,14 +70,28 @@ def running(
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    """SIGTERM to the server's process group, then SIGKILL after ``grace`` seconds.
+
+    The whole group, because servers such as vLLM leave worker processes (EngineCore, Worker)
+    behind when only their leader is signalled; ``running`` starts each server in its own session.
+    """
     if proc.poll() is None:
-        proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             proc.wait()
+    _signal_group(proc, signal.SIGKILL)  # children that outlived their leader
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal ``proc``'s group if it leads one (started with a session of its own), else ``proc``."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        elif proc.poll() is None:
+            proc.send_signal(sig)
 
 
 def _tail(path: Path, n: int = 2000) -> str:
