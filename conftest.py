@@ -54,6 +54,7 @@ def dev_cluster() -> Iterator[kwok.DevCluster]:
     The cluster is private to the test session (own name, own kubeconfig) and torn down after it.
     """
     cluster = kwok.DevCluster(name="treadle-e2e", workdir=kwok.cache_dir() / "kwok-e2e")
+    cluster.down()  # a session killed before its teardown leaves a cluster with its objects: start clean
     cluster.up()
     try:
         yield cluster

@@ -34,6 +34,10 @@ def namespace(api: client.ApiClient) -> Iterator[str]:
     wait_for(lambda: core.read_namespaced_service_account("default", name), "default ServiceAccount")
     yield name
     core.delete_namespace(name)
+    # Wait until the namespace (and its pods' GPUs) is gone: later e2e tests share the cluster.
+    wait_for(
+        lambda: not core.list_namespace(field_selector=f"metadata.name={name}").items, "namespace gone", 120
+    )
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:

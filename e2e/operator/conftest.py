@@ -92,3 +92,13 @@ def apply_job(kubectl: op_harness.Kubectl) -> Iterator[Callable[[dict[str, Any]]
             kubectl(
                 "delete", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--ignore-not-found", "--wait=true"
             )
+    # The garbage collector removes the children after the job: wait, so their GPUs are free for the
+    # next test (the cluster has 16 of each kind, and a test that starts short of them is flaky).
+    for name in names:
+        op_harness.wait_for(
+            f"pods of {name} collected",
+            lambda name=name: (
+                not kubectl.json("pods", "-n", op_harness.JOBS_NS, "-l", f"treadle.dev/job={name}")["items"]
+            ),
+            timeout=120,
+        )
