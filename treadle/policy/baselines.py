@@ -31,7 +31,7 @@ def pinned(
         for w in workers:
             if w.worker_id == previous and w.healthy and w.pool in pools:
                 return placement.Decision(worker_id=w.worker_id, reason="sticky")
-    return placement.choose_worker(workers, eligible_pools=eligible_pools, previous=None, assigned=assigned)
+    return registry.least_loaded(workers, eligible_pools=eligible_pools, assigned=assigned)
 
 
 def round_robin(
