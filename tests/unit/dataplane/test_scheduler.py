@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import dataplane_fakes as fakes
 import pytest
@@ -260,4 +261,36 @@ async def test_trajectory_the_buffer_refuses_is_stored_as_failed_with_the_reason
     assert dict(stats.failed_by_reason) == {"buffer: refused": 4} and adds_up(stats)
     stored = await st.buffer.stats()
     assert (stored.put, stored.failed) == (4, 4)
+    await st.svc.aclose()
+
+
+class HeldReward(fakes.Reward):
+    """Scores only once ``hold`` is set, so trajectories pile up in reward scoring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = asyncio.Event()
+        self.four_waiting = asyncio.Event()
+        self.waiting = 0
+
+    async def score(self, req: Any) -> Any:
+        self.waiting += 1
+        if self.waiting == 4:
+            self.four_waiting.set()
+        await self.hold.wait()
+        return await super().score(req)
+
+
+async def test_reward_backlog_counts_trajectories_in_scoring() -> None:
+    reward = HeldReward()
+    st = Stack(reward=reward)
+    results = st.svc.results()
+    assert st.svc.reward_backlog() == 0
+    await st.submit("g1")
+    async with asyncio.timeout(10):
+        await reward.four_waiting.wait()
+    assert st.svc.reward_backlog() == 4
+    reward.hold.set()
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    assert st.svc.reward_backlog() == 0
     await st.svc.aclose()

@@ -209,6 +209,7 @@ class SchedulerService:
         self._env_retries = 0
         self._failed_by_reason: collections.Counter[str] = collections.Counter()
         self._stage_totals = dict.fromkeys(STAGES, 0.0)
+        self._scoring: set[str] = set()
         self._closed = False
 
     # --- API ------------------------------------------------------------------------------------
@@ -284,6 +285,10 @@ class SchedulerService:
                 mean_reward=c.reward_sum / done if done else 0.0,
             )  # fmt: skip
         return out
+
+    def reward_backlog(self) -> int:
+        """Trajectories waiting for or in reward scoring (the operator scales the reward gateway on it)."""
+        return len(self._scoring)
 
     def results(self, *, max_queue: int = 100_000) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
         """Every trajectory stored from this call on; ends when the scheduler closes.
@@ -378,6 +383,7 @@ class SchedulerService:
                     messages.append(agent_protocol.ChatMessage(role="user", content=step.observation))
             await self._close_env(t, env)
             opened = False
+            self._scoring.add(t.tid)
             reward = await self._score(t, obs.info, prompt)
         except _Failed as exc:
             status, reason = "failed", str(exc)
@@ -386,6 +392,7 @@ class SchedulerService:
                 raise  # shutdown
             status, reason = "aborted", t.abort_reason
         finally:
+            self._scoring.discard(t.tid)
             if opened:
                 await self._close_env(t, env)
             if t.worker is not None:
