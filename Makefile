@@ -15,7 +15,7 @@ demo: setup
 
 ## Every tier (unit, integration, e2e, slow) after the linters.
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	TREADLE_FORBID_SKIPS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

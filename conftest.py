@@ -2,13 +2,19 @@
 
 A test's tier marker comes from its folder (tests/unit, tests/integration, tests/slow, e2e/), so
 ``pytest -m unit`` and friends select exactly one tier and nothing is left unmarked.
+
+With ``TREADLE_FORBID_SKIPS=1`` (set by ``make test``, hence CI) a skipped test fails instead: a
+missing prerequisite (vLLM, torch, root for the sandbox's network namespace) must not turn into a
+quiet pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from treadle.devcluster import kwok
@@ -31,6 +37,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of {sorted(map(str, TIER_BY_FOLDER))}")
         item.add_marker(getattr(pytest.mark, tiers[0]))
+
+
+FORBID_SKIPS = os.environ.get("TREADLE_FORBID_SKIPS") == "1"
+
+
+def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if FORBID_SKIPS and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but TREADLE_FORBID_SKIPS=1 forbids skips: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pluggy.Result[pytest.CollectReport], None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
 
 
 @pytest.fixture(scope="session")
