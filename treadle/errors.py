@@ -26,3 +26,14 @@ class Conflict(TreadleError):
 
 class Unavailable(TreadleError):
     """A dependency is down or draining; retrying later may succeed."""
+
+
+class Overloaded(TreadleError):
+    """The request is valid but the queue it would join is full; retry after ``retry_after_s``.
+
+    gRPC answers ``RESOURCE_EXHAUSTED``, HTTP ``429`` with a ``Retry-After`` header.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

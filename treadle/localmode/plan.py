@@ -38,6 +38,60 @@ class Worker:
 
 
 @dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """What the coordination services run for a job, in local mode and in a cluster alike."""
+
+    job: str
+    tasks: list[scheduler_protocol.TaskConfig]
+    settings: scheduler_protocol.Settings
+    pools: dict[str, str]
+    """Pool -> preferred work (placement's hardware affinity)."""
+    task_placement: dict[str, placement_service.TaskPlacement]
+    task_weights: dict[str, float]
+    batch_size: int
+    alpha: int
+    placement_policy: str
+
+
+def job_config(
+    job: v1alpha1.RolloutJob, *, max_tokens: int, max_in_flight: int, max_concurrent_generations: int
+) -> JobConfig:
+    """The one translation of a RolloutJob into scheduler, placement and buffer configs.
+
+    Called by ``make_plan`` (local mode) and by ``treadle.services.podenv`` (a service started by
+    the operator from the job's ConfigMap); the three counts are what only the caller knows.
+    """
+    spec = job.spec
+    tasks = [
+        scheduler_protocol.TaskConfig(
+            name=t.name, env=t.environment, agent=t.agents[0], reward_fn=t.reward, group_size=t.group_size,
+            redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=max_tokens,
+        )
+        for t in spec.tasks
+    ]  # fmt: skip
+    settings = scheduler_protocol.Settings(
+        alpha=spec.rollout.staleness,
+        batch_size=spec.rollout.batch_size,
+        max_in_flight=max_in_flight,
+        max_concurrent_generations=max_concurrent_generations,
+        scheduling_policy=spec.rollout.scheduling_policy,
+    )
+    return JobConfig(
+        job=job.name,
+        tasks=tasks,
+        settings=settings,
+        pools={p.name: p.preferred_work for p in spec.pools},
+        task_placement={
+            t.name: placement_service.TaskPlacement(t.affinity, tuple(t.pools)) for t in spec.tasks
+        },
+        task_weights={t.name: t.weight for t in spec.tasks},
+        batch_size=spec.rollout.batch_size,
+        alpha=spec.rollout.staleness,
+        placement_policy=spec.rollout.placement_policy,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     job: str
     tasks: list[scheduler_protocol.TaskConfig]
@@ -60,13 +114,6 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
     spec = job.spec
     if options.trajectories < 1:
         raise SpecError("must be >= 1", field="--trajectories", value=options.trajectories)
-    tasks = [
-        scheduler_protocol.TaskConfig(
-            name=t.name, env=t.environment, agent=t.agents[0], reward_fn=t.reward, group_size=t.group_size,
-            redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=options.max_tokens,
-        )
-        for t in spec.tasks
-    ]  # fmt: skip
     workers = [
         Worker(worker_id=f"{pool.name}-{i}", pool=pool.name)
         for pool in spec.pools
@@ -74,15 +121,12 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
     ]
     if not workers:
         raise SpecError("every pool has 0 replicas: nothing can generate", field="spec.pools")
-    settings = scheduler_protocol.Settings(
-        alpha=spec.rollout.staleness,
-        batch_size=spec.rollout.batch_size,
-        max_in_flight=options.max_in_flight,
+    cfg = job_config(
+        job, max_tokens=options.max_tokens, max_in_flight=options.max_in_flight,
         max_concurrent_generations=len(workers) * options.max_num_seqs,
-        scheduling_policy=spec.rollout.scheduling_policy,
-    )
+    )  # fmt: skip
     # Whole groups, tasks taken in proportion to their weights (largest share first, then by name).
-    members = {t.name: t.members for t in tasks}
+    members = {t.name: t.members for t in cfg.tasks}
     total_weight = sum(t.weight for t in spec.tasks)
     groups: list[tuple[str, str, int]] = []
     started = 0
@@ -93,19 +137,17 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
         started += want * members[t.name]
     return Plan(
         job=job.name,
-        tasks=tasks,
-        settings=settings,
-        pools={p.name: p.preferred_work for p in spec.pools},
-        task_placement={
-            t.name: placement_service.TaskPlacement(t.affinity, tuple(t.pools)) for t in spec.tasks
-        },
-        task_weights={t.name: t.weight for t in spec.tasks},
+        tasks=cfg.tasks,
+        settings=cfg.settings,
+        pools=cfg.pools,
+        task_placement=cfg.task_placement,
+        task_weights=cfg.task_weights,
         workers=workers,
         replicas_in_job={p.name: p.replicas for p in spec.pools},
         groups=groups,
-        batch_size=spec.rollout.batch_size,
-        alpha=spec.rollout.staleness,
+        batch_size=cfg.batch_size,
+        alpha=cfg.alpha,
         max_model_len=max(a.max_model_len for a in spec.agents),
-        placement_policy=spec.rollout.placement_policy,
+        placement_policy=cfg.placement_policy,
         trajectories=started,
     )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
 from treadle import errors
+from treadle.services.grpcutil import status as grpc_status
 from treadle.services.httputil import client
 from treadle.services.httputil import errors as http_errors
 
@@ -19,10 +21,11 @@ from treadle.services.httputil import errors as http_errors
         (errors.NotFound("session 'x' is not open"), 404, "NotFoundError", None),
         (errors.Conflict("busy"), 409, "ConflictError", None),
         (errors.Unavailable("draining"), 503, "ServiceUnavailableError", None),
+        (errors.Overloaded("queue full"), 429, "RateLimitError", None),
         (TimeoutError("slow"), 504, "TimeoutError", None),
         (RuntimeError("secret internals"), 500, "InternalServerError", None),
     ],
-    ids=["spec", "too-large", "not-found", "conflict", "unavailable", "timeout", "unexpected"],
+    ids=["spec", "too-large", "not-found", "conflict", "unavailable", "overloaded", "timeout", "unexpected"],
 )
 def test_to_response(exc: Exception, code: int, type_: str, param: str | None) -> None:
     response = http_errors.to_response(exc)
@@ -49,11 +52,12 @@ def response(code: int, error: dict[str, object] | None = None, text: str | None
         (response(413, {"param": "body"}), errors.SpecError, "body"),
         (response(404), errors.NotFound, None),
         (response(409), errors.Conflict, None),
+        (response(429), errors.Overloaded, None),
         (response(500), errors.Unavailable, None),
         (response(503), errors.Unavailable, None),
         (response(502, text="<html>bad gateway</html>"), errors.Unavailable, None),
     ],
-    ids=["400-param", "422", "413", "404", "409", "500", "503", "502-not-json"],
+    ids=["400-param", "422", "413", "404", "409", "429", "500", "503", "502-not-json"],
 )
 def test_from_response(resp: tuple[int, bytes], kind: type[Exception], field: str | None) -> None:
     exc = client.from_response(*resp)
@@ -65,3 +69,18 @@ def test_from_response(resp: tuple[int, bytes], kind: type[Exception], field: st
 def test_spec_error_message_is_not_prefixed_twice() -> None:
     exc = client.from_response(*response(400, {"param": "env", "message": "env: unknown environment"}))
     assert str(exc) == "env: unknown environment"
+
+
+@pytest.mark.parametrize(
+    ("retry_after_s", "header"), [(0.2, "1"), (1.0, "1"), (2.5, "3")], ids=["sub", "one", "up"]
+)
+def test_overloaded_says_when_to_retry(retry_after_s: float, header: str) -> None:
+    response = http_errors.to_response(errors.Overloaded("queue full", retry_after_s=retry_after_s))
+    assert response.status_code == 429 and response.headers["Retry-After"] == header
+
+
+def test_overloaded_is_resource_exhausted_both_ways() -> None:
+    code, message = grpc_status.to_status(errors.Overloaded("pending queue full"))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and message == "pending queue full"
+    rpc_error = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=message)
+    assert isinstance(grpc_status.from_rpc_error(rpc_error, what="scheduler.Submit"), errors.Overloaded)

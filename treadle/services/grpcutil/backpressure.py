@@ -1,14 +1,11 @@
-"""The backpressure error raised by service logic and mapped to RESOURCE_EXHAUSTED at the gRPC edge.
+"""Where ``Overloaded`` used to live; it is ``treadle.errors.Overloaded`` now.
 
-``treadle.errors`` has no "too much work queued" error yet, so the services that queue work (the
-scheduler's pending groups) raise this one; it carries no gRPC import so ``service.py`` modules stay
-framework-free.
+Kept only as an alias until ``treadle.services.scheduler.service`` (another owner) imports it from
+``treadle.errors``; delete this module then.
 """
 
 from __future__ import annotations
 
 from treadle import errors
 
-
-class Overloaded(errors.TreadleError):
-    """The request is valid but the queue it would join is full; retry later."""
+Overloaded = errors.Overloaded

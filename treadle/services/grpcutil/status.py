@@ -10,7 +10,6 @@ from __future__ import annotations
 import grpc
 
 from treadle import errors
-from treadle.services.grpcutil import backpressure
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -24,7 +23,7 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             return grpc.StatusCode.NOT_FOUND, str(exc)
         case errors.Conflict():
             return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-        case backpressure.Overloaded():
+        case errors.Overloaded():
             return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         case errors.Unavailable():
             return grpc.StatusCode.UNAVAILABLE, str(exc)
@@ -47,7 +46,7 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, *, what: str) -> errors.TreadleErr
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return errors.Conflict(message)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return backpressure.Overloaded(message)
+        return errors.Overloaded(message)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return TimeoutError(message)
     return errors.Unavailable(f"{message} ({code.name})")

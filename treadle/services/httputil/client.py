@@ -2,7 +2,8 @@
 HTTP failures to ``treadle.errors``.
 
 Connection errors, timeouts and 5xx become ``Unavailable`` (retryable); 404 ``NotFound``; 409
-``Conflict``; 400/413/422 and other 4xx ``SpecError`` with the field taken from the body's ``param``.
+``Conflict``; 429 ``Overloaded``; 400/413/422 and other 4xx ``SpecError`` with the field taken
+from the body's ``param``.
 
 The transport is aiohttp, not httpx: with thousands of requests in flight on one client (the
 scheduler's 2,000 trajectories), httpx's connection pool spent tens of milliseconds per request
@@ -92,6 +93,8 @@ def from_response(status: int, body: bytes) -> errors.TreadleError:
         return errors.NotFound(message)
     if status == 409:
         return errors.Conflict(message)
+    if status == 429:
+        return errors.Overloaded(message)
     field = param or "body"
     return errors.SpecError(message.removeprefix(f"{field}: "), field=field)
 

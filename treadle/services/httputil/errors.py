@@ -8,6 +8,7 @@ with a fixed message and are logged here.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import fastapi
@@ -43,6 +44,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "unknown id"),
         (409, "valid, but the current state forbids it"),
         (413, "request body too large"),
+        (429, "overloaded; retry after the `Retry-After` header's seconds"),
         (500, "internal error"),
         (503, "a dependency is down or draining; retry later"),
         (504, "the operation timed out"),
@@ -66,6 +68,11 @@ def to_response(exc: BaseException) -> responses.JSONResponse:
             return error(404, "NotFoundError", str(exc) or "not found")
         case errors.Conflict():
             return error(409, "ConflictError", str(exc))
+        case errors.Overloaded():
+            response = error(429, "RateLimitError", str(exc))
+            # Whole seconds, at least 1 (RFC 9110 delay-seconds).
+            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            return response
         case errors.Unavailable():
             return error(503, "ServiceUnavailableError", str(exc))
         case TimeoutError():
