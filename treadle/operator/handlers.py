@@ -153,9 +153,15 @@ def child_deployments(
 @kopf.index("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
 def child_pod_problems(
     *, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[JobKey, status.PodProblem] | None:
+) -> dict[JobKey, status.PodProblem]:
+    """The pod's problem under its job, or an empty mapping once it has none.
+
+    Never ``None``: kopf keeps an object's previous index entries when its index function returns
+    ``None`` (``OperatorIndexers.replace`` stores only non-None results), so a pod that was
+    Unschedulable for a moment would stay a problem after it runs; an empty mapping drops them.
+    """
     problem = status.pod_problem(_plain(body))
-    return None if problem is None else {(namespace or "", labels[render.JOB_LABEL]): problem}
+    return {} if problem is None else {(namespace or "", labels[render.JOB_LABEL]): problem}
 
 
 # --- reconcile: render, diff, apply ----------------------------------------------------------------
