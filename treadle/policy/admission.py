@@ -19,6 +19,14 @@ AReaL bounds staleness only at the start. RollArt (footnote 1, §6.2) also check
 iteration: after a commit to version n, every in-flight trajectory initiated before ``n - alpha`` is
 aborted (``stale_in_flight``). A group is admitted whole or not at all (``admit_groups``) because
 GRPO needs every member of a group.
+
+Units (issue #4): the buffer hands the trainer whole groups until at least ``batch_size``
+trajectories are in (``batching.plan_batch``), so one training step consumes
+``ceil(batch_size / members) * members`` trajectories, ``members`` counting redundancy. Admission
+counts the window in that same unit (``batch_trajectories``); counting it in raw ``batch_size``
+deadlocked whenever ``batch_size`` was not a multiple of ``members``: with ``alpha = 0``, batch 6
+and groups of 4, one group fit the window, the second never did, and the buffer could never form a
+batch of 6 from 4 trajectories, so the version never moved.
 """
 
 from __future__ import annotations
@@ -52,11 +60,20 @@ def capacity(state: AdmissionState, limits: Limits) -> int:
     return max(0, min(by_concurrency, by_staleness))
 
 
+def batch_trajectories(batch_size: int, group_size: int) -> int:
+    """Trajectories one training batch takes when it is made of whole groups of ``group_size``."""
+    return -(-batch_size // group_size) * group_size
+
+
 def admit_groups(state: AdmissionState, limits: Limits, *, group_size: int, pending_groups: int) -> int:
-    """How many of ``pending_groups`` whole groups of ``group_size`` may start now."""
+    """How many of ``pending_groups`` whole groups of ``group_size`` may start now.
+
+    The window is counted in whole groups, as the buffer delivers them (``batch_trajectories``).
+    """
     if group_size <= 0:
         return 0
-    return min(pending_groups, capacity(state, limits) // group_size)
+    whole = dataclasses.replace(limits, batch_size=batch_trajectories(limits.batch_size, group_size))
+    return min(pending_groups, capacity(state, whole) // group_size)
 
 
 def is_stale(init_version: int, *, version: int, alpha: int) -> bool:

@@ -294,3 +294,19 @@ async def test_reward_backlog_counts_trajectories_in_scoring() -> None:
     assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
     assert st.svc.reward_backlog() == 0
     await st.svc.aclose()
+
+
+async def test_sync_admission_with_a_batch_not_a_multiple_of_the_group_completes() -> None:
+    # issue #4: alpha 0, batch 6, groups of 4 -> the buffer's batch is two whole groups; both start
+    # under version 0 (before the fix only one did, and no batch of 6 could ever form).
+    st = Stack(alpha=0, batch_size=6)
+    results = st.svc.results()
+    await st.submit("g1", "g2", "g3")
+    stats = st.svc.stats()
+    assert (stats.in_flight, stats.pending) == (8, 4)
+    assert len(await st.collect(8, results)) == 8
+    batch = await st.buffer.get_batch(batch_size=6, version=0, timeout_s=0)
+    assert len(batch.trajectories) == 8
+    await st.svc.commit_version(1)
+    assert await st.collect(4, results) == [f"g3-{i}:completed" for i in range(4)]
+    await st.svc.aclose()

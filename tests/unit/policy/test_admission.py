@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from treadle.policy import admission
+from treadle.policy import admission, batching
 
 S = admission.AdmissionState
 L = admission.Limits
@@ -89,8 +89,42 @@ def test_started_never_exceeds_window(alpha: int, batch: int, group: int, groups
     for step in steps:
         started += step.admitted
         # admitted under `version` (the version before this round's bump)
-        assert started <= max((alpha + version + 1) * batch, 0) or step.admitted == 0
+        whole = admission.batch_trajectories(batch, group)
+        assert started <= max((alpha + version + 1) * whole, 0) or step.admitted == 0
         assert step.running <= limits.max_in_flight
         version = step.version
     if steps:
         assert steps[-1].accepted == started
+
+
+def test_partial_last_group_is_admitted_when_batch_is_not_a_multiple_of_members() -> None:
+    # issue #4: alpha 0, batch 6, groups of 4. The buffer's batch is two whole groups (8), so the
+    # window is 8; counted as 6 the second group never fit and the run deadlocked.
+    assert admission.batch_trajectories(6, 4) == 8
+    assert admission.admit_groups(S(0, 0, 0), L(0, 6, 100), group_size=4, pending_groups=5) == 2
+    assert admission.admit_groups(S(0, 4, 0), L(0, 6, 100), group_size=4, pending_groups=1) == 1
+
+
+@pytest.mark.parametrize(("batch", "members"), [(6, 4), (5, 3), (7, 5), (8, 4), (1, 3)])
+def test_sync_rollout_with_a_trainer_never_deadlocks(batch: int, members: int) -> None:
+    # Admission, a trainer that takes whole groups (batching.plan_batch) and bumps the version per
+    # batch; every group finishes in the round it starts. Before the fix (6, 4), (5, 3) and (7, 5) hung.
+    total = 6
+    pending, version, accepted, started = total, 0, 0, 0
+    stored: list[batching.Group] = []
+    for _ in range(100):
+        n = admission.admit_groups(S(version, accepted, 0), L(0, batch, 1000), group_size=members,
+                                   pending_groups=pending)  # fmt: skip
+        for _ in range(n):
+            stored.append(batching.Group(f"g{started}", "t", members, started, version, members, members))
+            started += 1
+        pending -= n
+        accepted += n * members
+        plan = batching.plan_batch(stored, batch_size=batch)
+        if plan is None:
+            if pending == 0:
+                break
+            continue
+        stored = [g for g in stored if g.group_id not in plan]
+        version += 1
+    assert pending == 0, f"deadlocked at version {version} with {pending} groups never admitted"
