@@ -37,6 +37,8 @@ class Proc:
     kind: str
     """"http" (GET /healthz or /health) or "grpc" (standard health service)."""
     log: Path
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Variables set on top of this process's environment (what a pod spec would set)."""
     popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,7 +69,16 @@ class Stack:
         """Run ``python -m module --host 127.0.0.1 --port <free> *args`` and wait until healthy."""
         port = procs.free_port()
         argv = [self.python, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
-        proc = Proc(name=name, argv=argv, port=port, kind=kind, log=self.run_dir / f"{name}.log")
+        return await self.launch(name, argv, port=port, kind=kind, health_path=health_path,
+                                 timeout_s=timeout_s)  # fmt: skip
+
+    async def launch(
+        self, name: str, argv: Sequence[str], *, port: int, kind: str, env: dict[str, str] | None = None,
+        health_path: str = "/healthz", timeout_s: float = 60.0,
+    ) -> Proc:  # fmt: skip
+        """Run ``argv`` (which must listen on 127.0.0.1:``port``) with ``env`` added; wait until healthy."""
+        proc = Proc(name=name, argv=list(argv), port=port, kind=kind, log=self.run_dir / f"{name}.log",
+                    env=dict(env or {}))  # fmt: skip
         self.procs[name] = proc
         await self._spawn(proc, health_path=health_path, timeout_s=timeout_s)
         return proc
@@ -124,5 +135,5 @@ def _popen(proc: Proc) -> subprocess.Popen[bytes]:
     with open(proc.log, "ab") as log:
         return subprocess.Popen(
             proc.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **proc.env, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip

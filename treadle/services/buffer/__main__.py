@@ -1,47 +1,79 @@
-"""``python -m treadle.services.buffer``: run the buffer (embedded memory store, or Redis with --redis)."""
+"""``python -m treadle.services.buffer``: run the buffer (embedded memory store, or Redis).
+
+Flags override; a pod started by the operator fills the rest from ``TREADLE_REDIS_URL``,
+``TREADLE_KEY_PREFIX`` and the job's config (``treadle.services.podenv``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+from collections.abc import Mapping
 
 import prometheus_client as prom
 
+from treadle.services import podenv
 from treadle.services.buffer import grpc_server, redis_store, service, store
 from treadle.services.grpcutil import server as grpcutil_server
 
+PROG = "python -m treadle.services.buffer"
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m treadle.services.buffer", description=__doc__)
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    host: str
+    port: int
+    metrics_port: int
+    redis: str
+    namespace: str
+    alpha: int
+    task_weights: dict[str, float]
+    lease_s: float
+
+
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50053)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
-    p.add_argument("--redis", default="", help="Redis URL; empty for the embedded in-memory store")
-    p.add_argument("--namespace", default="default", help="key namespace in Redis (one per job)")
-    p.add_argument("--alpha", type=int, default=1, help="staleness bound in policy versions")
-    p.add_argument("--task-weights", default="{}", help='JSON object task -> batch weight, e.g. {"math": 1}')
+    p.add_argument("--redis", help=f"Redis URL, empty for the embedded memory store (${podenv.REDIS_URL})")
+    p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${podenv.KEY_PREFIX})")
+    p.add_argument("--alpha", type=int, help="staleness bound in policy versions (the job's)")
+    p.add_argument("--task-weights", help='JSON object task -> batch weight, e.g. {"math": 1} (the job\'s)')
     p.add_argument("--lease-s", type=float, default=300.0, help="default lease before redelivery")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    job = podenv.Job(environ)
+
+    def build() -> Config:
+        return Config(
+            host=a.host, port=a.port, metrics_port=a.metrics_port,
+            redis=a.redis if a.redis is not None else environ.get(podenv.REDIS_URL, ""),
+            namespace=a.namespace or environ.get(podenv.KEY_PREFIX) or "default",
+            alpha=a.alpha if a.alpha is not None else job.config.alpha,
+            task_weights=json.loads(a.task_weights) if a.task_weights else job.config.task_weights,
+            lease_s=a.lease_s,
+        )  # fmt: skip
+
+    return podenv.or_exit(build, prog=PROG)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(cfg: Config) -> None:
     backend: store.Store = (
-        redis_store.RedisStore.from_url(args.redis, namespace=args.namespace)
-        if args.redis
+        redis_store.RedisStore.from_url(cfg.redis, namespace=cfg.namespace)
+        if cfg.redis
         else store.MemoryStore()
     )
     svc = service.BufferService(
-        store=backend,
-        alpha=args.alpha,
-        task_weights=json.loads(args.task_weights),
-        default_lease_s=args.lease_s,
+        store=backend, alpha=cfg.alpha, task_weights=cfg.task_weights, default_lease_s=cfg.lease_s
     )
-    if args.metrics_port:
-        prom.start_http_server(args.metrics_port, addr=args.host, registry=svc.registry)
-    served = await grpc_server.build_server(svc, host=args.host, port=args.port)
-    logging.info("buffer serving on %s:%d (%s)", args.host, served.port, "redis" if args.redis else "memory")
+    if cfg.metrics_port:
+        prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    logging.info("buffer serving on %s:%d (%s)", cfg.host, served.port, "redis" if cfg.redis else "memory")
     await grpcutil_server.serve_forever(served, on_stop=backend.aclose)
 
 

@@ -1,18 +1,25 @@
 """``python -m treadle.services.scheduler``: run the scheduler against env, reward, placement and buffer.
 
-Tasks and settings come as JSON (local mode writes them from a RolloutJob); agents are reached at
-the addresses placement hands out.
+Flags override; a pod started by the operator takes its tasks and settings from the job's config and
+the addresses from ``TREADLE_*`` (``treadle.services.podenv``). Agents are reached at the addresses
+placement hands out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import socket
+import urllib.parse
+from collections.abc import Mapping
 
 import prometheus_client as prom
 
+from treadle.services import podenv
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.env import client as env_client
@@ -21,21 +28,72 @@ from treadle.services.placement import client as placement_client
 from treadle.services.reward import client as reward_client
 from treadle.services.scheduler import grpc_server, protocol, service
 
+PROG = "python -m treadle.services.scheduler"
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m treadle.services.scheduler", description=__doc__)
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    host: str
+    port: int
+    metrics_port: int
+    tasks: list[protocol.TaskConfig]
+    settings: protocol.Settings
+    env_urls: list[str]
+    reward_url: str
+    placement: str
+    buffer: str
+
+
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
-    p.add_argument("--tasks", required=True, help="JSON list of TaskConfig fields, one object per task")
-    p.add_argument("--settings", default="{}", help="JSON object of Settings fields")
+    p.add_argument("--tasks", help="JSON list of TaskConfig fields, one object per task (the job's)")
+    p.add_argument("--settings", help="JSON object of Settings fields (the job's)")
     p.add_argument(
-        "--env-url", action="append", required=True, help="environment server base URL (repeatable)"
+        "--env-url", action="append", help=f"environment server base URL, repeatable (${podenv.ENV_URL})"
     )
-    p.add_argument("--reward-url", required=True)
-    p.add_argument("--placement", required=True, help="placement gRPC address host:port")
-    p.add_argument("--buffer", required=True, help="buffer gRPC address host:port")
-    return p.parse_args(argv)
+    p.add_argument("--reward-url", help=f"reward gateway base URL (${podenv.REWARD_URL})")
+    p.add_argument("--placement", help=f"placement gRPC address host:port (${podenv.PLACEMENT_ADDR})")
+    p.add_argument("--buffer", help=f"buffer gRPC address host:port (${podenv.BUFFER_ADDR})")
+    a = p.parse_args(argv)
+    job = podenv.Job(environ)
+
+    def build() -> Config:
+        tasks = [protocol.TaskConfig(**t) for t in json.loads(a.tasks)] if a.tasks else job.config.tasks
+        settings = (
+            protocol.Settings(**json.loads(a.settings)) if a.settings is not None else job.config.settings
+        )
+        env_urls = a.env_url or [podenv.pick(None, environ, podenv.ENV_URL, flag="--env-url")]
+        return Config(
+            host=a.host, port=a.port, metrics_port=a.metrics_port, tasks=tasks, settings=settings,
+            env_urls=env_urls,
+            reward_url=podenv.pick(a.reward_url, environ, podenv.REWARD_URL, flag="--reward-url"),
+            placement=podenv.pick(a.placement, environ, podenv.PLACEMENT_ADDR, flag="--placement"),
+            buffer=podenv.pick(a.buffer, environ, podenv.BUFFER_ADDR, flag="--buffer"),
+        )  # fmt: skip
+
+    return podenv.or_exit(build, prog=PROG)
+
+
+def expand_headless(url: str) -> list[str]:
+    """One URL per address the host resolves to.
+
+    The env Service is headless: a session lives in one pod, so every pod needs its own client
+    (a single URL would let DNS scatter one session's steps). Resolved once at startup; pods added
+    later are not used until the scheduler restarts.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return [url]  # not resolvable yet: the env client retries through the name
+    addresses = sorted({str(info[4][0]) for info in infos if info[0] == socket.AF_INET})
+    if len(addresses) <= 1:
+        return [url]
+    return [parts._replace(netloc=f"{address}:{port}").geturl() for address in addresses]
 
 
 class AgentPool:
@@ -55,21 +113,21 @@ class AgentPool:
             await client.aclose()
 
 
-async def main(args: argparse.Namespace) -> None:
-    tasks = {t["name"]: protocol.TaskConfig(**t) for t in json.loads(args.tasks)}
-    envs = [env_client.EnvClient(url) for url in args.env_url]
+async def main(cfg: Config) -> None:
+    tasks = {t.name: t for t in cfg.tasks}
+    envs = [env_client.EnvClient(url) for given in cfg.env_urls for url in expand_headless(given)]
     agents = AgentPool()
-    reward = reward_client.RewardClient(args.reward_url)
-    placement = placement_client.PlacementClient(args.placement)
-    buffer = buffer_client.BufferClient(args.buffer)
+    reward = reward_client.RewardClient(cfg.reward_url)
+    placement = placement_client.PlacementClient(cfg.placement)
+    buffer = buffer_client.BufferClient(cfg.buffer)
     svc = service.SchedulerService(
-        tasks=tasks, settings=protocol.Settings(**json.loads(args.settings)), envs=envs, agent_for=agents,
+        tasks=tasks, settings=cfg.settings, envs=envs, agent_for=agents,
         placement=placement, reward=reward, buffer=buffer,
     )  # fmt: skip
-    if args.metrics_port:
-        prom.start_http_server(args.metrics_port, addr=args.host, registry=svc.registry)
-    served = await grpc_server.build_server(svc, host=args.host, port=args.port)
-    logging.info("scheduler serving on %s:%d", args.host, served.port)
+    if cfg.metrics_port:
+        prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    logging.info("scheduler serving on %s:%d (%d env servers)", cfg.host, served.port, len(envs))
 
     async def close() -> None:
         await svc.aclose()

@@ -1,0 +1,192 @@
+"""The operator's output runs: the children rendered for ``math-tool-h20.yaml`` started as processes.
+
+Each service container's command and environment are taken verbatim from the pure renderers, the
+ConfigMap's files are written to a directory standing in for ``/etc/treadle``, and only what a
+cluster provides is rewritten: in-cluster addresses become free 127.0.0.1 ports, ``0.0.0.0``
+becomes 127.0.0.1, and ``python`` this interpreter. The vLLM container is replaced by the
+SIMULATED engine on the port the agent is told about. Trajectories must land in the real Redis
+under the job's key prefix, and the agent must have registered itself with placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import yaml
+
+from treadle.api import v1alpha1
+from treadle.localmode import stack as stack_mod
+from treadle.operator import config, render
+from treadle.services.placement import client as placement_client
+from treadle.services.scheduler import client as scheduler_client
+from treadle.testing import procs
+from treadle.testing import redis_server as redis_server_mod
+from treadle.v1 import scheduler_pb2
+
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "math-tool-h20.yaml"
+NAMESPACE = "team-a"
+GROUPS = 2
+
+
+def rendered() -> tuple[v1alpha1.RolloutJob, list[dict[str, Any]]]:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["metadata"]["namespace"] = NAMESPACE
+    job = v1alpha1.parse_job(raw)
+    return job, render.render_children(job, config.OperatorConfig(redis_url="redis://placeholder"))
+
+
+def containers(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Container by name across the Deployments (component names are unique in one job)."""
+    out: dict[str, dict[str, Any]] = {}
+    for child in children:
+        if child["kind"] == "Deployment":
+            for c in child["spec"]["template"]["spec"]["containers"]:
+                out[c["name"]] = c
+    return out
+
+
+class Rewriter:
+    """In-cluster address -> 127.0.0.1 with a free port, the same for every reference to it."""
+
+    def __init__(self, job: v1alpha1.RolloutJob, *, config_dir: Path, redis_url: str) -> None:
+        ep = render.endpoints(job)
+        self.ports = {name: procs.free_port() for name in config.PORTS}
+        self.subs: dict[str, str] = {render.CONFIG_MOUNT: str(config_dir), "redis://placeholder": redis_url}
+        for name in (*render.COORDINATION, "weights"):
+            self.subs[ep[name]] = f"127.0.0.1:{self.ports[name]}"
+        for name in ("env", "reward"):
+            self.subs[ep[name]] = f"http://127.0.0.1:{self.ports[name]}"
+        self.subs[f"127.0.0.1:{config.PORTS['vllm']}"] = f"127.0.0.1:{self.ports['vllm']}"
+
+    def value(self, text: str) -> str:
+        for old, new in self.subs.items():
+            text = text.replace(old, new)
+        return text
+
+    def command(self, container: dict[str, Any]) -> tuple[list[str], int]:
+        argv = [*container["command"], *container.get("args", [])]
+        assert argv[0] == "python" and argv[argv.index("--host") + 1] == "0.0.0.0"
+        port = int(argv[argv.index("--port") + 1])
+        component = next(name for name, p in config.PORTS.items() if p == port)
+        argv[0] = sys.executable
+        argv[argv.index("--host") + 1] = "127.0.0.1"
+        argv[argv.index("--port") + 1] = str(self.ports[component])
+        return argv, self.ports[component]
+
+    def env(self, container: dict[str, Any]) -> dict[str, str]:
+        assert all("value" in e for e in container["env"]), "only literal values are rewritable"
+        return {e["name"]: self.value(e["value"]) for e in container["env"]}
+
+
+async def test_rendered_children_run_and_fill_the_buffer(
+    tmp_path: Path, redis_server: redis_server_mod.RedisServer
+) -> None:
+    job, children = rendered()
+    config_dir = tmp_path / "etc-treadle"
+    config_dir.mkdir()
+    configmap = next(c for c in children if c["kind"] == "ConfigMap")
+    for filename, text in configmap["data"].items():
+        (config_dir / filename).write_text(text)
+    rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
+    by_name = containers(children)
+    prefix = f"{NAMESPACE}/{job.name}"
+    redis = aioredis.Redis.from_url(redis_server.url, protocol=2)
+    await redis.delete(*[k async for k in redis.scan_iter(f"treadle:buf:{{{prefix}}}:*")] or ["-"])
+
+    with stack_mod.Stack(tmp_path / "run") as stack:
+        # The order a cluster converges to; each process is started from its rendered container.
+        for name in ("buffer", "placement", "env", "reward"):
+            c = by_name[name]
+            argv, port = rw.command(c)
+            kind = "grpc" if name in render.COORDINATION else "http"
+            await stack.launch(name, argv, port=port, kind=kind, env=rw.env(c))
+        vllm = by_name["vllm"]
+        assert vllm["command"] == ["python", "-m", config.VLLM_MODULE]  # replaced by the simulated engine
+        max_len = vllm["args"][vllm["args"].index("--max-model-len") + 1]
+        engine_port = rw.ports["vllm"]
+        await stack.launch(
+            "engine", [sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1",
+                       "--port", str(engine_port), "--max-model-len", max_len],
+            port=engine_port, kind="http", health_path="/health",
+        )  # fmt: skip
+        agent_argv, agent_port = rw.command(by_name["agent"])
+        agent_env = rw.env(by_name["agent"])
+        assert agent_env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{engine_port}"
+        await stack.launch("agent", agent_argv, port=agent_port, kind="http", env=agent_env)
+        sched_argv, sched_port = rw.command(by_name["scheduler"])
+        await stack.launch(
+            "scheduler", sched_argv, port=sched_port, kind="grpc", env=rw.env(by_name["scheduler"])
+        )
+
+        placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}")
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
+        try:
+            # The agent registers itself from TREADLE_POOL and reports its load.
+            deadline = time.monotonic() + 30
+            while not (await placement.pool_state()).workers:
+                assert time.monotonic() < deadline, stack.procs["agent"].tail()
+                await asyncio.sleep(0.1)
+            state = (await placement.pool_state()).workers[0]
+            assert state.worker.pool == "decode" and state.worker.address == f"http://127.0.0.1:{agent_port}"
+            while not state.load.healthy:  # the first report follows the agent's first engine poll
+                assert time.monotonic() < deadline, stack.procs["agent"].tail()
+                await asyncio.sleep(0.1)
+                state = (await placement.pool_state()).workers[0]
+
+            task = job.spec.tasks[0]
+            await scheduler.submit(
+                [scheduler_pb2.PromptGroup(group_id=f"g{i}", task=task.name, seed=i) for i in range(GROUPS)]
+            )
+            deadline = time.monotonic() + 120
+            while True:
+                stats = await scheduler.stats()
+                if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+                    break
+                assert time.monotonic() < deadline, f"{stats}\n{stack.procs['scheduler'].tail()}"
+                await asyncio.sleep(0.2)
+        finally:
+            await placement.aclose()
+            await scheduler.aclose()
+
+        members = task.group_size + int(task.redundancy * task.group_size + 0.999999)
+        assert stats.submitted == GROUPS * members
+        assert stats.completed == stats.submitted, dict(stats.failed_by_reason)
+        stored = [k async for k in redis.scan_iter(f"treadle:buf:{{{prefix}}}:t:*")]
+        assert len(stored) == GROUPS * members
+        # Settings came from the job (staleness, batch size) through the ConfigMap.
+        sched_env = rw.env(by_name["scheduler"])
+        assert json.loads((config_dir / "job.json").read_text())["rollout"]["batchSize"] == int(
+            sched_env["TREADLE_BATCH_SIZE"]
+        )
+    await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    ("drop", "field"),
+    [("TREADLE_CONFIG", "TREADLE_CONFIG"), ("TREADLE_PLACEMENT_ADDR", "TREADLE_PLACEMENT_ADDR")],
+    ids=["no-config", "no-placement"],
+)
+async def test_scheduler_without_its_config_fails_at_startup(tmp_path: Path, drop: str, field: str) -> None:
+    job, children = rendered()
+    config_dir = tmp_path / "etc-treadle"
+    config_dir.mkdir()
+    configmap = next(c for c in children if c["kind"] == "ConfigMap")
+    for filename, text in configmap["data"].items():
+        (config_dir / filename).write_text(text)
+    rw = Rewriter(job, config_dir=config_dir, redis_url="redis://127.0.0.1:1/0")
+    c = containers(children)["scheduler"]
+    argv, _ = rw.command(c)
+    env = {k: v for k, v in rw.env(c).items() if k != drop}
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 2
+    assert f"configuration error: {field}: not set" in err.decode()

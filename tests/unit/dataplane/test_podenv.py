@@ -1,0 +1,129 @@
+"""Services started from what the operator renders: env + ConfigMap -> the same configs local mode uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from treadle import errors
+from treadle.api import v1alpha1
+from treadle.localmode import plan
+from treadle.operator import config, render
+from treadle.services import podenv
+from treadle.services.buffer import __main__ as buffer_main
+from treadle.services.env import __main__ as env_main
+from treadle.services.placement import __main__ as placement_main
+from treadle.services.scheduler import __main__ as scheduler_main
+
+EXAMPLES = Path(__file__).parents[3] / "manifests" / "examples"
+
+
+def job(name: str = "math-tool-h20.yaml") -> v1alpha1.RolloutJob:
+    return v1alpha1.parse_job(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def pod_env(tmp_path: Path, component: str, j: v1alpha1.RolloutJob | None = None) -> dict[str, str]:
+    """The rendered container's env, with the ConfigMap files written under tmp_path."""
+    j = j or job()
+    children = render.render_children(j, config.OperatorConfig())
+    configmap = next(c for c in children if c["kind"] == "ConfigMap")
+    for filename, text in configmap["data"].items():
+        (tmp_path / filename).write_text(text)
+    container: dict[str, Any] = next(
+        c
+        for child in children
+        if child["kind"] == "Deployment"
+        for c in child["spec"]["template"]["spec"]["containers"]
+        if c["name"] == component
+    )
+    env = {e["name"]: e["value"] for e in container["env"]}
+    return {k: v.replace(render.CONFIG_MOUNT, str(tmp_path)) for k, v in env.items()}
+
+
+def test_job_config_is_local_modes_translation(tmp_path: Path) -> None:
+    cfg = podenv.job_config(pod_env(tmp_path, "scheduler"))
+    local = plan.make_plan(job(), plan.Options())
+    assert cfg.tasks == [
+        t.__class__(**{**t.__dict__, "max_tokens": cfg.tasks[0].max_tokens}) for t in local.tasks
+    ]
+    assert (cfg.pools, cfg.task_placement, cfg.task_weights) == (
+        local.pools,
+        local.task_placement,
+        local.task_weights,
+    )
+    assert (cfg.alpha, cfg.batch_size, cfg.placement_policy) == (1, 128, "sticky-least-loaded")
+    # 4 replicas of the decode pool, each vLLM's default 256 sequences at once.
+    assert cfg.settings.max_concurrent_generations == 4 * 256
+
+
+def test_every_coordination_service_starts_from_the_rendered_env(tmp_path: Path) -> None:
+    sched = scheduler_main.parse_args(["--host", "0.0.0.0"], pod_env(tmp_path, "scheduler"))
+    assert [t.name for t in sched.tasks] == ["gem-math"] and sched.settings.batch_size == 128
+    assert sched.placement == "math-tool-placement.default.svc:50052"
+    assert sched.buffer == "math-tool-buffer.default.svc:50053"
+    assert sched.reward_url == "http://math-tool-reward.default.svc:8001"
+    assert sched.env_urls == ["http://math-tool-env.default.svc:8000"]
+    place = placement_main.parse_args([], pod_env(tmp_path, "placement"))
+    assert place.pools == {"decode": "decode-heavy"} and place.policy == "sticky-least-loaded"
+    assert place.tasks["gem-math"].affinity == "decode-heavy"
+    buf = buffer_main.parse_args([], pod_env(tmp_path, "buffer"))
+    assert buf.namespace == "default/math-tool" and buf.redis == config.OperatorConfig().redis_url
+    assert (buf.alpha, buf.task_weights) == (1, {"gem-math": 1.0})
+
+
+def test_flags_override_the_environment(tmp_path: Path) -> None:
+    env = pod_env(tmp_path, "buffer")
+    buf = buffer_main.parse_args(["--redis", "", "--alpha", "3", "--namespace", "x"], env)
+    assert (buf.redis, buf.alpha, buf.namespace) == ("", 3, "x")
+    env = pod_env(tmp_path, "scheduler") | {"TREADLE_STALENESS": "2", "TREADLE_SCHEDULING_POLICY": "fcfs"}
+    sched = scheduler_main.parse_args(["--placement", "p:1"], env)
+    assert (sched.placement, sched.settings.alpha, sched.settings.scheduling_policy) == ("p:1", 2, "fcfs")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"TREADLE_CONFIG": ""}, "TREADLE_CONFIG: not set"),
+        ({"TREADLE_CONFIG": "/nonexistent/job.json"}, "TREADLE_CONFIG: cannot read"),
+        ({"TREADLE_JOB": ""}, "TREADLE_JOB: not set"),
+        ({"TREADLE_STALENESS": "one"}, "TREADLE_STALENESS: must be an integer"),
+        ({"TREADLE_BATCH_SIZE": "0"}, "TREADLE_BATCH_SIZE: must be >= 1"),
+        (
+            {"TREADLE_REWARD_URL": ""},
+            "TREADLE_REWARD_URL: not set: pass --reward-url or set TREADLE_REWARD_URL",
+        ),
+    ],
+    ids=["no-config", "unreadable", "no-job", "staleness", "batch-size", "no-reward-url"],
+)
+def test_bad_environment_is_a_startup_error_naming_the_variable(
+    tmp_path: Path, change: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = pod_env(tmp_path, "scheduler") | change
+    with pytest.raises(SystemExit) as exited:
+        scheduler_main.parse_args([], env)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_job_json_names_the_field_inside_it(tmp_path: Path) -> None:
+    env = pod_env(tmp_path, "scheduler")
+    spec = json.loads((tmp_path / "job.json").read_text())
+    spec["tasks"][0]["groupSize"] = 0
+    (tmp_path / "job.json").write_text(json.dumps(spec))
+    with pytest.raises(errors.SpecError) as raised:
+        podenv.job_config(env)
+    assert raised.value.field == "TREADLE_CONFIG:spec.tasks[0].groupSize"
+
+
+def test_env_pod_refuses_an_environment_it_does_not_serve(tmp_path: Path) -> None:
+    env_main.check_environments(pod_env(tmp_path, "env"))  # math-tool is served
+    with pytest.raises(errors.SpecError, match="TREADLE_ENVIRONMENTS: this image serves no environment"):
+        env_main.check_environments({"TREADLE_ENVIRONMENTS": "math-tool,chess"})
+
+
+def test_a_bound_host_is_advertised_as_is() -> None:
+    assert podenv.advertised_host("127.0.0.1") == "127.0.0.1"

@@ -1,0 +1,74 @@
+"""The agent's registration with placement and its load reports (the agent's side of placement).
+
+Run by ``http_app``'s lifespan when the agent is told placement's address and its pool
+(``--placement``/``TREADLE_PLACEMENT_ADDR``, ``--pool``/``TREADLE_POOL``, as the operator renders
+them). Each interval it sends ``svc.load()`` (refreshed from the engine by the agent's poller); it
+registers first, and again whenever placement answers ``NotFound`` (placement restarted and forgot
+its workers). Failures are logged and retried at the next interval: placement being down must
+never stop generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from treadle import errors
+from treadle.services.agent import service
+from treadle.services.placement import client as placement_client
+from treadle.v1 import placement_pb2
+
+log = logging.getLogger(__name__)
+
+
+class LoadReporter:
+    def __init__(
+        self, *, svc: service.AgentService, placement: str, pool: str, address: str, interval_s: float
+    ) -> None:
+        self.svc = svc
+        self.worker = placement_pb2.Worker(worker_id=svc.worker_id, pool=pool, address=address)
+        self.interval_s = interval_s
+        self.placement = placement
+        # A grpc.aio channel belongs to the loop it was made in: made on first use, inside the server's.
+        self._client: placement_client.PlacementClient | None = None
+        self.registered = False
+        self.reports = 0
+
+    async def report_once(self) -> None:
+        """Register if needed, then send the current load; raises what placement answered."""
+        if self._client is None:
+            self._client = placement_client.PlacementClient(self.placement)
+        if not self.registered:
+            await self._client.register_worker(self.worker)
+            self.registered = True
+            log.info(
+                "registered %s (pool %s) at %s", self.worker.worker_id, self.worker.pool, self.worker.address
+            )
+        load = self.svc.load()
+        try:
+            await self._client.report_load(
+                placement_pb2.WorkerLoad(
+                    worker_id=load.worker_id, running=load.running, waiting=load.waiting,
+                    kv_cache_usage=load.kv_cache_usage, policy_version=load.policy_version,
+                    healthy=load.healthy,
+                )
+            )  # fmt: skip
+        except errors.NotFound:
+            self.registered = False
+            raise
+        self.reports += 1
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.report_once()
+            except errors.SpecError as exc:
+                # Permanent for this config (unknown pool): say so loudly, retry in case placement changes.
+                log.error("placement refused %s: %s", self.worker.worker_id, exc)
+            except (errors.TreadleError, TimeoutError) as exc:
+                log.info("load report to placement failed (retrying): %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()

@@ -1,0 +1,175 @@
+"""What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job's ConfigMap.
+
+Called by every service's ``__main__`` (flags override, these fill the rest) and by the unit tests.
+``treadle.operator.render`` writes the variables (``_env`` and each component's extras) and mounts
+the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json`` the
+in-cluster addresses). The job's spec becomes scheduler, placement and buffer configs through
+``treadle.localmode.plan.job_config``, the same translation local mode uses; only the counts a
+cluster decides differently are chosen here. Anything missing or malformed raises ``SpecError``
+naming the variable (and, for the job, the field inside it), so a pod fails at startup with the
+reason in its log instead of running half-configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import NoReturn, TypeVar
+
+from treadle import errors
+from treadle.api import v1alpha1
+from treadle.localmode import plan
+from treadle.services.scheduler import protocol as scheduler_protocol
+
+CONFIG = "TREADLE_CONFIG"
+JOB = "TREADLE_JOB"
+NAMESPACE = "TREADLE_NAMESPACE"
+KEY_PREFIX = "TREADLE_KEY_PREFIX"
+REDIS_URL = "TREADLE_REDIS_URL"
+SCHEDULER_ADDR = "TREADLE_SCHEDULER_ADDR"
+PLACEMENT_ADDR = "TREADLE_PLACEMENT_ADDR"
+BUFFER_ADDR = "TREADLE_BUFFER_ADDR"
+ENV_URL = "TREADLE_ENV_URL"
+REWARD_URL = "TREADLE_REWARD_URL"
+SCHEDULING_POLICY = "TREADLE_SCHEDULING_POLICY"
+PLACEMENT_POLICY = "TREADLE_PLACEMENT_POLICY"
+STALENESS = "TREADLE_STALENESS"
+BATCH_SIZE = "TREADLE_BATCH_SIZE"
+ENGINE_URL = "TREADLE_ENGINE_URL"
+POOL = "TREADLE_POOL"
+ACCELERATOR = "TREADLE_ACCELERATOR"
+ENVIRONMENTS = "TREADLE_ENVIRONMENTS"
+REWARD_TYPE = "TREADLE_REWARD_TYPE"
+REWARD_EXTERNAL_URL = "TREADLE_REWARD_EXTERNAL_URL"
+REWARD_JUDGE_MODEL = "TREADLE_REWARD_JUDGE_MODEL"
+
+ENGINE_MAX_NUM_SEQS = 256
+"""vLLM's default ``--max-num-seqs``: sequences one inference replica runs at once."""
+
+T = TypeVar("T")
+
+
+def pick(flag_value: str | None, environ: Mapping[str, str], var: str, *, flag: str) -> str:
+    """The flag if given, else the variable; neither raises ``SpecError`` naming both."""
+    if flag_value:
+        return flag_value
+    value = environ.get(var, "")
+    if not value:
+        raise errors.SpecError(f"not set: pass {flag} or set {var}", field=var)
+    return value
+
+
+def integer(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> int | None:
+    """An integer variable, or None when unset."""
+    raw = environ.get(var, "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.SpecError(f"must be an integer, got {raw!r}", field=var, value=raw) from None
+    if value < minimum:
+        raise errors.SpecError(f"must be >= {minimum}", field=var, value=value)
+    return value
+
+
+def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
+    """The job from ``TREADLE_CONFIG`` (its spec) plus ``TREADLE_JOB``/``TREADLE_NAMESPACE``."""
+    path = environ.get(CONFIG, "")
+    if not path:
+        raise errors.SpecError("not set: the path of the job's spec (job.json of the job's ConfigMap)",
+                               field=CONFIG)  # fmt: skip
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise errors.SpecError(f"cannot read {path}: {exc.strerror}", field=CONFIG, value=path) from exc
+    except ValueError as exc:
+        raise errors.SpecError(f"{path} is not JSON: {exc}", field=CONFIG, value=path) from exc
+    if not isinstance(raw, dict):
+        raise errors.SpecError(f"{path} must hold a JSON object (the job's spec)", field=CONFIG)
+    try:
+        spec = v1alpha1.parse_spec(raw)
+    except errors.SpecError as exc:
+        raise errors.SpecError(str(exc), field=f"{CONFIG}:{exc.field}", value=exc.value) from exc
+    name = environ.get(JOB, "")
+    if not name:
+        raise errors.SpecError("not set: the job's name", field=JOB)
+    return v1alpha1.RolloutJob(
+        metadata={"name": name, "namespace": environ.get(NAMESPACE, "default")}, spec=spec
+    )
+
+
+class Job:
+    """The job's configs, loaded on first use: a service given every flag never reads the ConfigMap."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self._config: plan.JobConfig | None = None
+
+    @property
+    def config(self) -> plan.JobConfig:
+        if self._config is None:
+            self._config = job_config(self.environ)
+        return self._config
+
+    @property
+    def present(self) -> bool:
+        """Whether the pod names a job config at all (local mode passes flags instead)."""
+        return bool(self.environ.get(CONFIG))
+
+
+def job_config(environ: Mapping[str, str]) -> plan.JobConfig:
+    """The job's service configs as a cluster runs them, with the operator's per-service overrides.
+
+    Counts a cluster decides: default tokens per turn and in-flight window (the scheduler's own
+    defaults), and generations at once = replicas x vLLM's default ``max_num_seqs``.
+    """
+    job = load_job(environ)
+    defaults = scheduler_protocol.Settings()
+    cfg = plan.job_config(
+        job,
+        max_tokens=scheduler_protocol.TaskConfig(name="", env="").max_tokens,
+        max_in_flight=defaults.max_in_flight,
+        max_concurrent_generations=max(1, sum(p.replicas for p in job.spec.pools)) * ENGINE_MAX_NUM_SEQS,
+    )
+    # The operator renders these from the same spec; a hand-edited Deployment may change them.
+    alpha = integer(environ, STALENESS)
+    batch_size = integer(environ, BATCH_SIZE, minimum=1)
+    settings = dataclasses.replace(
+        cfg.settings,
+        alpha=cfg.settings.alpha if alpha is None else alpha,
+        batch_size=cfg.settings.batch_size if batch_size is None else batch_size,
+        scheduling_policy=environ.get(SCHEDULING_POLICY) or cfg.settings.scheduling_policy,
+    )
+    return dataclasses.replace(
+        cfg,
+        settings=settings,
+        alpha=settings.alpha,
+        batch_size=settings.batch_size,
+        placement_policy=environ.get(PLACEMENT_POLICY) or cfg.placement_policy,
+    )
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address peers dial for a server bound to ``bind_host``: a wildcard means this pod's IP."""
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    # The kubelet writes the pod's IP for its hostname into /etc/hosts.
+    return socket.gethostbyname(socket.gethostname())
+
+
+def or_exit(build: Callable[[], T], *, prog: str) -> T:
+    """``build()``, or exit 2 with one line naming the variable/field when the config is bad."""
+    try:
+        return build()
+    except errors.SpecError as exc:
+        _exit(prog, str(exc))
+
+
+def _exit(prog: str, message: str) -> NoReturn:
+    print(f"{prog}: configuration error: {message}", file=sys.stderr)
+    raise SystemExit(2)
