@@ -50,9 +50,11 @@ SCHED_PENDING = f"{PREFIX}_scheduler_pending_trajectories"
 SCHED_ENV_FAILURES_TOTAL = f"{PREFIX}_scheduler_env_failures_total"
 SCHED_REWARD_SECONDS = f"{PREFIX}_scheduler_reward_latency_seconds"
 SCHED_POLICY_VERSION = f"{PREFIX}_scheduler_policy_version"
+SCHED_PREEMPTIONS_TOTAL = f"{PREFIX}_scheduler_preemptions_total"
 # Placement (treadle.services.placement).
 PLACEMENT_ASSIGNMENTS_TOTAL = f"{PREFIX}_placement_assignments_total"
 PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"
+PLACEMENT_MIGRATIONS_TOTAL = f"{PREFIX}_placement_migrations_total"
 # Buffer (treadle.services.buffer).
 BUFFER_STORED = f"{PREFIX}_buffer_stored_trajectories"
 BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"

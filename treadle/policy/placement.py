@@ -45,7 +45,8 @@ class Decision:
     """Where a turn goes and why (``reason`` is a metric label and shows in traces)."""
 
     worker_id: str
-    reason: Literal["sticky", "least-loaded"]
+    reason: Literal["sticky", "least-loaded", "routed", "migrated"]
+    """``routed``/``migrated``: a batch-level policy's router chose it (``heddle_live``)."""
 
 
 def choose_worker(

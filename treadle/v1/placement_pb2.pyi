@@ -164,6 +164,8 @@ class ReleaseRequest(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
     TURN_FINISHED_FIELD_NUMBER: _builtins.int
+    PREDICTED_REMAINING_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     worker_id: _builtins.str
     """Worker of the finished turn; required with turn_finished."""
@@ -176,6 +178,12 @@ class ReleaseRequest(_message.Message):
     """Turns the trajectory generated in all; with final."""
     turn_finished: _builtins.bool
     """One assigned turn is over: it no longer counts as outstanding on worker_id."""
+    predicted_remaining: _builtins.float
+    """With turn_finished: the runtime predictor's remaining tokens after this turn; the trajectory
+    now waits on its tool call, when a batch-level policy may migrate it.
+    """
+    context_tokens: _builtins.int
+    """With predicted_remaining: the trajectory's context length (prompt + output of this turn)."""
     def __init__(
         self,
         *,
@@ -187,14 +195,82 @@ class ReleaseRequest(_message.Message):
         task: _builtins.str = ...,
         turns: _builtins.int = ...,
         turn_finished: _builtins.bool = ...,
+        predicted_remaining: _builtins.float | None = ...,
+        context_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_predicted_remaining", b"_predicted_remaining", "predicted_remaining", b"predicted_remaining"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_predicted_remaining", b"_predicted_remaining", "context_tokens", b"context_tokens", "final", b"final", "output_tokens", b"output_tokens", "predicted_remaining", b"predicted_remaining", "prompt_tokens", b"prompt_tokens", "task", b"task", "trajectory_id", b"trajectory_id", "turn_finished", b"turn_finished", "turns", b"turns", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__predicted_remaining: _TypeAlias = _typing.Literal["predicted_remaining"]  # noqa: Y015
+    _WhichOneofArgType__predicted_remaining: _TypeAlias = _typing.Literal["_predicted_remaining", b"_predicted_remaining"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__predicted_remaining) -> _WhichOneofReturnType__predicted_remaining | None: ...
+
+Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+
+@_typing.final
+class PlaceCandidate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    PREDICTED_REMAINING_FIELD_NUMBER: _builtins.int
+    trajectory_id: _builtins.str
+    task: _builtins.str
+    predicted_remaining: _builtins.float
+    def __init__(
+        self,
+        *,
+        trajectory_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+        predicted_remaining: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final", b"final", "output_tokens", b"output_tokens", "prompt_tokens", b"prompt_tokens", "task", b"task", "trajectory_id", b"trajectory_id", "turn_finished", b"turn_finished", "turns", b"turns", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["predicted_remaining", b"predicted_remaining", "task", b"task", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+Global___PlaceCandidate: _TypeAlias = PlaceCandidate  # noqa: Y015
+
+@_typing.final
+class PlaceBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAJECTORIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlaceCandidate]: ...
+    def __init__(
+        self,
+        *,
+        trajectories: _abc.Iterable[Global___PlaceCandidate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["trajectories", b"trajectories"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlaceBatchRequest: _TypeAlias = PlaceBatchRequest  # noqa: Y015
+
+@_typing.final
+class PlaceBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLACED_FIELD_NUMBER: _builtins.int
+    placed: _builtins.int
+    def __init__(
+        self,
+        *,
+        placed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["placed", b"placed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlaceBatchResponse: _TypeAlias = PlaceBatchResponse  # noqa: Y015
 
 @_typing.final
 class ReleaseResponse(_message.Message):
@@ -338,6 +414,9 @@ class PoolStateResponse(_message.Message):
 
     WORKERS_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
+    MIGRATIONS_FIELD_NUMBER: _builtins.int
+    migrations: _builtins.int
+    """Trajectories migrated to another worker while waiting on a tool call (batch-level policies)."""
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerState]: ...
     @_builtins.property
@@ -347,10 +426,11 @@ class PoolStateResponse(_message.Message):
         *,
         workers: _abc.Iterable[Global___WorkerState] | None = ...,
         tasks: _abc.Iterable[Global___TaskState] | None = ...,
+        migrations: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["migrations", b"migrations", "tasks", b"tasks", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

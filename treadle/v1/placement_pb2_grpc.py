@@ -64,6 +64,11 @@ class PlacementStub:
                 request_serializer=treadle_dot_v1_dot_placement__pb2.PoolStateRequest.SerializeToString,
                 response_deserializer=treadle_dot_v1_dot_placement__pb2.PoolStateResponse.FromString,
                 _registered_method=True)
+        self.PlaceBatch = channel.unary_unary(
+                '/treadle.v1.Placement/PlaceBatch',
+                request_serializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchRequest.SerializeToString,
+                response_deserializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchResponse.FromString,
+                _registered_method=True)
 
 
 class PlacementServicer:
@@ -110,6 +115,14 @@ class PlacementServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlaceBatch(self, request, context):
+        """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
+        over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlacementServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +155,11 @@ def add_PlacementServicer_to_server(servicer, server):
                     servicer.PoolState,
                     request_deserializer=treadle_dot_v1_dot_placement__pb2.PoolStateRequest.FromString,
                     response_serializer=treadle_dot_v1_dot_placement__pb2.PoolStateResponse.SerializeToString,
+            ),
+            'PlaceBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlaceBatch,
+                    request_deserializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchRequest.FromString,
+                    response_serializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +324,33 @@ class Placement:
             '/treadle.v1.Placement/PoolState',
             treadle_dot_v1_dot_placement__pb2.PoolStateRequest.SerializeToString,
             treadle_dot_v1_dot_placement__pb2.PoolStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlaceBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/treadle.v1.Placement/PlaceBatch',
+            treadle_dot_v1_dot_placement__pb2.PlaceBatchRequest.SerializeToString,
+            treadle_dot_v1_dot_placement__pb2.PlaceBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,10 @@ class PlacementStub:
     Migrate: _grpc.UnaryUnaryMultiCallable[_placement_pb2.MigrateRequest, _placement_pb2.MigrateResponse]
     """Move every trajectory sticky to a worker elsewhere (drain, failure); returns how many moved."""
     PoolState: _grpc.UnaryUnaryMultiCallable[_placement_pb2.PoolStateRequest, _placement_pb2.PoolStateResponse]
+    PlaceBatch: _grpc.UnaryUnaryMultiCallable[_placement_pb2.PlaceBatchRequest, _placement_pb2.PlaceBatchResponse]
+    """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
+    over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
+    """
 
 @_typing.type_check_only
 class PlacementAsyncStub(PlacementStub):
@@ -61,6 +65,10 @@ class PlacementAsyncStub(PlacementStub):
     Migrate: _aio.UnaryUnaryMultiCallable[_placement_pb2.MigrateRequest, _placement_pb2.MigrateResponse]  # type: ignore[assignment]
     """Move every trajectory sticky to a worker elsewhere (drain, failure); returns how many moved."""
     PoolState: _aio.UnaryUnaryMultiCallable[_placement_pb2.PoolStateRequest, _placement_pb2.PoolStateResponse]  # type: ignore[assignment]
+    PlaceBatch: _aio.UnaryUnaryMultiCallable[_placement_pb2.PlaceBatchRequest, _placement_pb2.PlaceBatchResponse]  # type: ignore[assignment]
+    """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
+    over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
+    """
 
 class PlacementServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -110,5 +118,15 @@ class PlacementServicer(metaclass=_abc_1.ABCMeta):
         request: _placement_pb2.PoolStateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_placement_pb2.PoolStateResponse, _abc.Awaitable[_placement_pb2.PoolStateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PlaceBatch(
+        self,
+        request: _placement_pb2.PlaceBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_placement_pb2.PlaceBatchResponse, _abc.Awaitable[_placement_pb2.PlaceBatchResponse]]:
+        """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
+        over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
+        """
 
 def add_PlacementServicer_to_server(servicer: PlacementServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

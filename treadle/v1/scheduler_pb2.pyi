@@ -338,6 +338,7 @@ class SchedulerStats(_message.Message):
     FAILED_BY_REASON_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     STAGE_SECONDS_FIELD_NUMBER: _builtins.int
+    PREEMPTIONS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     suspended: _builtins.bool
     submitted: _builtins.int
@@ -351,6 +352,8 @@ class SchedulerStats(_message.Message):
     """Finished but not yet stored in the buffer (the buffer is retried until it takes them)."""
     turns: _builtins.int
     env_retries: _builtins.int
+    preemptions: _builtins.int
+    """Running generations preempted (ABORTed and re-queued) for higher-ranked waiting turns."""
     @_builtins.property
     def failed_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -376,11 +379,106 @@ class SchedulerStats(_message.Message):
         failed_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         tasks: _abc.Iterable[Global___TaskStats] | None = ...,
         stage_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        preemptions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "completed", b"completed", "env_retries", b"env_retries", "failed", b"failed", "failed_by_reason", b"failed_by_reason", "in_flight", b"in_flight", "pending", b"pending", "stage_seconds", b"stage_seconds", "submitted", b"submitted", "suspended", b"suspended", "tasks", b"tasks", "turns", b"turns", "unsaved", b"unsaved", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "completed", b"completed", "env_retries", b"env_retries", "failed", b"failed", "failed_by_reason", b"failed_by_reason", "in_flight", b"in_flight", "pending", b"pending", "preemptions", b"preemptions", "stage_seconds", b"stage_seconds", "submitted", b"submitted", "suspended", b"suspended", "tasks", b"tasks", "turns", b"turns", "unsaved", b"unsaved", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SchedulerStats: _TypeAlias = SchedulerStats  # noqa: Y015
+
+@_typing.final
+class ListTrajectoriesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """At most this many, highest rank first; 0 means 100."""
+    def __init__(
+        self,
+        *,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTrajectoriesRequest: _TypeAlias = ListTrajectoriesRequest  # noqa: Y015
+
+@_typing.final
+class TrajectoryState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    PREDICTED_REMAINING_FIELD_NUMBER: _builtins.int
+    TOKENS_SO_FAR_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PREEMPTIONS_FIELD_NUMBER: _builtins.int
+    trajectory_id: _builtins.str
+    group_id: _builtins.str
+    task: _builtins.str
+    rank: _builtins.int
+    """Position in the scheduling policy's order over every in-flight trajectory (0 goes first)."""
+    predicted_remaining: _builtins.float
+    """Tokens the runtime predictor expects it still to generate (updated after every turn)."""
+    tokens_so_far: _builtins.int
+    turns: _builtins.int
+    worker_id: _builtins.str
+    """Worker of its current or last turn; empty before the first."""
+    state: _builtins.str
+    """"generating", "waiting" (for a generation slot) or "other" (environment, reward, placement)."""
+    preemptions: _builtins.int
+    def __init__(
+        self,
+        *,
+        trajectory_id: _builtins.str = ...,
+        group_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        predicted_remaining: _builtins.float = ...,
+        tokens_so_far: _builtins.int = ...,
+        turns: _builtins.int = ...,
+        worker_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        preemptions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "predicted_remaining", b"predicted_remaining", "preemptions", b"preemptions", "rank", b"rank", "state", b"state", "task", b"task", "tokens_so_far", b"tokens_so_far", "trajectory_id", b"trajectory_id", "turns", b"turns", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrajectoryState: _TypeAlias = TrajectoryState  # noqa: Y015
+
+@_typing.final
+class ListTrajectoriesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAJECTORIES_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """In-flight trajectories in all (the list may be cut at limit)."""
+    @_builtins.property
+    def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrajectoryState]: ...
+    def __init__(
+        self,
+        *,
+        trajectories: _abc.Iterable[Global___TrajectoryState] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["total", b"total", "trajectories", b"trajectories"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTrajectoriesResponse: _TypeAlias = ListTrajectoriesResponse  # noqa: Y015

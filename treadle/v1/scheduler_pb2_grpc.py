@@ -64,6 +64,11 @@ class SchedulerStub:
                 request_serializer=treadle_dot_v1_dot_scheduler__pb2.SchedulerStatsRequest.SerializeToString,
                 response_deserializer=treadle_dot_v1_dot_scheduler__pb2.SchedulerStats.FromString,
                 _registered_method=True)
+        self.ListTrajectories = channel.unary_unary(
+                '/treadle.v1.Scheduler/ListTrajectories',
+                request_serializer=treadle_dot_v1_dot_scheduler__pb2.ListTrajectoriesRequest.SerializeToString,
+                response_deserializer=treadle_dot_v1_dot_scheduler__pb2.ListTrajectoriesResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -110,6 +115,13 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTrajectories(self, request, context):
+        """In-flight trajectories in scheduling rank order (0 is dispatched first), at most limit of them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +154,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=treadle_dot_v1_dot_scheduler__pb2.SchedulerStatsRequest.FromString,
                     response_serializer=treadle_dot_v1_dot_scheduler__pb2.SchedulerStats.SerializeToString,
+            ),
+            'ListTrajectories': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTrajectories,
+                    request_deserializer=treadle_dot_v1_dot_scheduler__pb2.ListTrajectoriesRequest.FromString,
+                    response_serializer=treadle_dot_v1_dot_scheduler__pb2.ListTrajectoriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +323,33 @@ class Scheduler:
             '/treadle.v1.Scheduler/Stats',
             treadle_dot_v1_dot_scheduler__pb2.SchedulerStatsRequest.SerializeToString,
             treadle_dot_v1_dot_scheduler__pb2.SchedulerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTrajectories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/treadle.v1.Scheduler/ListTrajectories',
+            treadle_dot_v1_dot_scheduler__pb2.ListTrajectoriesRequest.SerializeToString,
+            treadle_dot_v1_dot_scheduler__pb2.ListTrajectoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,8 @@ class SchedulerStub:
     """Stop issuing new turns and admitting groups; in-flight generation is kept."""
     Resume: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeRequest, _scheduler_pb2.SchedulerStats]
     Stats: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SchedulerStatsRequest, _scheduler_pb2.SchedulerStats]
+    ListTrajectories: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListTrajectoriesRequest, _scheduler_pb2.ListTrajectoriesResponse]
+    """In-flight trajectories in scheduling rank order (0 is dispatched first), at most limit of them."""
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -61,6 +63,8 @@ class SchedulerAsyncStub(SchedulerStub):
     """Stop issuing new turns and admitting groups; in-flight generation is kept."""
     Resume: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeRequest, _scheduler_pb2.SchedulerStats]  # type: ignore[assignment]
     Stats: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SchedulerStatsRequest, _scheduler_pb2.SchedulerStats]  # type: ignore[assignment]
+    ListTrajectories: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListTrajectoriesRequest, _scheduler_pb2.ListTrajectoriesResponse]  # type: ignore[assignment]
+    """In-flight trajectories in scheduling rank order (0 is dispatched first), at most limit of them."""
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -110,5 +114,13 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.SchedulerStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SchedulerStats, _abc.Awaitable[_scheduler_pb2.SchedulerStats]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTrajectories(
+        self,
+        request: _scheduler_pb2.ListTrajectoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListTrajectoriesResponse, _abc.Awaitable[_scheduler_pb2.ListTrajectoriesResponse]]:
+        """In-flight trajectories in scheduling rank order (0 is dispatched first), at most limit of them."""
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -16,6 +16,7 @@ import pytest
 
 from treadle import errors
 from treadle.policy import registry
+from treadle.policy.heddle import predictor
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
@@ -215,11 +216,11 @@ def test_gate_orders_waiters_by_policy() -> None:
         async def wait(tid: str, turn: int) -> None:
             await gate.acquire(tid, turn=turn, task="m")
             order.append(tid)
-            gate.release()
+            gate.release(tid)
 
         waiters = [asyncio.create_task(wait(tid, turn)) for tid, turn in [("a", 0), ("b", 3), ("c", 1)]]
         await asyncio.sleep(0)  # let every waiter queue
-        gate.release()
+        gate.release("first")
         await asyncio.gather(*waiters)
         return order
 
@@ -309,4 +310,64 @@ async def test_sync_admission_with_a_batch_not_a_multiple_of_the_group_completes
     assert len(batch.trajectories) == 8
     await st.svc.commit_version(1)
     assert await st.collect(4, results) == [f"g3-{i}:completed" for i in range(4)]
+    await st.svc.aclose()
+
+
+def test_preemptive_gate_aborts_the_lowest_ranked_running_turn() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        preempted: list[str] = []
+        gate = service.Gate(2, registry.scheduling_policy("heddle"), preempt=preempted.append)
+        await gate.acquire("short", turn=0, task="m", predicted_remaining=5.0)
+        await gate.acquire("mid", turn=0, task="m", predicted_remaining=50.0)
+        order: list[str] = []
+
+        async def wait(tid: str, predicted: float) -> None:
+            await gate.acquire(tid, turn=1, task="m", predicted_remaining=predicted)
+            order.append(tid)
+
+        long = asyncio.create_task(wait("long", 500.0))
+        tiny = asyncio.create_task(wait("tiny", 1.0))
+        await asyncio.sleep(0)  # both queue; long outranks "short", tiny outranks nobody
+        assert preempted == ["short"] and gate.state("short") == "generating"
+        gate.release("short")  # its aborted generation came back: the slot goes to "long"
+        await long
+        assert gate.state("long") == "generating" and gate.state("tiny") == "waiting"
+        gate.release("mid")
+        await tiny
+        return preempted, order
+
+    assert asyncio.run(scenario()) == (["short"], ["long", "tiny"])
+
+
+async def test_list_trajectories_exposes_rank_prediction_and_worker() -> None:
+    st = Stack(scheduling_policy="heddle")
+    st.agent.hold = asyncio.Event()
+    await st.submit("g1")
+    for _ in range(100):  # bounded: each trajectory needs a few loop turns to reach generate
+        if st.agent.started == 4:
+            break
+        await asyncio.sleep(0)
+    listed = st.svc.list_trajectories()
+    assert listed.total == 4
+    assert [t.rank for t in listed.trajectories] == [0, 1, 2, 3]
+    assert {t.state for t in listed.trajectories} == {"generating"}
+    assert all(t.worker_id in {"w0", "w1"} and t.predicted_remaining == 0.0 for t in listed.trajectories)
+    assert len(st.svc.list_trajectories(limit=2).trajectories) == 2
+    with pytest.raises(errors.SpecError) as err:
+        st.svc.list_trajectories(limit=-1)
+    assert err.value.field == "limit"
+    st.agent.hold.set()
+    await st.svc.aclose()
+
+
+async def test_predictor_learns_from_completed_trajectories() -> None:
+    st = Stack(scheduling_policy="heddle")
+    results = st.svc.results()
+    await st.submit("g1", "g2")
+    await st.collect(8, results)
+    model = st.svc.models["math"]
+    assert "math" in model.tasks  # learned: each trajectory had 2 turns of 2 tokens
+    after_one = predictor.Observation(task="math", group_id="new", tokens_so_far=2, steps_done=1)
+    assert model.predict(after_one) == pytest.approx(2.0)
+    assert st.svc.stats().preemptions == 0
     await st.svc.aclose()

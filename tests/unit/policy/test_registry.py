@@ -44,3 +44,24 @@ def test_scheduling_orders() -> None:
     ]
     assert registry.scheduling_policy("fifo")(queue) == ["y", "x", "z"]
     assert registry.scheduling_policy("progressive-priority")(queue) == ["z", "y", "x"]
+
+
+def test_progressive_priority_ranks_by_predicted_remaining_then_turns() -> None:
+    queue = [
+        registry.QueuedTurn("x", seq=1, turn=5, task="m", predicted_remaining=10.0),
+        registry.QueuedTurn("y", seq=2, turn=0, task="m", predicted_remaining=300.0),
+        registry.QueuedTurn("z", seq=3, turn=2, task="m", predicted_remaining=10.0),
+    ]
+    assert registry.scheduling_policy("progressive-priority")(queue) == ["y", "x", "z"]
+    assert registry.scheduling_policy("heddle")(queue) == ["y", "x", "z"]
+    assert registry.scheduling_policy("fifo")(queue) == ["x", "y", "z"]
+
+
+def test_heddle_names_are_registered_with_their_extras() -> None:
+    assert (
+        "heddle" in registry.PREEMPTIVE_SCHEDULING
+        and "progressive-priority" not in registry.PREEMPTIVE_SCHEDULING
+    )
+    assert "heddle" in registry.BATCH_PLACEMENT and registry.DEFAULT_PLACEMENT not in registry.BATCH_PLACEMENT
+    # the per-turn fallback of heddle (a routed worker that left) is sticky least-loaded
+    assert registry.placement_policy("heddle") is placement.choose_worker

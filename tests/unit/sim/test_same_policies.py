@@ -108,9 +108,9 @@ async def test_live_services_and_simulator_share_policy_functions(
     await gate.acquire("a", turn=0, task="frozenlake")
     waiters = [asyncio.create_task(gate.acquire(t, turn=1, task="gem-math")) for t in ("b", "c")]
     await asyncio.sleep(0)  # let both queue (no timing involved: one loop turn)
-    gate.release()
+    gate.release("a")
     await waiters[0]
-    gate.release()
+    gate.release("b")
     await waiters[1]
     await scheduler.submit([scheduler_pb2.PromptGroup(group_id="g0", task="gem-math", seed=1)])
     await scheduler.commit_version(1)

@@ -42,6 +42,13 @@ class PlacementClient:
         except grpc.aio.AioRpcError as exc:
             raise status.from_rpc_error(exc, what="placement.Release") from exc
 
+    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
+        try:
+            reply: placement_pb2.PlaceBatchResponse = await self._stub.PlaceBatch(req)
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="placement.PlaceBatch") from exc
+        return reply
+
     async def migrate(self, from_worker_id: str) -> int:
         try:
             reply = await self._stub.Migrate(placement_pb2.MigrateRequest(from_worker_id=from_worker_id))

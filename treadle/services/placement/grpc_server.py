@@ -46,6 +46,11 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     ) -> placement_pb2.PoolStateResponse:
         return self.svc.pool_state()
 
+    async def PlaceBatch(
+        self, request: placement_pb2.PlaceBatchRequest, context: Any
+    ) -> placement_pb2.PlaceBatchResponse:
+        return self.svc.place_batch(request)
+
 
 async def build_server(
     svc: service.PlacementService, *, host: str = "127.0.0.1", port: int = 0

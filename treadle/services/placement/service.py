@@ -14,12 +14,13 @@ trajectories of the task have finished, and is re-resolved whenever another one 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import prometheus_client as prom
 
 from treadle import errors, metrics
-from treadle.policy import affinity, placement, registry
+from treadle.policy import affinity, heddle_live, placement, registry
 from treadle.v1 import placement_pb2
 
 
@@ -77,6 +78,9 @@ class PlacementService:
         self.pools = dict(pools)
         self.tasks = dict(tasks)
         self.policy = registry.placement_policy(policy)
+        self.batch = policy in registry.BATCH_PLACEMENT
+        self._live: dict[str, heddle_live.Live] = {t: heddle_live.Live() for t in tasks}
+        self._migrations = 0
         self.slack = slack
         self.min_profile_samples = min_profile_samples
         self._workers: dict[str, _Worker] = {}
@@ -93,6 +97,11 @@ class PlacementService:
             metrics.PLACEMENT_OUTSTANDING, "Turns assigned and not released, by worker", ["worker"],
             registry=self.registry,
         )  # fmt: skip
+        self._migrated = prom.Counter(
+            metrics.PLACEMENT_MIGRATIONS_TOTAL,
+            "Trajectories moved to another worker during a tool call (re-route + re-prefill on vLLM)",
+            registry=self.registry,
+        )
 
     def _resolve(self, task: str) -> str:
         profile = self._profiles[task]
@@ -131,21 +140,11 @@ class PlacementService:
         if req.task not in self.tasks:
             raise errors.SpecError(f"unknown task; known: {sorted(self.tasks)}", field="task", value=req.task)
         work = self._work[req.task]
-        restrict = self.tasks[req.task].pools
-        pools = {p: pref for p, pref in self.pools.items() if not restrict or p in restrict}
-        eligible = affinity.eligible_pools(work, pools)
-        states = [
-            placement.WorkerState(
-                worker_id=wid,
-                pool=w.info.pool,
-                load=max(w.outstanding, w.load.running + w.load.waiting),
-                kv_cache_usage=w.load.kv_cache_usage,
-                healthy=w.load.healthy and not w.draining,
-            )
-            for wid, w in self._workers.items()
-        ]
-        decision = self.policy(states, eligible_pools=eligible, previous=self._sticky.get(req.trajectory_id),
-                               slack=self.slack)  # fmt: skip
+        eligible, states = self._candidates(req.task)
+        decision = self._routed(req.trajectory_id, req.task, states, eligible) if self.batch else None
+        if decision is None:
+            previous = self._sticky.get(req.trajectory_id)
+            decision = self.policy(states, eligible_pools=eligible, previous=previous, slack=self.slack)
         if decision is None:
             raise errors.Unavailable(f"no healthy worker in pools {eligible} for task {req.task!r} ({work})")
         w = self._workers[decision.worker_id]
@@ -160,6 +159,73 @@ class PlacementService:
             reason=decision.reason,
             work=work,
         )
+
+    def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
+        """Place trajectories admitted together (batch-level policies); validated all or nothing."""
+        by_task: dict[str, dict[str, float]] = {}
+        for i, c in enumerate(req.trajectories):
+            at = f"trajectories[{i}]"
+            if not c.trajectory_id:
+                raise errors.SpecError("must not be empty", field=f"{at}.trajectory_id")
+            if c.task not in self.tasks:
+                raise errors.SpecError(
+                    f"unknown task; known: {sorted(self.tasks)}", field=f"{at}.task", value=c.task
+                )
+            if not (c.predicted_remaining >= 0 and math.isfinite(c.predicted_remaining)):
+                raise errors.SpecError(
+                    "must be a finite number >= 0",
+                    field=f"{at}.predicted_remaining",
+                    value=c.predicted_remaining,
+                )
+            by_task.setdefault(c.task, {})[c.trajectory_id] = c.predicted_remaining
+        if not self.batch:
+            return placement_pb2.PlaceBatchResponse(placed=0)
+        placed = 0
+        for task, new in by_task.items():
+            workers = self._healthy_eligible(task)
+            if workers:  # none now: each turn is placed at assign, when one may be back
+                self._live[task] = heddle_live.place(self._live[task], new, workers)
+                placed += len(new)
+        return placement_pb2.PlaceBatchResponse(placed=placed)
+
+    def _candidates(self, task: str) -> tuple[list[str], list[placement.WorkerState]]:
+        work = self._work[task]
+        restrict = self.tasks[task].pools
+        pools = {p: pref for p, pref in self.pools.items() if not restrict or p in restrict}
+        eligible = affinity.eligible_pools(work, pools)
+        states = [
+            placement.WorkerState(
+                worker_id=wid,
+                pool=w.info.pool,
+                load=max(w.outstanding, w.load.running + w.load.waiting),
+                kv_cache_usage=w.load.kv_cache_usage,
+                healthy=w.load.healthy and not w.draining,
+            )
+            for wid, w in self._workers.items()
+        ]
+        return eligible, states
+
+    def _healthy_eligible(self, task: str) -> list[str]:
+        eligible, states = self._candidates(task)
+        return [s.worker_id for s in states if s.healthy and s.pool in eligible]
+
+    def _routed(
+        self, tid: str, task: str, states: Sequence[placement.WorkerState], eligible: Sequence[str]
+    ) -> placement.Decision | None:
+        """The router's worker for this turn; ``None`` to fall back to the per-turn policy."""
+        live = self._live[task]
+        if live.router is None or tid not in live.router.entries:
+            workers = self._healthy_eligible(task)
+            if not workers:
+                return None
+            live = heddle_live.place(live, {tid: 0.0}, workers)
+        live, worker, migrated = heddle_live.route(live, tid)
+        self._live[task] = live
+        if worker is None or not any(
+            s.worker_id == worker and s.healthy and s.pool in eligible for s in states
+        ):
+            return None
+        return placement.Decision(worker_id=worker, reason="migrated" if migrated else "routed")
 
     def release(self, req: placement_pb2.ReleaseRequest) -> None:
         if not req.trajectory_id:
@@ -181,7 +247,11 @@ class PlacementService:
             self._first_prompt.setdefault(req.trajectory_id, req.prompt_tokens)
             profile.output_tokens += req.output_tokens
             profile.released_turns += 1
+            if self.batch and req.HasField("predicted_remaining") and not req.final:
+                self._step(req)
         if req.final:
+            if self.batch:
+                self._live[req.task] = heddle_live.finish(self._live[req.task], req.trajectory_id)
             self._sticky.pop(req.trajectory_id, None)
             first_prompt = self._first_prompt.pop(req.trajectory_id, None)
             if req.turns > 0 and first_prompt is not None:
@@ -189,6 +259,23 @@ class PlacementService:
                 profile.turns += req.turns
                 profile.first_prompt_tokens += first_prompt
                 self._work[req.task] = self._resolve(req.task)
+
+    def _step(self, req: placement_pb2.ReleaseRequest) -> None:
+        """A step boundary under a batch-level policy: the new prediction may migrate the trajectory."""
+        if not (req.predicted_remaining >= 0 and math.isfinite(req.predicted_remaining)):
+            raise errors.SpecError(
+                "must be a finite number >= 0", field="predicted_remaining", value=req.predicted_remaining
+            )
+        if req.context_tokens < 0:
+            raise errors.SpecError("must be >= 0", field="context_tokens", value=req.context_tokens)
+        live, move = heddle_live.on_step(
+            self._live[req.task], req.trajectory_id, predicted_remaining=req.predicted_remaining,
+            context_tokens=req.context_tokens,
+        )  # fmt: skip
+        self._live[req.task] = live
+        if move is not None:
+            self._migrations += 1
+            self._migrated.inc()
 
     def migrate(self, from_worker_id: str) -> int:
         """Drain a worker: it takes no new turns and its sticky trajectories move on their next turn."""
@@ -222,6 +309,7 @@ class PlacementService:
                 mean_turns=p.turns / n, mean_prompt_tokens=p.first_prompt_tokens / n,
                 mean_output_tokens=p.output_tokens / max(1, p.released_turns),
             )  # fmt: skip
+        out.migrations = self._migrations
         return out
 
     def _worker(self, worker_id: str, *, field: str) -> _Worker:
@@ -247,3 +335,6 @@ class InProcess:
 
     async def release(self, req: placement_pb2.ReleaseRequest) -> None:
         self.svc.release(req)
+
+    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
+        return self.svc.place_batch(req)

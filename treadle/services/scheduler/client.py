@@ -66,5 +66,14 @@ class SchedulerClient:
             raise status.from_rpc_error(exc, what="scheduler.Stats") from exc
         return reply
 
+    async def list_trajectories(self, limit: int = 0) -> scheduler_pb2.ListTrajectoriesResponse:
+        try:
+            reply: scheduler_pb2.ListTrajectoriesResponse = await self._stub.ListTrajectories(
+                scheduler_pb2.ListTrajectoriesRequest(limit=limit)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="scheduler.ListTrajectories") from exc
+        return reply
+
     async def aclose(self) -> None:
         await self._channel.close()

@@ -50,6 +50,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.SchedulerStats:
         return self.svc.stats()
 
+    async def ListTrajectories(
+        self, request: scheduler_pb2.ListTrajectoriesRequest, context: Any
+    ) -> scheduler_pb2.ListTrajectoriesResponse:
+        return self.svc.list_trajectories(request.limit)
+
 
 async def build_server(
     svc: service.SchedulerService, *, host: str = "127.0.0.1", port: int = 0

@@ -59,6 +59,9 @@ class Settings:
     max_concurrent_generations: int = 1_000_000
     """Turns generating at once; when more wait, ``scheduling_policy`` orders them."""
     scheduling_policy: str = registry.DEFAULT_SCHEDULING
+    preemption_margin: float = 0.0
+    """Preemptive policies only: a waiting turn preempts a running one when its predicted remaining
+    work exceeds the running one's by more than this fraction (0: Heddle's Algorithm 1)."""
     env_attempts: int = 4
     reward_attempts: int = 4
     generation_attempts: int = 3
@@ -93,6 +96,8 @@ class Placement(Protocol):
     async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment: ...
 
     async def release(self, req: placement_pb2.ReleaseRequest) -> None: ...
+
+    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse: ...
 
 
 class Buffer(Protocol):

@@ -16,6 +16,15 @@ own timeline, so a slow environment never blocks another)::
   generating finish (RollArt keeps in-flight trajectories across a weight swap).
 * **Gate**: at most ``max_concurrent_generations`` turns generate at once; waiting turns are
   released in the order of the scheduling policy named in the job (``treadle.policy.registry``).
+  Preemptive policies (``heddle``) ABORT a lower-ranked running turn for a higher-ranked waiting
+  one; the agent drops the aborted turn's tokens, so the turn is re-generated from its prompt.
+* **Prediction** (Heddle §4.1): one ``heddle.predictor.HistoryModel`` per task, learned from the
+  task's completed trajectories (every ``LEARN_EVERY``), predicts each trajectory's remaining
+  tokens at admission and after every turn. The prediction ranks its turns, goes to placement with
+  the turn's release (a batch-level policy may migrate the trajectory during its tool call) and is
+  listed with its rank and worker by ``list_trajectories``.
+* **Batch placement**: the trajectories of each admission round are handed to
+  ``placement.place_batch`` together (Heddle's presorted DP); their first turn waits for it.
 * **Failures**: ``Unavailable`` (and timeouts) from the environment or the reward gateway are
   retried with exponential backoff (``env.open`` moves to the next env server); after the last
   attempt, or on any other error, the trajectory is stored as ``failed`` with the reason. A
@@ -42,7 +51,8 @@ from typing import Any, TypeVar
 import prometheus_client as prom
 
 from treadle import errors, metrics
-from treadle.policy import admission, registry
+from treadle.policy import admission, preemption, registry
+from treadle.policy.heddle import predictor
 from treadle.services.agent import protocol as agent_protocol
 from treadle.services.grpcutil import backpressure
 from treadle.services.reward import protocol as reward_protocol
@@ -54,6 +64,9 @@ T = TypeVar("T")
 STAGES = ("generation", "environment", "reward", "waiting")
 RETRYABLE = (errors.Unavailable, TimeoutError)
 REFUSED = "buffer: refused: "
+LEARN_EVERY = 8
+"""Completed trajectories a task's predictor collects before it re-learns (``learn`` re-sorts its window)."""
+DEFAULT_LIST_LIMIT = 100
 
 
 class _Failed(Exception):
@@ -94,6 +107,11 @@ class SchedulerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )  # fmt: skip
         self.version = prom.Gauge(metrics.SCHED_POLICY_VERSION, "Policy version served", registry=registry_)
+        self.preemptions = prom.Counter(
+            metrics.SCHED_PREEMPTIONS_TOTAL,
+            "Running generations aborted and re-queued for a higher-ranked waiting turn",
+            registry=registry_,
+        )
 
 
 @dataclasses.dataclass
@@ -107,6 +125,14 @@ class _Traj:
     turns: list[common_pb2.Turn] = dataclasses.field(default_factory=list)
     stage: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     started: float = 0.0
+    seq: int = 0
+    """Admission order (the FIFO tie-break of the ranking)."""
+    tokens_so_far: int = 0
+    step_tokens: list[int] = dataclasses.field(default_factory=list)
+    predicted_remaining: float = 0.0
+    preemptions: int = 0
+    placed: asyncio.Task[None] | None = None
+    """Batch placement of its admission round; its first turn waits for it."""
 
 
 @dataclasses.dataclass
@@ -119,46 +145,85 @@ class _TaskCounts:
 
 
 class Gate:
-    """Bounds concurrent generations, holds turns while suspended, and orders the waiting ones."""
+    """Bounds concurrent generations, holds turns while suspended, and orders the waiting ones.
 
-    def __init__(self, limit: int, policy: registry.SchedulingPolicy) -> None:
+    With ``preempt`` set (a policy in ``registry.PREEMPTIVE_SCHEDULING``), a waiting turn that
+    outranks a running one while every slot is taken has the running one preempted
+    (``preemption.victims``): ``preempt(tid)`` ABORTs it on its worker, its generation comes back
+    aborted, its slot is released and it queues again with its turn.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        policy: registry.SchedulingPolicy,
+        *,
+        preempt: Callable[[str], None] | None = None,
+        margin: float = 0.0,
+    ) -> None:
         self.limit = limit
         self.policy = policy
-        self.active = 0
+        self.preempt = preempt
+        self.margin = margin
         self.suspended = False
         self._seq = itertools.count()
         self._waiting: dict[str, tuple[registry.QueuedTurn, asyncio.Future[None]]] = {}
+        self._running: dict[str, registry.QueuedTurn] = {}
+        self._stopping: set[str] = set()
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
-    async def acquire(self, tid: str, *, turn: int, task: str) -> None:
+    def state(self, tid: str) -> str:
+        """``generating``, ``waiting`` or ``""`` (neither: in the environment, reward or admission)."""
+        return "generating" if tid in self._running else "waiting" if tid in self._waiting else ""
+
+    async def acquire(
+        self, tid: str, *, turn: int, task: str, predicted_remaining: float = 0.0, tokens_so_far: int = 0
+    ) -> None:
+        queued = registry.QueuedTurn(tid, next(self._seq), turn, task, predicted_remaining, tokens_so_far)
         if not self.suspended and not self._waiting and self.active < self.limit:
-            self.active += 1
+            self._running[tid] = queued
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[tid] = (registry.QueuedTurn(tid, next(self._seq), turn, task), fut)
+        self._waiting[tid] = (queued, fut)
         try:
+            self.wake()
             await fut
         except asyncio.CancelledError:
             self._waiting.pop(tid, None)
             if fut.done() and not fut.cancelled():
-                self.release()  # the slot was granted just as we were cancelled
+                self.release(tid)  # the slot was granted just as we were cancelled
             raise
 
-    def release(self) -> None:
-        self.active -= 1
+    def release(self, tid: str) -> None:
+        self._running.pop(tid, None)
+        self._stopping.discard(tid)
         self.wake()
 
     def wake(self) -> None:
-        free = self.limit - self.active
-        if self.suspended or free <= 0 or not self._waiting:
+        if self.suspended or not self._waiting:
             return
-        for tid in self.policy([q for q, _ in self._waiting.values()])[:free]:
-            _, fut = self._waiting.pop(tid)
-            self.active += 1
-            fut.set_result(None)
+        free = self.limit - self.active
+        if free > 0:
+            for tid in self.policy([q for q, _ in self._waiting.values()])[:free]:
+                queued, fut = self._waiting.pop(tid)
+                self._running[tid] = queued
+                fut.set_result(None)
+        if self.preempt is None or not self._waiting:
+            return
+        chosen = preemption.victims(
+            list(self._running.values()), [q for q, _ in self._waiting.values()], slots=self.limit,
+            stopping=self._stopping, margin=self.margin,
+        )  # fmt: skip
+        for tid in chosen:
+            self._stopping.add(tid)
+            self.preempt(tid)
 
 
 class SchedulerService:
@@ -188,9 +253,16 @@ class SchedulerService:
         self.limits = admission.Limits(
             alpha=settings.alpha, batch_size=settings.batch_size, max_in_flight=settings.max_in_flight
         )
+        preemptive = settings.scheduling_policy in registry.PREEMPTIVE_SCHEDULING
         self.gate = Gate(
-            settings.max_concurrent_generations, registry.scheduling_policy(settings.scheduling_policy)
-        )
+            settings.max_concurrent_generations, registry.scheduling_policy(settings.scheduling_policy),
+            preempt=self._preempt if preemptive else None, margin=settings.preemption_margin,
+        )  # fmt: skip
+        self.models = {name: predictor.HistoryModel() for name in tasks}
+        self._to_learn: dict[str, list[predictor.Finished]] = {name: [] for name in tasks}
+        self._admitted = itertools.count()
+        self._preemptions = 0
+        self._background: set[asyncio.Task[Any]] = set()
         self.registry = registry_ or prom.CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry)
         self.version = 0
@@ -277,12 +349,30 @@ class SchedulerService:
             env_retries=self._env_retries,
             failed_by_reason=dict(self._failed_by_reason),
             stage_seconds=self._stage_totals,
+            preemptions=self._preemptions,
         )
         for name, c in sorted(self._per_task.items()):
             done = c.completed
             out.tasks.add(
                 task=name, submitted=c.submitted, completed=c.completed, failed=c.failed, aborted=c.aborted,
                 mean_reward=c.reward_sum / done if done else 0.0,
+            )  # fmt: skip
+        return out
+
+    def list_trajectories(self, limit: int = 0) -> scheduler_pb2.ListTrajectoriesResponse:
+        """In-flight trajectories in the scheduling policy's order, with prediction and worker."""
+        if limit < 0:
+            raise errors.SpecError("must be >= 0", field="limit", value=limit)
+        queue = {t.tid: self._queued(t) for t in self._inflight.values()}
+        order = self.gate.policy(list(queue.values()))
+        out = scheduler_pb2.ListTrajectoriesResponse(total=len(order))
+        for rank, tid in enumerate(order[: limit or DEFAULT_LIST_LIMIT]):
+            t = self._inflight[tid]
+            out.trajectories.add(
+                trajectory_id=tid, group_id=t.work.group_id, task=t.work.task.name, rank=rank,
+                predicted_remaining=t.predicted_remaining, tokens_so_far=t.tokens_so_far, turns=len(t.turns),
+                worker_id=t.worker.worker_id if t.worker else "", state=self.gate.state(tid) or "other",
+                preemptions=t.preemptions,
             )  # fmt: skip
         return out
 
@@ -315,6 +405,9 @@ class SchedulerService:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for bg in list(self._background):
+            bg.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._saver is not None:
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)
@@ -327,10 +420,11 @@ class SchedulerService:
     def _admit(self) -> None:
         if self.gate.suspended or self._closed:
             return
+        admitted: list[_Traj] = []
         while self._pending:
             work = self._pending[0]
             state = admission.AdmissionState(
-                version=self.version, accepted=self._finished, running=len(self._inflight)
+                version=self.version, accepted=self._finished, running=len(self._inflight) + len(admitted)
             )
             if admission.admit_groups(state, self.limits, group_size=work.task.members, pending_groups=1) < 1:
                 break
@@ -338,8 +432,15 @@ class SchedulerService:
             self._pending_trajectories -= work.task.members
             for i in range(work.task.members):
                 t = _Traj(
-                    tid=f"{work.group_id}-{i}", work=work, init_version=self.version, started=self.clock()
-                )
+                    tid=f"{work.group_id}-{i}", work=work, init_version=self.version, started=self.clock(),
+                    seq=next(self._admitted),
+                )  # fmt: skip
+                self._predict(t)
+                admitted.append(t)
+        if admitted:
+            placed = asyncio.create_task(self._place(admitted), name="place batch")
+            for t in admitted:
+                t.placed = placed
                 self._inflight[t.tid] = t
                 t.task = asyncio.create_task(self._run(t), name=f"trajectory {t.tid}")
                 t.task.add_done_callback(functools.partial(self._on_done, t))
@@ -449,7 +550,13 @@ class SchedulerService:
         task = t.work.task
         turn = len(t.turns)
         began = self.clock()
-        await self.gate.acquire(t.tid, turn=turn, task=task.name)
+        if t.placed is not None:
+            await asyncio.shield(t.placed)  # the batch's placement decides where its first turn goes
+            t.placed = None
+        await self.gate.acquire(
+            t.tid, turn=turn, task=task.name, predicted_remaining=t.predicted_remaining,
+            tokens_so_far=t.tokens_so_far,
+        )  # fmt: skip
         self._spent(t, "waiting", began)
         began = self.clock()
         try:
@@ -471,19 +578,80 @@ class SchedulerService:
                 generate = functools.partial(agent.generate, req)
                 result = await self._retrying(t, "generation", call, generate, account=False)
             finally:
+                release = placement_pb2.ReleaseRequest(
+                    trajectory_id=t.tid, worker_id=t.worker.worker_id, task=task.name, turn_finished=True,
+                    prompt_tokens=len(result.prompt_token_ids) if result else 0,
+                    output_tokens=len(result.output_token_ids) if result else 0,
+                )  # fmt: skip
+                if result is not None and result.finish_reason != "abort":
+                    # A step boundary: re-predict now, while the environment runs the tool call.
+                    t.tokens_so_far += len(result.output_token_ids)
+                    t.step_tokens.append(len(result.output_token_ids))
+                    self._predict(t)
+                    release.predicted_remaining = t.predicted_remaining
+                    release.context_tokens = len(result.prompt_token_ids) + len(result.output_token_ids)
                 with contextlib.suppress(errors.TreadleError):
-                    await self.placement.release(
-                        placement_pb2.ReleaseRequest(
-                            trajectory_id=t.tid, worker_id=t.worker.worker_id, task=task.name,
-                            turn_finished=True,
-                            prompt_tokens=len(result.prompt_token_ids) if result else 0,
-                            output_tokens=len(result.output_token_ids) if result else 0,
-                        )
-                    )  # fmt: skip
+                    await self.placement.release(release)
         finally:
-            self.gate.release()
+            self.gate.release(t.tid)
             self._spent(t, "generation", began)
         return None if result.finish_reason == "abort" else result
+
+    def _predict(self, t: _Traj) -> None:
+        obs = predictor.Observation(
+            task=t.work.task.name, group_id=t.work.group_id, tokens_so_far=t.tokens_so_far,
+            steps_done=len(t.step_tokens),
+        )  # fmt: skip
+        t.predicted_remaining = self.models[t.work.task.name].predict(obs)
+
+    def _queued(self, t: _Traj) -> registry.QueuedTurn:
+        return registry.QueuedTurn(
+            t.tid, t.seq, len(t.turns), t.work.task.name, t.predicted_remaining, t.tokens_so_far
+        )
+
+    def _learn(self, t: _Traj) -> None:
+        """Feed a completed trajectory to its task's predictor (re-learned every ``LEARN_EVERY``)."""
+        name = t.work.task.name
+        batch = self._to_learn[name]
+        finished = predictor.Finished(
+            task=name, group_id=t.work.group_id, total_tokens=t.tokens_so_far, step_tokens=(*t.step_tokens,)
+        )
+        batch.append(finished)
+        if len(batch) >= LEARN_EVERY or name not in self.models[name].tasks:
+            self.models[name] = predictor.learn(self.models[name], batch)
+            batch.clear()
+
+    async def _place(self, admitted: Sequence[_Traj]) -> None:
+        req = placement_pb2.PlaceBatchRequest()
+        for t in admitted:
+            req.trajectories.add(
+                trajectory_id=t.tid, task=t.work.task.name, predicted_remaining=t.predicted_remaining
+            )
+        try:
+            await self.placement.place_batch(req)
+        except errors.TreadleError as exc:
+            # Not fatal: each turn is still assigned one by one (a batch policy places it then).
+            log.warning("placement: place_batch of %d trajectories failed: %s", len(admitted), exc)
+
+    def _preempt(self, tid: str) -> None:
+        """ABORT ``tid``'s running generation on its worker (the gate chose it as a victim)."""
+        t = self._inflight.get(tid)
+        if t is None or t.worker is None:
+            return
+        task = asyncio.create_task(self._abort_for_preemption(t, t.worker.address))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort_for_preemption(self, t: _Traj, address: str) -> None:
+        try:
+            aborted = await self.agent_for(address).abort(t.tid)
+        except errors.TreadleError as exc:
+            log.info("trajectory %s: preemption abort failed: %s", t.tid, exc)
+            return
+        if aborted:  # false: the turn finished (or had not reached the engine) first
+            t.preemptions += 1
+            self._preemptions += 1
+            self.metrics.preemptions.inc()
 
     async def _retrying(
         self, t: _Traj, stage: str, call: str, fn: Callable[[], Awaitable[T]], *, account: bool = True
@@ -561,6 +729,8 @@ class SchedulerService:
         )  # fmt: skip
         for stage, seconds in t.stage.items():
             self._stage_totals[stage] += seconds
+        if status == "completed" and t.step_tokens:
+            self._learn(t)
         del self._inflight[t.tid]
         self._finished += 1
         self._unsaved.append((traj, result))

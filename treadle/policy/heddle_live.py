@@ -1,0 +1,128 @@
+"""Heddle's batch placement, trajectory routing and migration as the live placement service runs them.
+
+Called by the placement service under a policy in ``registry.BATCH_PLACEMENT`` (``heddle``): at
+every admitted batch (``place``), every turn (``route``), every step boundary (``on_step``, when
+the scheduler publishes the trajectory's new prediction as it enters its tool call) and when a
+trajectory ends (``finish``); the simulator can drive the same functions. It composes the pure
+Heddle modules, unchanged: ``heddle.presorted_dp.plan``, ``heddle.router`` and
+``heddle.migration.schedule_epoch``. State is one frozen ``Live`` value per task; each call
+returns the next one.
+
+* **Placement** (§5.1-5.2): the trajectories admitted together are placed with the presorted DP
+  over *every* trajectory of the task still active, with their latest predictions, so group sizes
+  ``c_j`` reflect the whole load. Trajectories already routed keep their worker (their prefix
+  cache is there); where the new plan disagrees, migration corrects them at their next tool call.
+  Live engines give no profiled interference table, so ``I(s) = 1 + per_extra · (s - 1)`` (ours:
+  monotone, as the paper's premise 3 requires) on identical workers.
+* **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
+  paper's Rust router).
+* **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if
+  the rank now falls in another worker's scaled capacity interval, decides a move. On stock vLLM a
+  move is a **re-route plus a prefix re-prefill** on the target: there is no KV transfer between
+  engines, the next turn's request simply goes to the target, which prefills the whole context
+  (the source's copy ages out of its prefix cache). The transmission scheduler
+  (``migration.schedule_epoch``) still applies: a worker takes part in at most one move in transit
+  (decided, its next turn not yet routed), so a burst of re-rankings cannot pile re-prefills onto
+  one engine; a move that cannot launch is dropped and the trajectory stays (it may move at a later
+  tool call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from treadle.errors import SpecError
+from treadle.policy.heddle import migration, presorted_dp, router
+
+DEFAULT_PER_EXTRA = 0.05
+"""Interference added per extra trajectory in a worker's group (``I(s) = 1 + per_extra · (s - 1)``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Live:
+    """One task's router state and the migrations in transit."""
+
+    router: router.RouterState | None = None
+    in_transit: tuple[migration.Migration, ...] = ()
+
+
+def profiles(
+    workers: Sequence[str], *, max_group: int, per_extra: float = DEFAULT_PER_EXTRA
+) -> list[presorted_dp.WorkerProfile]:
+    """Identical worker profiles for the DP (unit ``t_base``: only the relative makespan matters)."""
+    if per_extra < 0:
+        raise SpecError("must be >= 0", field="per_extra", value=per_extra)
+    table = tuple(1.0 + per_extra * s for s in range(max(1, max_group)))
+    return [presorted_dp.WorkerProfile(worker_id=w, t_base=1.0, interference=table) for w in workers]
+
+
+def place(
+    live: Live, new: Mapping[str, float], workers: Sequence[str], *, per_extra: float = DEFAULT_PER_EXTRA
+) -> Live:
+    """Place ``new`` (trajectory id -> predicted remaining tokens) on ``workers``; see the module doc."""
+    if not workers:
+        raise SpecError("no worker to place on", field="workers", value=[])
+    old = live.router.entries if live.router is not None else {}
+    predictions = {tid: e.predicted_remaining for tid, e in old.items()}
+    predictions.update(new)
+    trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
+    placed = presorted_dp.plan(
+        trajectories, profiles(workers, max_group=len(trajectories), per_extra=per_extra)
+    )
+    state = router.from_placement(placed, predictions)
+    entries = dict(state.entries)
+    for tid, entry in old.items():
+        if tid not in new and entry.worker_id in workers:
+            entries[tid] = entry
+    return dataclasses.replace(live, router=dataclasses.replace(state, entries=MappingProxyType(entries)))
+
+
+def route(live: Live, trajectory_id: str) -> tuple[Live, str | None, bool]:
+    """(next state, the worker of this turn or ``None`` if not routed, whether it completes a migration)."""
+    if live.router is None or trajectory_id not in live.router.entries:
+        return live, None, False
+    worker = router.route(live.router, trajectory_id)
+    in_transit = tuple(m for m in live.in_transit if m.trajectory_id != trajectory_id)
+    return dataclasses.replace(live, in_transit=in_transit), worker, len(in_transit) < len(live.in_transit)
+
+
+def on_step(
+    live: Live,
+    trajectory_id: str,
+    *,
+    predicted_remaining: float,
+    context_tokens: int,
+    cost: migration.MigrationCost = migration.MigrationCost(),  # noqa: B008 - frozen, shared safely
+) -> tuple[Live, migration.Migration | None]:
+    """Record a step boundary (the trajectory is entering its tool call); the migration launched, if any."""
+    if live.router is None or trajectory_id not in live.router.entries:
+        return live, None
+    state, move = router.on_step(
+        live.router, trajectory_id, predicted_remaining=predicted_remaining, context_tokens=context_tokens,
+        in_tool_call=True, cost=cost,
+    )  # fmt: skip
+    state, _ = router.take_pending(state)
+    if move is None:
+        return dataclasses.replace(live, router=state), None
+    busy = {end for m in live.in_transit for end in (m.source, m.target)}
+    if migration.schedule_epoch([move], busy) is None:
+        entries = dict(state.entries)
+        entries[trajectory_id] = dataclasses.replace(entries[trajectory_id], worker_id=move.source)
+        state = dataclasses.replace(state, entries=MappingProxyType(entries))
+        return dataclasses.replace(live, router=state), None
+    return Live(router=state, in_transit=(*live.in_transit, move)), move
+
+
+def finish(live: Live, trajectory_id: str) -> Live:
+    """Forget an ended trajectory (no-op if it was never routed)."""
+    if live.router is None or trajectory_id not in live.router.entries:
+        return live
+    in_transit = tuple(m for m in live.in_transit if m.trajectory_id != trajectory_id)
+    return Live(router=router.finish(live.router, trajectory_id), in_transit=in_transit)
+
+
+def view(live: Live) -> list[router.TrajectoryView]:
+    """Every routed trajectory in presorted rank order (0 is the longest predicted remaining)."""
+    return [] if live.router is None else router.view(live.router)
