@@ -54,6 +54,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+TOOL_CALL = "<calculator>12*34</calculator>"
+
+
 async def run(cfg: Config, url: str, pid: int, n: int) -> dict[str, Any]:
     h = http.new_client(url, timeout_s=300, max_connections=cfg.connections)
     try:
@@ -74,11 +77,11 @@ async def run(cfg: Config, url: str, pid: int, n: int) -> dict[str, Any]:
         full = rss_mib(pid)
         t = time.perf_counter()
         tool = await asyncio.gather(*(
-            timed("POST", f"/v1/sessions/{sid(n, i)}/step", {"action": "<calculator>12*34</calculator>"})
+            timed("POST", f"/v1/sessions/{sid(n, i)}/step", {"action": TOOL_CALL, "step": 0})
             for i in range(n)
         ))  # fmt: skip
         answer = await asyncio.gather(*(
-            timed("POST", f"/v1/sessions/{sid(n, i)}/step", {"action": answer_for(o)})
+            timed("POST", f"/v1/sessions/{sid(n, i)}/step", {"action": answer_for(o), "step": 1})
             for i, (_, o) in enumerate(opened)
         ))  # fmt: skip
         phases["step"] = time.perf_counter() - t

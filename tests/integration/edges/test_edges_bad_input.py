@@ -102,7 +102,7 @@ def test_env_open_and_step(loop: Loop) -> None:
     assert post(loop, url + "/v1/sessions", valid_open).status_code == 200
 
     @SETTINGS
-    @given(body=mutated(valid_open | {"session_id": "probe"}), step=mutated({"action": "x"}))
+    @given(body=mutated(valid_open | {"session_id": "probe"}), step=mutated({"action": "x", "step": 0}))
     def probe(body: Any, step: Any) -> None:
         before = get_json(loop, url + "/v1/stats")
         r = post(loop, url + "/v1/sessions", body)

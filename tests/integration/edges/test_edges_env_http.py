@@ -55,7 +55,7 @@ async def test_errors_have_the_shape_and_name_the_field(env_server: str) -> None
         assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
         r = await h.post("/v1/sessions", json={"env": "math-tool", "session_id": "a", "seed": -1})
         assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
-        r = await h.post("/v1/sessions/nope/step", json={"action": "x"})
+        r = await h.post("/v1/sessions/nope/step", json={"action": "x", "step": 0})
         assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
         r = await h.post("/v1/sessions", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}

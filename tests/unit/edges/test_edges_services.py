@@ -59,7 +59,7 @@ async def test_open_is_idempotent_until_the_first_step() -> None:
     assert await svc.open(open_req("a")) == first
     with pytest.raises(errors.Conflict):
         await svc.open(open_req("a", seed=2))  # same id, other task
-    await svc.step("a", "<calculator>1+1</calculator>")
+    await svc.step("a", "<calculator>1+1</calculator>", index=0)
     with pytest.raises(errors.Conflict):
         await svc.open(open_req("a"))  # a retry after steps would rewind the episode
     assert svc.stats().active == 1 and svc.stats().opened == 1
@@ -80,10 +80,11 @@ async def test_failing_env_loses_only_its_session_and_says_why() -> None:
     await svc.open(open_req("good"))
     await svc.open(open_req("bad", env="broken"))
     with pytest.raises(errors.Unavailable, match="simulator crashed"):
-        await svc.step("bad", "x")
+        await svc.step("bad", "x", index=0)
     with pytest.raises(errors.NotFound, match="failed earlier: step raised RuntimeError: simulator crashed"):
-        await svc.step("bad", "x")  # the scheduler's retry learns the reason
-    assert (await svc.step("good", "<calculator>2*3</calculator>")).observation == "<result>6</result>"
+        await svc.step("bad", "x", index=0)  # the scheduler's retry learns the reason
+    good = await svc.step("good", "<calculator>2*3</calculator>", index=0)
+    assert good.observation == "<result>6</result>"
     assert svc.stats().model_dump() == {"active": 1, "opened": 2, "failed": 1, "max_sessions": 10_000}
 
 

@@ -54,7 +54,7 @@ def build_app(
 
     @app.post("/v1/sessions/{session_id}/step", tags=["env"], responses=http_errors.ERROR_RESPONSES)
     async def step_session(session_id: str, req: protocol.StepRequest) -> protocol.StepResult:
-        return await svc.step(session_id, req.action)
+        return await svc.step(session_id, req.action, index=req.step)
 
     @app.delete("/v1/sessions/{session_id}", tags=["env"], responses=http_errors.ERROR_RESPONSES)
     async def close_session(session_id: str) -> dict[str, bool]:

@@ -30,6 +30,10 @@ class Observation(BaseModel):
 
 class StepRequest(BaseModel):
     action: str = Field(max_length=MAX_ACTION_CHARS, description="the model's output for this turn")
+    step: int = Field(
+        ge=0, le=1_000_000,
+        description="this step's index in the session, from 0; a repeated index is answered, not re-applied",
+    )  # fmt: skip
 
 
 class StepResult(BaseModel):

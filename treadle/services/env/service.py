@@ -5,6 +5,12 @@ or times out loses only its own session, which is dropped and remembered (bounde
 so a retried step gets ``NotFound`` naming it and the scheduler can mark the trajectory failed.
 Re-opening an existing session with the same (env, seed, options) before any step returns its first
 observation again, so a retried ``open`` is safe. Idle sessions are reaped after ``idle_ttl_s``.
+
+Steps are idempotent by index: step ``i`` of a session is applied once. A retry of the step in
+flight (the caller timed out, or its connection dropped) joins it; a retry of the last applied step
+(its reply was lost) gets the cached result; any other index, or a known index with another
+action, is a ``Conflict`` that names the expected index. A step keeps running when its caller
+goes away, so the retry finds its result instead of applying the action twice.
 """
 
 from __future__ import annotations
@@ -36,7 +42,15 @@ class Session:
     first: protocol.Observation
     last_used: float
     steps: int = 0
-    busy: bool = False
+    """Steps applied; the next one must carry this index."""
+    last: tuple[str, protocol.StepResult] | None = None
+    """Action and result of step ``steps - 1``, replayed to a retry whose reply was lost."""
+    running: tuple[int, str, asyncio.Task[protocol.StepResult]] | None = None
+    """Index, action and task of the step being applied."""
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None
 
 
 class EnvService:
@@ -59,6 +73,8 @@ class EnvService:
         self.failed: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.opened = 0
         self.failures = 0
+        self.replays = 0
+        """Steps answered from a retry's join or the cache rather than applied again."""
         self._active = prometheus_client.Gauge(
             metrics.ENV_SESSIONS_ACTIVE, "Open env sessions", ["env"], registry=registry
         )
@@ -106,11 +122,37 @@ class EnvService:
         self._active.labels(req.env).inc()
         return first
 
-    async def step(self, session_id: str, action: str) -> protocol.StepResult:
+    async def step(self, session_id: str, action: str, *, index: int) -> protocol.StepResult:
+        """Apply step ``index`` of the session once; retries of it get the same result."""
         session = self._get(session_id)
-        if session.busy:
-            raise errors.Conflict(f"session {session_id!r} is already stepping")
-        session.busy = True
+        if session.running is not None:
+            running_index, running_action, task = session.running
+            if (index, action) != (running_index, running_action):
+                raise errors.Conflict(
+                    f"session {session_id!r} is applying step {running_index}; step {index} must wait for it"
+                )
+            self.replays += 1
+            return await asyncio.shield(task)
+        if index == session.steps - 1 and session.last is not None:
+            if session.last[0] != action:
+                raise errors.Conflict(
+                    f"step {index} of session {session_id!r} was applied with another action"
+                )
+            self.replays += 1
+            return session.last[1]
+        if index != session.steps:
+            raise errors.Conflict(
+                f"step {index} of session {session_id!r} is out of order: {session.steps} applied, "
+                f"the next is {session.steps}"
+            )
+        task = asyncio.create_task(self._apply(session_id, session, action))
+        # Retrieved here too, so a step whose every caller left does not log "never retrieved".
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        session.running = (index, action, task)
+        # Shielded: a caller that goes away leaves the step to finish, and its retry to find the result.
+        return await asyncio.shield(task)
+
+    async def _apply(self, session_id: str, session: Session, action: str) -> protocol.StepResult:
         started = self.clock()
         try:
             outcome = await asyncio.wait_for(session.env.step(action), self.step_timeout_s)
@@ -118,14 +160,16 @@ class EnvService:
             await self._drop(session_id)
             raise self._failure(session.env_name, "step", session_id, exc) from exc
         finally:
-            session.busy = False
+            session.running = None
         now = self.clock()
         self._step_seconds.labels(session.env_name).observe(now - started)
-        session.steps += 1
-        session.last_used = now
-        return protocol.StepResult(
+        result = protocol.StepResult(
             observation=outcome.observation, done=outcome.done, reward=outcome.reward, info=outcome.info
         )
+        session.steps += 1
+        session.last = (action, result)
+        session.last_used = now
+        return result
 
     async def close(self, session_id: str) -> None:
         self._get(session_id)
