@@ -288,6 +288,38 @@ class Worker:
         self.state = "decode" if self.n_running else "idle"
         return self._kick(now)
 
+    def running(self) -> list[Request]:
+        """Requests decoding now (a priority round compares them with the waiting ones)."""
+        return [req for _, _, req in self._heap if not req.dead]
+
+    def preempt(self, trajs: set[int], now: float) -> tuple[list[Request], list[events.Event]]:
+        """Send the running requests of ``trajs`` back to waiting (Heddle §4.2 preemption).
+
+        The preempted sequence keeps its prefix cache (SGLang's radix tree; vLLM's APC after an
+        ABORT and re-ADD), so it resumes with nothing to prefill; its KV leaves the running set's
+        budget until it is re-admitted (optimistic: no eviction is modelled). Returns the
+        replacement requests (now waiting) and the worker's next event.
+        """
+        self._advance(now)
+        out: list[Request] = []
+        for _, _, req in list(self._heap):
+            if req.dead or req.traj not in trajs:
+                continue
+            left = max(1.0, req.finish_at - self._virtual)
+            context = int(req.base + self._virtual)
+            self._retire(req)
+            self._arrivals += 1
+            fresh = Request(
+                traj=req.traj, new_tokens=0, cached_tokens=context, remaining=left, context=context, seq=0
+            )
+            fresh.seq = self._arrivals
+            self.waiting.append(fresh)
+            out.append(fresh)
+        if not out or self.state in ("prefill", "paused"):
+            return out, []
+        self.state = "decode" if self.n_running else "idle"
+        return out, self._kick(now)
+
     def pause(self, now: float, duration: float, *, recompute: bool) -> list[events.Event]:
         """Load new weights for ``duration``; with ``recompute`` running sequences re-prefill."""
         self._advance(now)

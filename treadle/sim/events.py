@@ -37,6 +37,10 @@ class Kind(enum.IntEnum):
     """The scheduler may start new groups."""
     GET_BATCH = 8
     """The trainer tries to form a batch."""
+    MIGRATION_DONE = 9
+    """A trajectory's KV cache reached its new worker (``subject`` = trajectory; Heddle §5.3)."""
+    POLL = 10
+    """A periodic controller poll (``subject`` = which; FlexMARL's rebalancing)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

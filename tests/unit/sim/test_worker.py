@@ -81,3 +81,30 @@ def test_pause_recomputes_the_context_and_abort_drops_requests() -> None:
     assert w.abort({1}, pause.time) == []  # in-flight prefill: dropped when it lands
     done, nxt = w.on_event(resume.time)
     assert done == [] and nxt == [] and w.load == 0
+
+
+def test_preempt_sends_a_running_request_back_with_its_prefix_cached() -> None:
+    w = _worker(max_seqs=2)
+    (ev,) = w.submit(_req(1, 1000, 100), 0.0)
+    w.submit(_req(2, 1000, 100), 0.0)  # waits for the first prefill to land
+    _, (ev,) = w.on_event(ev.time)  # the second one's prefill
+    _, (ev,) = w.on_event(ev.time)  # both decoding, 100 tokens each to go
+    step = ENGINE.decode_step(2, 2000)
+    at = ev.time - 60 * step  # 40 tokens decoded by then
+    (fresh,), evs = w.preempt({2}, at)
+    assert [r.traj for r in w.running()] == [1]
+    assert fresh.new_tokens == 0 and fresh.cached_tokens == fresh.context == 1040
+    assert fresh.remaining == pytest.approx(60)
+    # the slot it freed is taken back at once (nothing else waits): a zero-length prefill, no recompute
+    (ev,) = evs
+    assert ev.time == pytest.approx(at) and w.state == "prefill" and w.pending == [fresh]
+    assert w.preempt({7}, at) == ([], [])
+
+
+def test_preempt_while_prefilling_waits_for_the_prefill() -> None:
+    w = _worker(max_seqs=1)
+    (ev,) = w.submit(_req(1, 500, 10), 0.0)
+    _, (ev,) = w.on_event(ev.time)
+    w.submit(_req(2, 500, 10), ev.time / 2)  # waits: no slot
+    fresh, evs = w.preempt({1}, ev.time / 2)
+    assert [r.traj for r in fresh] == [1] and len(evs) == 1 and w.state == "prefill"

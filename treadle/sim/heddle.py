@@ -1,0 +1,647 @@
+"""Heddle reproduction: one synchronous rollout step of a long-tailed agentic batch, per system.
+
+Called by ``bench/sim_heddle.py`` (the report), tests, and anything that wants Heddle's comparison.
+Heddle (arXiv 2603.28101) measures rollout throughput of one synchronous batch: every trajectory
+starts at t=0 and the step ends with the slowest; so this runner simulates exactly that, on the
+simulator's continuous-batching ``entities.Worker`` over the roofline ``cost.Roofline`` (the same
+engine model as ``treadle.sim.engine``), and drives the same ``treadle.policy.heddle`` code the live
+services call:
+
+* ``predictor.HistoryModel`` (learned from a previous epoch of the same prompts, re-learned as
+  trajectories finish) re-run at every step boundary; ``predictor.accuracy`` scores it;
+* ``priority`` (LPT order and Algorithm 1's preemption rounds) on every worker;
+* ``presorted_dp.plan`` with short-trajectory merging at dispatch, ``router`` for every step
+  request, ``router.on_step`` -> ``migration.decide`` during tool calls, ``migration.schedule_epoch``
+  for transfers (``kv-transfer`` cost: ``costmodel.kv_migration_time``);
+* ``tp_planner.plan`` for the adaptive TP degrees (Heddle's resource manager);
+* ``baselines`` for round-robin / FCFS / Autellix scheduling and static / cache-aware / least-load
+  placement.
+
+Not modelled (the report says so): the predictor's own GPU; KV eviction of preempted sequences
+(a preempted sequence resumes without re-prefill); the cost of switching TP between steps (the
+planner runs between steps, amortised, as in the paper). Everything it reports is simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from treadle import errors
+from treadle.policy import costmodel
+from treadle.policy.heddle import baselines, migration, predictor, presorted_dp, priority, router, tp_planner
+from treadle.sim import cost as cost_mod
+from treadle.sim import entities, events, workloads
+
+Placement = Literal["static", "cache-aware", "least-load", "heddle"]
+Predictions = Literal["history", "noisy-oracle"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """An agentic workload (coding, search, math): trajectories of steps, tool calls in between."""
+
+    name: str
+    steps: workloads.Dist
+    prompt_tokens: workloads.Dist
+    response_tokens: workloads.Dist
+    """Per step, before the trajectory's difficulty scale."""
+    observation_tokens: workloads.Dist
+    tool_latency_s: workloads.Dist
+    difficulty_cv: float
+    """Spread of a prompt's difficulty (shared by its GRPO group; Heddle Fig. 5)."""
+    sample_cv: float
+    """Spread of one sample around its prompt (intra-group variance)."""
+    predict_s: float
+    """Predictor latency per call (Heddle Table 1); hidden when the tool call is longer."""
+    prefix_reuse: float = 0.95
+    """Share of the history the worker's radix/prefix cache serves on a sticky step."""
+    max_output_tokens: int = 40960
+    """Heddle's cap on generated tokens per trajectory (40K)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One drawn trajectory."""
+
+    group: int
+    inputs: tuple[int, ...]
+    responses: tuple[int, ...]
+    tools: tuple[float, ...]
+
+    @property
+    def output(self) -> int:
+        return sum(self.responses)
+
+
+def draw_batch(domain: Domain, *, prompts: int, group_size: int, rng: random.Random) -> list[Shape]:
+    """``prompts`` GRPO groups of ``group_size``; a prompt's difficulty scales steps and tokens."""
+    difficulty = workloads.Dist("lognormal", 1.0, cv=domain.difficulty_cv)
+    noise = workloads.Dist("lognormal", 1.0, cv=domain.sample_cv)
+    scales = [difficulty.sample(rng) for _ in range(prompts)]
+    return [
+        _draw(domain, g, scales[g] * noise.sample(rng), rng)
+        for g in range(prompts)
+        for _ in range(group_size)
+    ]
+
+
+def _draw(domain: Domain, group: int, scale: float, rng: random.Random) -> Shape:
+    steps = max(1, round(domain.steps.sample(rng) * math.sqrt(scale)))
+    steps = min(steps, round(domain.steps.high)) if math.isfinite(domain.steps.high) else steps
+    inputs: list[int] = []
+    responses: list[int] = []
+    tools: list[float] = []
+    left = domain.max_output_tokens
+    for s in range(steps):
+        if left < 1:
+            break
+        first = domain.prompt_tokens if s == 0 else domain.observation_tokens
+        inputs.append(max(1, round(first.sample(rng))))
+        out = min(left, max(1, round(domain.response_tokens.sample(rng) * math.sqrt(scale))))
+        responses.append(out)
+        tools.append(domain.tool_latency_s.sample(rng))
+        left -= out
+    return Shape(group=group, inputs=tuple(inputs), responses=tuple(responses), tools=tuple(tools))
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """Scheduling x placement x resources (Heddle's three mechanisms and their alternatives)."""
+
+    name: str
+    scheduling: baselines.Scheduling
+    placement: Placement
+    preemption: bool = False
+    migration: bool = False
+    tp: int | Literal["adaptive"] = "adaptive"
+    """A fixed TP degree for every worker, or Heddle's planner; ``0`` means the model's baseline."""
+    least_load_abs: float = 4.0
+    """``baselines.least_load`` imbalance threshold (requests) for ``least-load`` placement (ours)."""
+
+
+HEDDLE = System("heddle", "progressive", "heddle", preemption=True, migration=True, tp="adaptive")
+SYSTEMS: Mapping[str, System] = {
+    s.name: s
+    for s in (
+        System("verl", "round-robin", "static", tp=0),
+        HEDDLE,
+        # scheduling ablation: Heddle's placement and resources, another queue order
+        dataclasses.replace(HEDDLE, name="sched-fcfs", scheduling="fcfs", preemption=False),
+        dataclasses.replace(HEDDLE, name="sched-round-robin", scheduling="round-robin", preemption=False),
+        dataclasses.replace(HEDDLE, name="sched-autellix", scheduling="autellix", preemption=False),
+        # placement ablation: Heddle's scheduling and resources, another placement
+        dataclasses.replace(HEDDLE, name="place-least-load", placement="least-load", migration=False),
+        dataclasses.replace(HEDDLE, name="place-cache-aware", placement="cache-aware", migration=False),
+        # resource ablation: fixed TP everywhere
+        dataclasses.replace(HEDDLE, name="fix-1", tp=1),
+        dataclasses.replace(HEDDLE, name="fix-8", tp=8),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    domain: Domain
+    model: costmodel.ModelShape
+    accelerator: costmodel.Accelerator = costmodel.H800
+    gpus: int = 8
+    baseline_tp: int = 1
+    """The paper's homogeneous TP: 1 for 8B/14B, 2 for 32B."""
+    per_worker: int = 100
+    """Trajectories per baseline worker (the paper's batch of 100 per rollout worker)."""
+    group_size: int = 16
+    max_seqs: int = 100
+    seed: int = 0
+    predictions: Predictions = "history"
+    oracle_sigma: tuple[float, ...] = (0.8, 0.5, 0.35, 0.25)
+    """``noisy-oracle``: log-normal error of the prediction after 0, 1, 2, 3+ steps (ours; it stands
+    in for the paper's Qwen3-0.6B regressor, whose Fig. 13 numbers were lost)."""
+    merge_block: int = 4
+    """Short-trajectory merging: block size of trajectories below the median prediction (ours)."""
+    degrees: tuple[int, ...] = (1, 2, 4, 8)
+    interference: Literal["closed-form", "simulated"] = "closed-form"
+    """How ``I(s)`` is profiled. ``simulated`` (the paper's method, ``interference_by_simulation``)
+    draws a group's members from the whole batch's shape; on a long tail those are tiny next to
+    the head, so ``I`` stays near 1 and the DP crowds hundreds of trajectories onto one worker. The
+    DP's groups are contiguous in the sorted order, so members are near the head's length, which
+    ``closed-form`` (``interference_from_step_times``) assumes: our default."""
+    max_group_share: float = 2.0
+    """A worker's interference table stops at this multiple of its even share of the batch (ours)."""
+
+    @property
+    def trajectories(self) -> int:
+        workers = self.gpus // self.baseline_tp
+        return (workers * self.per_worker // self.group_size) * self.group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    system: str
+    label: str
+    makespan_s: float
+    output_tokens: int
+    trajectories: int
+    degrees: tuple[int, ...]
+    preemptions: int
+    migrations: int
+    migration_fallbacks: int
+    """Migrations whose transfer had not started when the tool returned (re-prefill instead)."""
+    exposed_migration_s: float
+    """Sum over migrations of the time the next step waited for the transfer."""
+    prefill_tokens: int
+    tail_queue_s: float
+    """Summed step queueing delay (submit to first decode) of the trajectory that finished last."""
+    accuracy: tuple[tuple[int, predictor.Accuracy], ...]
+    """(steps done, predictor accuracy) for the predictions this run made."""
+    plan_s: float
+    """Wall seconds of the placement DP and the TP planner (control-plane cost)."""
+    wall_s: float
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per second of rollout (Heddle's metric)."""
+        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class _Traj:
+    idx: int
+    name: str
+    shape: Shape
+    turn: int = 0
+    context: int = 0
+    generated: int = 0
+    worker: int = -1
+    request: entities.Request | None = None
+    submitted_at: float = 0.0
+    queued_s: float = 0.0
+    predicted: float = 0.0
+    finished_at: float = -1.0
+    migrating: int = -1
+    """Target worker of a launched transfer that has not landed yet."""
+    wait_migration: bool = False
+    tool_done_at: float = 0.0
+
+
+def degree_profile(
+    cfg: StepConfig, tp: int, shape: Sequence[float], mean_context: float, max_group: int
+) -> tp_planner.DegreeProfile | None:
+    """``t_base`` and ``I(s)`` of a TP-``tp`` worker from the roofline, the paper's profiler method.
+
+    The running batch is capped by ``max_seqs`` and by KV room for ``mean_context`` per sequence;
+    ``None`` when the model does not fit with room for one long trajectory.
+    """
+    kv = costmodel.kv_capacity_tokens(cfg.accelerator, cfg.model, tp=tp)
+    if kv < cfg.domain.max_output_tokens + 8192:
+        return None
+    engine = cost_mod.Roofline(cfg.accelerator, cfg.model, tp)
+    cap = max(1, min(cfg.max_seqs, int(kv // max(1.0, mean_context))))
+    steps = [engine.decode_step(b, b * mean_context) for b in range(1, cap + 1)]
+    if cfg.interference == "closed-form":
+        table = presorted_dp.interference_from_step_times(steps, max_group=max_group)
+    else:
+        table = presorted_dp.interference_by_simulation(steps, shape, max_group=max_group)
+    return tp_planner.DegreeProfile(tp=tp, t_base=steps[0], interference=table)
+
+
+class StepSim:
+    """One rollout step of one system."""
+
+    def __init__(
+        self, cfg: StepConfig, system: System, batch: Sequence[Shape], history: Sequence[Shape]
+    ) -> None:
+        self.cfg = cfg
+        self.system = system
+        self.batch = batch
+        self.rng = random.Random(cfg.seed + 1)
+        self.queue = events.Queue()
+        self.now = 0.0
+        self.trajs = [_Traj(i, f"t{i}", s) for i, s in enumerate(batch)]
+        self.model = predictor.learn(predictor.HistoryModel(), [_finished(cfg, s) for s in history])
+        self._learn_buffer: list[predictor.Finished] = []
+        self.scored: dict[int, tuple[list[float], list[float]]] = {}
+        self.preemptions = self.migrations = self.fallbacks = 0
+        self.exposed = 0.0
+        self.plan_s = 0.0
+        self._pending: list[migration.Migration] = []
+        self._busy: set[str] = set()
+        self._launched: dict[str, migration.Migration] = {}
+        self._cost = migration.MigrationCost(
+            mode="kv-transfer",
+            kv_bytes_per_token=cfg.model.kv_bytes_per_token,
+            bandwidth_bytes_per_s=costmodel.KV_LINK_GBPS / 8 * 1e9 * costmodel.KV_LINK_EFFICIENCY,
+            overhead_s=costmodel.KV_MIGRATION_FIXED_S,
+        )
+        self.done = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def _predict(self, t: _Traj) -> float:
+        true_left = t.shape.output - t.generated
+        if self.cfg.predictions == "noisy-oracle":
+            sigma = self.cfg.oracle_sigma[min(t.turn, len(self.cfg.oracle_sigma) - 1)]
+            value = true_left * math.exp(self.rng.gauss(-sigma * sigma / 2, sigma))
+        else:
+            obs = predictor.Observation(self.cfg.domain.name, str(t.shape.group), t.generated, t.turn)
+            value = self.model.predict(obs)
+        pred, actual = self.scored.setdefault(min(t.turn, 3), ([], []))
+        pred.append(value)
+        actual.append(float(true_left))
+        t.predicted = value
+        return value
+
+    def _build_workers(self, predictions: Sequence[float]) -> None:
+        cfg, system = self.cfg, self.system
+        lengths = [max(1.0, p) for p in predictions]
+        top = max(lengths)
+        shape = [x / top for x in lengths]
+        mean_context = _mean_context(cfg.domain)
+        n = len(self.trajs)
+        profiles: dict[int, tp_planner.DegreeProfile] = {}
+        for g in cfg.degrees:
+            # ours: a worker takes at most twice its even share (GPUs), so the DP cannot hand one
+            # worker a group that runs in many KV-bound waves while predictions are this noisy
+            p = degree_profile(
+                cfg, g, shape, mean_context, min(n, math.ceil(cfg.max_group_share * n * g / cfg.gpus))
+            )
+            if p is not None:
+                profiles[g] = p
+        started = time.perf_counter()
+        if system.tp == "adaptive":
+            usable = [p for g, p in sorted(profiles.items()) if g <= cfg.gpus]
+            plan = tp_planner.plan(
+                lengths, gpus=cfg.gpus, profiles=usable, annealing=tp_planner.Annealing(seed=cfg.seed)
+            )
+            degrees = plan.degrees
+        else:
+            g = system.tp or cfg.baseline_tp
+            if g not in profiles or cfg.gpus % g:
+                raise errors.SpecError(
+                    f"{cfg.model.name} does not fit TP {g} on {cfg.gpus} GPUs", field="tp", value=g
+                )
+            degrees = (g,) * (cfg.gpus // g)
+        self.plan_s += time.perf_counter() - started
+        self.degrees = tuple(degrees)
+        self.workers: list[entities.Worker] = []
+        self.profiles: list[presorted_dp.WorkerProfile] = []
+        for i, g in enumerate(degrees):
+            kv = costmodel.kv_capacity_tokens(cfg.accelerator, cfg.model, tp=g)
+            w = entities.Worker(
+                idx=i,
+                worker_id=f"w{i:02d}",
+                pool=f"tp{g}",
+                engine=cost_mod.Roofline(cfg.accelerator, cfg.model, g),
+                max_seqs=cfg.max_seqs,
+                kv_capacity=kv,
+                order=self._order,
+            )
+            self.workers.append(w)
+            p = profiles[g]
+            self.profiles.append(presorted_dp.WorkerProfile(w.worker_id, p.t_base, p.interference, tp=g))
+        self.by_id = {w.worker_id: w for w in self.workers}
+
+    def _place(self, predictions: Sequence[float]) -> None:
+        self.route: router.RouterState | None = None
+        if self.system.placement != "heddle":
+            return
+        items = [
+            presorted_dp.Trajectory(t.name, max(1.0, p)) for t, p in zip(self.trajs, predictions, strict=True)
+        ]
+        median = statistics.median(p.predicted_length for p in items)
+        started = time.perf_counter()
+        placed = presorted_dp.plan(
+            items, self.profiles, merge=presorted_dp.Merge(below=median, block=self.cfg.merge_block)
+        )
+        self.plan_s += time.perf_counter() - started
+        self.route = router.from_placement(placed, {p.trajectory_id: p.predicted_length for p in items})
+
+    # ------------------------------------------------------------------ policies
+
+    def _order(self, waiting: Sequence[entities.Request]) -> list[entities.Request]:
+        by_name: dict[str, entities.Request] = {}
+        queue = []
+        for req in waiting:
+            t = self.trajs[req.traj]
+            by_name[t.name] = req
+            queue.append(baselines.Queued(t.name, req.seq, t.idx, t.generated, t.predicted))
+        return [by_name[name] for name in baselines.order(queue, self.system.scheduling)]
+
+    def _choose(self, t: _Traj) -> entities.Worker:
+        placement = self.system.placement
+        if placement == "heddle":
+            assert self.route is not None
+            return self.by_id[router.route(self.route, t.name)]
+        ids = [w.worker_id for w in self.workers]
+        if placement == "static":
+            return self.by_id[baselines.static(t.idx, ids)]
+        loads = [baselines.Load(w.worker_id, w.load) for w in self.workers]
+        previous = self.workers[t.worker].worker_id if t.worker >= 0 else None
+        if placement == "cache-aware":
+            return self.by_id[baselines.cache_aware(loads, previous)]
+        return self.by_id[baselines.least_load(loads, previous, abs_threshold=self.system.least_load_abs)]
+
+    def _preempt(self, w: entities.Worker) -> list[events.Event]:
+        """Algorithm 1 on ``w`` when requests wait: preempt running ones the waiting outrank."""
+        if not self.system.preemption or not w.waiting or w.state in ("prefill", "paused"):
+            return []
+        running = w.running()
+        if not running:
+            return []
+
+        def request(r: entities.Request) -> priority.Request:
+            t = self.trajs[r.traj]
+            return priority.Request(t.name, t.predicted, r.seq, t.generated)
+
+        state = priority.WorkerQueue.of(
+            [request(r) for r in running],
+            [request(r) for r in w.waiting],
+            slots=len(running) + len(w.pending),
+        )
+        actions, _ = priority.run_to_completion(state)
+        victims = {int(a.preempt[1:]) for a in actions if a.preempt is not None}
+        if not victims:
+            return []
+        self.preemptions += len(victims)
+        fresh, out = w.preempt(victims, self.now)
+        for req in fresh:
+            self.trajs[req.traj].request = req
+            self.trajs[req.traj].submitted_at = self.now
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _submit(self, t: _Traj) -> list[events.Event]:
+        w = self._choose(t)
+        added = t.shape.inputs[t.turn]
+        if t.worker == w.idx:
+            cached = int(t.context * self.cfg.domain.prefix_reuse)
+        elif t.migrating == -2:  # the KV cache was moved here during the tool call
+            cached = t.context
+        else:
+            cached = 0
+        t.migrating = -1
+        req = entities.Request(
+            traj=t.idx,
+            new_tokens=t.context - cached + added,
+            cached_tokens=cached,
+            remaining=float(t.shape.responses[t.turn]),
+            context=t.context + added,
+            seq=0,
+        )
+        t.context += added
+        t.worker = w.idx
+        t.request = req
+        t.submitted_at = self.now
+        out = w.submit(req, self.now)
+        return out + self._preempt(w)
+
+    def _on_worker(self, ev: events.Event) -> list[events.Event]:
+        w = self.workers[ev.subject]
+        if ev.token != w.token:
+            return []
+        before = {id(r) for r in w.pending}
+        finished, out = w.on_event(self.now)
+        for r in w.running():
+            t = self.trajs[r.traj]
+            if t.request is r and id(r) in before:
+                t.queued_s += self.now - t.submitted_at  # admitted: its queueing for this step ended
+        for req in finished:
+            t = self.trajs[req.traj]
+            if t.request is not req:
+                continue
+            out += self._step_done(t)
+        return out
+
+    def _step_done(self, t: _Traj) -> list[events.Event]:
+        t.request = None
+        out_tokens = t.shape.responses[t.turn]
+        t.generated += out_tokens
+        t.context += out_tokens
+        t.turn += 1
+        if t.turn >= len(t.shape.responses):
+            t.finished_at = self.now
+            self.done += 1
+            self._learn_buffer.append(_finished(self.cfg, t.shape))
+            if len(self._learn_buffer) >= 32:
+                self.model = predictor.learn(self.model, self._learn_buffer)
+                self._learn_buffer = []
+            if self.route is not None:
+                self.route = router.finish(self.route, t.name)
+            return []
+        tool = t.shape.tools[t.turn - 1]
+        ready = self.now + tool
+        if self.system.scheduling == "progressive" or self.system.placement == "heddle":
+            # the predictor runs during the tool call (Heddle §4.1); a short tool exposes it
+            pred = self._predict(t)
+            ready = self.now + max(tool, self.cfg.domain.predict_s)
+            if self.route is not None:
+                self.route, move = router.on_step(
+                    self.route,
+                    t.name,
+                    predicted_remaining=pred,
+                    context_tokens=t.context,
+                    in_tool_call=self.system.migration,
+                    expected_tool_seconds=tool,
+                    cost=self._cost,
+                    predict_seconds=self.cfg.domain.predict_s,
+                )
+                if move is not None:
+                    self.route, moves = router.take_pending(self.route)
+                    self._pending += moves
+                    launched = self._launch(self.now + self.cfg.domain.predict_s)
+                    return [*launched, events.Event(ready, events.Kind.TOOL_DONE, t.idx)]
+        return [events.Event(ready, events.Kind.TOOL_DONE, t.idx)]
+
+    def _launch(self, at: float) -> list[events.Event]:
+        """The transmission scheduler: longest first, one transfer per endpoint."""
+        batch = migration.schedule_epoch(self._pending, self._busy)
+        if batch is None:
+            return []
+        out = []
+        for m in batch:
+            self._pending.remove(m)
+            self._busy.update((m.source, m.target))
+            self._launched[m.trajectory_id] = m
+            t = self.trajs[int(m.trajectory_id[1:])]
+            t.migrating = self.by_id[m.target].idx
+            self.migrations += 1
+            out.append(events.Event(max(at, self.now) + m.move_seconds, events.Kind.MIGRATION_DONE, t.idx))
+        return out
+
+    def _on_migrated(self, ev: events.Event) -> list[events.Event]:
+        t = self.trajs[ev.subject]
+        m = self._launched.pop(t.name)
+        self._busy.difference_update((m.source, m.target))
+        t.migrating = -2
+        out = self._launch(self.now)
+        if t.wait_migration:
+            t.wait_migration = False
+            self.exposed += self.now - t.tool_done_at
+            out += self._submit(t)
+        return out
+
+    def _on_tool(self, ev: events.Event) -> list[events.Event]:
+        t = self.trajs[ev.subject]
+        if t.migrating >= 0:  # the transfer is still on the wire: the next step waits for it
+            t.wait_migration = True
+            t.tool_done_at = self.now
+            return []
+        queued = [m for m in self._pending if m.trajectory_id == t.name]
+        if queued:  # never started: re-prefill on the target instead (our choice; paper silent)
+            self._pending.remove(queued[0])
+            self.fallbacks += 1
+        return self._submit(t)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> StepResult:
+        started = time.perf_counter()
+        predictions = [self._predict(t) for t in self.trajs]
+        self._build_workers(predictions)
+        self._place(predictions)
+        out: list[events.Event] = []
+        for t in self.trajs:
+            out += self._submit(t)
+        self.queue.push_all(out)
+        handlers: dict[events.Kind, Callable[[events.Event], list[events.Event]]] = {
+            events.Kind.WORKER: self._on_worker,
+            events.Kind.TOOL_DONE: self._on_tool,
+            events.Kind.MIGRATION_DONE: self._on_migrated,
+        }
+        count = 0
+        while self.queue:
+            ev = self.queue.pop()
+            self.now = ev.time
+            self.queue.push_all(handlers[ev.kind](ev))
+            count += 1
+            if count > 20_000_000:
+                raise errors.Unavailable("heddle step simulation exceeded 20M events")
+        if self.done != len(self.trajs):
+            raise errors.Unavailable(f"stalled: {self.done} of {len(self.trajs)} trajectories finished")
+        last = max(self.trajs, key=lambda t: t.finished_at)
+        acc = tuple((s, predictor.accuracy(p, a)) for s, (p, a) in sorted(self.scored.items()) if len(p) >= 2)
+        return StepResult(
+            system=self.system.name,
+            label="simulated",
+            makespan_s=self.now,
+            output_tokens=sum(t.shape.output for t in self.trajs),
+            trajectories=len(self.trajs),
+            degrees=self.degrees,
+            preemptions=self.preemptions,
+            migrations=self.migrations,
+            migration_fallbacks=self.fallbacks,
+            exposed_migration_s=self.exposed,
+            prefill_tokens=sum(w.prefill_tokens for w in self.workers),
+            tail_queue_s=last.queued_s,
+            accuracy=acc
+            if self.system.scheduling == "progressive" or self.system.placement == "heddle"
+            else (),
+            plan_s=self.plan_s,
+            wall_s=time.perf_counter() - started,
+        )
+
+
+def _finished(cfg: StepConfig, shape: Shape) -> predictor.Finished:
+    return predictor.Finished(cfg.domain.name, str(shape.group), shape.output, shape.responses)
+
+
+def _mean_context(domain: Domain) -> float:
+    """Mean context of a running sequence (half a mean trajectory's final context): profiles' KV."""
+    steps = domain.steps.mean
+    per_step = domain.observation_tokens.mean + domain.response_tokens.mean
+    return domain.prompt_tokens.mean + per_step * steps / 2
+
+
+def run(cfg: StepConfig, systems: Sequence[System]) -> list[StepResult]:
+    """Every system on the same batch (and the same predictor history: the previous epoch)."""
+    rng = random.Random(cfg.seed)
+    prompts = cfg.trajectories // cfg.group_size
+    batch = draw_batch(cfg.domain, prompts=prompts, group_size=cfg.group_size, rng=rng)
+    # the predictor's history: the same prompts' rollouts one epoch earlier (RhymeRL/Seer-style)
+    history = _redraw(cfg.domain, batch, cfg.group_size, random.Random(cfg.seed + 7))
+    return [StepSim(cfg, s, batch, history).run() for s in systems]
+
+
+def _redraw(domain: Domain, batch: Sequence[Shape], group_size: int, rng: random.Random) -> list[Shape]:
+    """New samples of the same prompts: each group's scale is re-estimated from its members' output."""
+    by_group: dict[int, list[Shape]] = {}
+    for s in batch:
+        by_group.setdefault(s.group, []).append(s)
+    noise = workloads.Dist("lognormal", 1.0, cv=domain.sample_cv)
+    base = _typical_output(domain)
+    out = []
+    for g, members in sorted(by_group.items()):
+        scale = statistics.fmean(m.output for m in members) / base
+        out += [_draw(domain, g, scale * noise.sample(rng), rng) for _ in range(group_size)]
+    return out
+
+
+def _typical_output(domain: Domain) -> float:
+    return domain.steps.mean * domain.response_tokens.mean
+
+
+def parse_domain(raw: Mapping[str, Any], *, name: str, field: str) -> Domain:
+    """A ``Domain`` from a scenario mapping; ``SpecError`` names the field."""
+    dists = {}
+    for key in ("steps", "prompt_tokens", "response_tokens", "observation_tokens", "tool_latency_s"):
+        if key not in raw:
+            raise errors.SpecError("is required", field=f"{field}.{key}")
+        dists[key] = workloads.parse_dist(raw[key], field=f"{field}.{key}")
+    try:
+        return Domain(
+            name=name,
+            **dists,
+            difficulty_cv=float(raw["difficulty_cv"]),
+            sample_cv=float(raw["sample_cv"]),
+            predict_s=float(raw["predict_s"]),
+            prefix_reuse=float(raw.get("prefix_reuse", 0.95)),
+            max_output_tokens=int(raw.get("max_output_tokens", 40960)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise errors.SpecError(f"bad domain: {exc}", field=field) from None
