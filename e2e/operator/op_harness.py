@@ -139,16 +139,19 @@ def helm(cluster: kwok.DevCluster, *args: str) -> str:
     return proc.stdout
 
 
-def token_kubeconfig(kubectl: Kubectl, path: Path) -> None:
-    token = kubectl("create", "token", SERVICE_ACCOUNT, "-n", SYSTEM_NS, "--duration=2h").stdout.strip()
+def token_kubeconfig(
+    kubectl: Kubectl, path: Path, *, account: str = SERVICE_ACCOUNT, namespace: str = SYSTEM_NS
+) -> None:
+    """A kubeconfig authenticated as ``namespace/account`` (the operator's by default)."""
+    token = kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
     admin = yaml.safe_load(kubectl.cluster.kubeconfig.read_text())
     cluster = admin["clusters"][0]["cluster"]
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "dev", "cluster": cluster}],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": SERVICE_ACCOUNT}}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": account}}],
         "current-context": "sa",
     }
     path.write_text(yaml.safe_dump(config))

@@ -87,6 +87,11 @@ def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
     assert rules[("apps", "deployments")] == ["create", "delete", "list", "patch", "watch"]
     assert rules[("", "pods")] == ["list", "watch"]
     assert rules[("", "events")] == ["create"]
+    # The per-job scheduler identity (ServiceAccount, Role, RoleBinding), applied like any child.
+    for key in (("", "serviceaccounts"), ("rbac.authorization.k8s.io", "roles"),
+                ("rbac.authorization.k8s.io", "rolebindings")):  # fmt: skip
+        assert rules[key] == ["create", "delete", "list", "patch"], key
+    assert ("rbac.authorization.k8s.io", "clusterroles") not in rules
     for (group, resource), verbs in rules.items():
         assert "*" not in verbs and group != "*" and resource != "*"
         assert ("get" not in verbs and "update" not in verbs) or resource == "rolloutjobs/finalizers"

@@ -9,7 +9,10 @@ exist goes Degraded with InsufficientGPUCapacity while another job stays Ready; 
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ from typing import Any
 import op_harness
 import pytest
 import yaml
+
+from treadle.services.scheduler import demand
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
 INVALID = sorted((op_harness.ROOT / "manifests" / "invalid").glob("*.yaml"))
@@ -260,3 +265,166 @@ def test_hand_scaled_child_is_restored(
 
     op_harness.wait_for("env Deployment scaled back to the spec's 4 replicas", restored)
     op_harness.wait_for(f"{name} Ready again", lambda: _ready(kubectl, name))
+
+
+def _gpu_blocker(index: int, accelerator: str, gpus: int) -> dict[str, Any]:
+    """A bare pod (no job label) that holds ``gpus`` GPUs of one node of ``accelerator``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"gpu-blocker-{index}", "namespace": op_harness.JOBS_NS},
+        "spec": {
+            "nodeSelector": {"treadle.dev/accelerator": accelerator},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "hold", "image": "busybox", "resources": {
+                "requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+    }  # fmt: skip
+
+
+def test_gpu_shortage_degrades_then_clears_once_the_gpus_are_free(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    """Regression: a job whose pods waited for GPUs stayed Degraded after they ran (stale pod index)."""
+    nodes = kubectl.json("nodes", "-l", "treadle.dev/accelerator=H800")["items"]
+    blockers = [_gpu_blocker(i, "H800", int(n["status"]["allocatable"]["nvidia.com/gpu"]))
+                for i, n in enumerate(nodes)]  # fmt: skip
+    for pod in blockers:
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pod))
+    try:
+        op_harness.wait_for("blockers holding every H800 GPU", lambda: all(
+            kubectl.json("pod", p["metadata"]["name"], "-n", op_harness.JOBS_NS)["status"].get("phase")
+            == "Running" for p in blockers))  # fmt: skip
+        doc = _doc(op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml")
+        doc["metadata"]["name"] = "swe-shortage"
+        name = apply_job(doc)
+
+        def degraded() -> dict[str, Any] | None:
+            cond = kubectl.condition(name, "Degraded")
+            return cond if cond and cond["status"] == "True" else None
+
+        cond = op_harness.wait_for(f"{name} Degraded while the blockers hold the GPUs", degraded)
+        assert cond["reason"] == "InsufficientGPUCapacity"
+        assert cond["message"].startswith("pool prefill: ") and "nvidia.com/gpu" in cond["message"]
+        assert kubectl.job(name)["status"]["phase"] == "Degraded"
+    finally:
+        for pod in blockers:
+            kubectl("delete", "pod", pod["metadata"]["name"], "-n", op_harness.JOBS_NS, "--wait=true",
+                    "--ignore-not-found", "--timeout=60s", check=False)  # fmt: skip
+
+    def recovered() -> bool:
+        cond = kubectl.condition(name, "Degraded") or {}
+        return _ready(kubectl, name) and cond.get("status") == "False"
+
+    op_harness.wait_for(f"{name} Ready and no longer Degraded", recovered, timeout=120)
+    cond = kubectl.condition(name, "Degraded") or {}
+    assert cond.get("reason") == "AsExpected"
+    assert all(p["status"]["phase"] == "Running" for p in _pods(kubectl, name, "pool"))
+
+
+def test_reward_demand_scales_the_gateway(
+    operator: op_harness.Operator,
+    kubectl: op_harness.Kubectl,
+    apply_job: ApplyJob,
+    tmp_path: Path,
+) -> None:
+    """The scheduler's reporter, as the job's own ServiceAccount, drives the reward gateway 0 -> N -> 0."""
+    doc = _doc(op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml")  # scaleToZero, maxReplicas 4
+    doc["metadata"]["name"] = "swe-demand"
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    gateway = f"{name}-reward"
+
+    def replicas() -> tuple[int, int]:
+        dep = kubectl.json("deployment", gateway, "-n", op_harness.JOBS_NS)
+        return dep["spec"]["replicas"], len(_pods(kubectl, name, "reward"))
+
+    assert replicas() == (0, 0)
+    config = tmp_path / "scheduler.kubeconfig"
+    op_harness.token_kubeconfig(kubectl, config, account=f"{name}-scheduler", namespace=op_harness.JOBS_NS)
+    environ = {"TREADLE_JOB": name, "TREADLE_NAMESPACE": op_harness.JOBS_NS, "KUBECONFIG": str(config)}
+
+    async def report(*values: int) -> tuple[int, int]:
+        reporter = demand.RewardDemandReporter.from_env(environ)
+        assert reporter is not None
+        try:
+            for value in values:
+                await reporter.report(value)
+        finally:
+            await reporter.aclose()
+        return reporter.patches, reporter.errors
+
+    assert asyncio.run(report(100)) == (1, 0)  # ceil(100 / 32) = 4 = maxReplicas
+    annotations = kubectl.job(name)["metadata"]["annotations"]
+    assert annotations["treadle.dev/reward-demand"] == "100"
+    op_harness.wait_for("reward gateway scaled up to 4", lambda: replicas() == (4, 4))
+    op_harness.wait_for(f"{name} Ready with its gateway", lambda: _ready(kubectl, name))
+    assert asyncio.run(report(40, 40)) == (1, 0)  # the repeat is not written
+    op_harness.wait_for("reward gateway at ceil(40 / 32) = 2", lambda: replicas() == (2, 2))
+    assert asyncio.run(report(0)) == (1, 0)
+    op_harness.wait_for("reward gateway back to zero", lambda: replicas() == (0, 0))
+    op_harness.wait_for(f"{name} Ready while idle", lambda: _ready(kubectl, name))
+    # Least privilege: the scheduler's identity may patch its own job and nothing else.
+    other = dict(environ, TREADLE_JOB="some-other-job")
+    reporter = demand.RewardDemandReporter.from_env(other)
+    assert reporter is not None
+
+    async def forbidden() -> int:
+        try:
+            await reporter.report(5)
+        finally:
+            await reporter.aclose()
+        return reporter.errors
+
+    assert asyncio.run(forbidden()) == 1
+    account = f"system:serviceaccount:{op_harness.JOBS_NS}:{name}-scheduler"
+    denied = kubectl("auth", "can-i", "get", "pods", "-n", op_harness.JOBS_NS, f"--as={account}", check=False)
+    assert denied.stdout.strip() == "no"
+
+
+def test_reshape_changes_one_pools_tp_and_leaves_the_rest(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob, tmp_path: Path
+) -> None:
+    """``treadle operator reshape`` applies a Heddle plan; only that pool's pods are re-created."""
+    doc = _doc(op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml")  # prefill: 2 x TP4
+    doc["metadata"]["name"] = "swe-reshape"
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    before = _versions(kubectl, name)
+    pool_pods = {p["metadata"]["uid"] for p in _pods(kubectl, name, "pool")}
+    other_pods = {p["metadata"]["uid"] for p in _pods(kubectl, name)} - pool_pods
+    generation = kubectl.job(name)["metadata"]["generation"]
+
+    def cli(plan: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "plan.yaml"
+        path.write_text(yaml.safe_dump(plan))
+        argv = [sys.executable, "-m", "treadle.cli", "operator", "reshape", name, "--plan", str(path),
+                "-n", op_harness.JOBS_NS, "--kubeconfig", str(kubectl.cluster.kubeconfig)]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+    bad = cli({"agent": "coder", "replicas": {16: 1}})  # no node has 16 H800 GPUs
+    assert bad.returncode == 2 and "spec.pools[0].tensorParallelSize" in bad.stderr, bad.stderr
+    assert kubectl.job(name)["metadata"]["generation"] == generation  # nothing written
+
+    done = cli({"agent": "coder", "replicas": {8: 1}})
+    assert done.returncode == 0, done.stderr
+    assert f"{op_harness.JOBS_NS}/{name} prefill: 2 x TP4 -> 1 x TP8" in done.stdout
+
+    def reshaped() -> list[dict[str, Any]] | None:
+        pods = _pods(kubectl, name, "pool")
+        new = [
+            p for p in pods if p["metadata"]["uid"] not in pool_pods and p["status"].get("phase") == "Running"
+        ]
+        return new if len(pods) == 1 and len(new) == 1 else None
+
+    (pod,) = op_harness.wait_for("one TP8 prefill pod in place of two TP4 pods", reshaped)
+    vllm = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "--tensor-parallel-size" in vllm["args"] and "8" in vllm["args"]
+    op_harness.wait_for(f"{name} Ready after the reshape", lambda: _ready(kubectl, name))
+    after = _versions(kubectl, name)
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    assert changed == [f"configmaps/{name}-config", f"deployments/{name}-pool-prefill"]
+    assert other_pods <= {p["metadata"]["uid"] for p in _pods(kubectl, name)}
+    (pool,) = kubectl.job(name)["status"]["pools"]
+    assert (pool["desired"], pool["ready"], pool["gpus"]) == (1, 1, 8)

@@ -1,15 +1,23 @@
-"""``treadle operator run``: the operator process (what the chart's Deployment runs)."""
+"""``treadle operator run``: the operator process (what the chart's Deployment runs);
+``treadle operator reshape``: apply a Heddle TP plan to a RolloutJob's pools (``reshape``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 import kopf
+import kubernetes
+import yaml
 
-from treadle.operator import config, kube, metrics, runtime
+from treadle.errors import SpecError
+from treadle.operator import config, kube, metrics, reshape, runtime
 
 
 def register(sub: Any) -> None:
@@ -27,6 +35,19 @@ def register(sub: Any) -> None:
     run.add_argument("--liveness-port", type=int, default=8080, help="kopf liveness probe port (0: off)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.set_defaults(func=_run)
+    rs = actions.add_parser(
+        "reshape",
+        help="apply a TP plan (replicas per tensor-parallel degree) to one agent's pools of a job",
+        description="Patch spec.pools of a RolloutJob from a plan file; the operator then rolls "
+        "only the pools that changed. Plan file (YAML or JSON): "
+        "{agent: NAME, accelerator: H800 (optional), replicas: {TP: REPLICAS, ...}}.",
+    )
+    rs.add_argument("job", help="RolloutJob name")
+    rs.add_argument("--plan", required=True, type=Path, help="plan file (YAML or JSON)")
+    rs.add_argument("--namespace", "-n", default="default", help="the job's namespace")
+    rs.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, else $KUBECONFIG)")
+    rs.add_argument("--dry-run", action="store_true", help="print the change and the patch, write nothing")
+    rs.set_defaults(func=_reshape)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -58,4 +79,31 @@ def _run(args: argparse.Namespace) -> int:
         liveness_endpoint=liveness,
         memo=memo,
     )
+    return 0
+
+
+def _reshape(args: argparse.Namespace) -> int:
+    client = kube.Kube.from_environment(args.kubeconfig, pool_size=1)
+    try:
+        plan = reshape.parse_plan(yaml.safe_load(args.plan.read_text()))
+        job = client.get_job(args.namespace, args.job)
+        pools = reshape.new_pools(job, plan, gpus_per_node=client.gpus_per_node())
+        ops = reshape.json_patch(job, pools)
+        changes = reshape.describe(job["spec"]["pools"], pools)
+        for line in changes or ["no pool changes"]:
+            print(f"{args.namespace}/{args.job} {line}")
+        if args.dry_run:
+            print(json.dumps(ops, indent=2))
+        elif changes:
+            client.patch_job(args.namespace, args.job, ops)
+    except (SpecError, OSError, yaml.YAMLError) as exc:
+        print(f"treadle operator reshape: {exc}", file=sys.stderr)
+        return 2
+    except kubernetes.client.ApiException as exc:
+        # 422 from the ``test`` operation: the pools changed between our read and our write.
+        why = "the job's pools changed meanwhile; run again" if exc.status == 422 else exc.reason
+        print(f"treadle operator reshape: API {exc.status}: {why}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
     return 0

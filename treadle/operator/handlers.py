@@ -31,6 +31,8 @@ from treadle.api import v1alpha1
 from treadle.operator import diff, kube, reasons, render, runtime, status
 
 JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
+KOPF_PREFIX = "kopf.treadle.dev"
+"""Annotation prefix of kopf's own bookkeeping on a job (progress, last-handled configuration)."""
 JobKey = runtime.JobKey
 
 
@@ -81,11 +83,13 @@ def configure(*, settings: kopf.OperatorSettings, memo: runtime.Runtime, **_: An
     # burst of pod events keeps every slot busy and RolloutJob events starve behind them.
     settings.queueing.worker_limit = None
     settings.posting.level = logging.INFO
-    # Progress and the last-handled spec live in our own annotations, not in status (which the
-    # CRD's structural schema would prune) and not under kopf's default prefix.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="treadle.dev")
+    # Progress and the last-handled spec live in annotations, not in status (which the CRD's
+    # structural schema would prune), under a prefix of their own: kopf leaves every annotation
+    # under its storage prefix out of the diff it reacts to, so with plain ``treadle.dev`` a change
+    # of ``treadle.dev/reward-demand`` (the scheduler's) would never reach the update handler.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="treadle.dev", key="last-handled-configuration"
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
     # One replica (Deployment strategy Recreate): no peering CRDs, no peering RBAC, and none of
     # the freezes of a lingering old peer (kopf #1276). Two replicas would double-apply, not help.

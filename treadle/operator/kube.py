@@ -24,22 +24,35 @@ COLLECTIONS: Mapping[str, str] = {
     "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
     "Service": "/api/v1/namespaces/{ns}/services",
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
 }
 JOBS_PATH = f"/apis/{v1alpha1.GROUP}/{v1alpha1.VERSION}/namespaces/{{ns}}/{v1alpha1.PLURAL}"
 TIMEOUT = (5.0, 30.0)  # connect, read (seconds): a hung call must not hold a worker thread forever
 
 
-def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+def load_configuration(
+    kubeconfig: str | None = None, *, environ: Mapping[str, str] | None = None
+) -> kubernetes.client.Configuration:
     """Fresh credentials: in-cluster in a pod (unless a kubeconfig is given), else the kubeconfig.
 
-    Read anew on every call, so a re-login picks up a rotated ServiceAccount token.
+    Read anew on every call, so a re-login picks up a rotated ServiceAccount token. ``environ``
+    (default ``os.environ``) decides which: ``KUBERNETES_SERVICE_HOST`` / ``KUBECONFIG``. Raises
+    ``kubernetes.config.ConfigException`` (or ``OSError``) when there are no credentials.
     """
+    env = os.environ if environ is None else environ
     configuration = kubernetes.client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    if kubeconfig is None and env.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
+            token_filename=kubernetes.config.incluster_config.SERVICE_TOKEN_FILENAME,
+            cert_filename=kubernetes.config.incluster_config.SERVICE_CERT_FILENAME,
+            try_refresh_token=True,
+            environ=env,
+        ).load_and_set(configuration)
     else:
         # Pass the path explicitly: the client reads $KUBECONFIG only once, at import time.
-        path = kubeconfig or os.environ.get("KUBECONFIG") or None
+        path = kubeconfig or env.get("KUBECONFIG") or None
         kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, client_configuration=configuration
         )
@@ -53,9 +66,11 @@ class Kube:
         self.api = api
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, *, pool_size: int = 16) -> Kube:
+    def from_environment(
+        cls, kubeconfig: str | None = None, *, pool_size: int = 16, environ: Mapping[str, str] | None = None
+    ) -> Kube:
         """In-cluster credentials when running in a pod, else ``kubeconfig`` / ``$KUBECONFIG``."""
-        configuration = load_configuration(kubeconfig)
+        configuration = load_configuration(kubeconfig, environ=environ)
         # One connection per worker thread, so calls never queue on the pool.
         configuration.connection_pool_maxsize = pool_size
         return cls(kubernetes.client.ApiClient(configuration))
@@ -136,6 +151,31 @@ class Kube:
         if uid:
             body["metadata"] = {"uid": uid}  # the API server treats it as a precondition
         self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self._call("GET", JOBS_PATH.format(ns=namespace) + f"/{name}")
+        return out
+
+    def patch_job(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """JSON-patch the job (``test`` operations make it fail with 422 if the job moved on)."""
+        path = JOBS_PATH.format(ns=namespace) + f"/{name}"
+        out: dict[str, Any] = self._call("PATCH", path, body=ops, content_type="application/json-patch+json")
+        return out
+
+    def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch annotations onto the job (the only write the scheduler's Role allows)."""
+        path = JOBS_PATH.format(ns=namespace) + f"/{name}"
+        body = {"metadata": {"annotations": dict(annotations)}}
+        self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+
+    def gpus_per_node(self) -> dict[str, int]:
+        """The most allocatable GPUs on one schedulable node, per accelerator class (the TP ceiling)."""
+        listed = self._call("GET", "/api/v1/nodes", query=[("labelSelector", nodes.ACCELERATOR_LABEL)])
+        out: dict[str, int] = {}
+        for node in listed.get("items", []):
+            if found := status.node_gpus(node, nodes.ACCELERATOR_LABEL, nodes.GPU_RESOURCE):
+                out[found[0]] = max(out.get(found[0], 0), found[1])
+        return out
 
     def close(self) -> None:
         self.api.close()  # type: ignore[no-untyped-call]

@@ -9,6 +9,9 @@ the garbage collector deletes them with J even while the operator is down):
 
 - ``J-config`` ConfigMap: the validated spec and the endpoint map every component reads.
 - ``J-scheduler``, ``J-placement``, ``J-buffer`` Deployments + Services: per-job coordination.
+- ``J-scheduler`` ServiceAccount + Role + RoleBinding: the one pod that talks to the API server
+  (it reports reward demand on the job), allowed to ``patch`` this one RolloutJob and nothing
+  else. Every other pod runs without a ServiceAccount token.
 - ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
 - ``J-env`` Deployment + Service: CPU environment pods.
 - ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
@@ -221,6 +224,8 @@ def _deployment(
                     "metadata": {"labels": dict(meta["labels"])},
                     "spec": {
                         "enableServiceLinks": False,
+                        # No API access unless a component's pod_spec names its ServiceAccount.
+                        "automountServiceAccountToken": False,
                         "volumes": [_config_volume(job)],
                         **pod_spec,
                     },
@@ -267,6 +272,33 @@ def render_config(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[
     )
 
 
+def render_scheduler_identity(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """The scheduler's ServiceAccount, allowed only to patch its own job (the reward-demand annotation)."""
+    name = child_name(job, "scheduler")
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, cfg, "scheduler")}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(job, cfg, "scheduler"),
+        "rules": [
+            {
+                "apiGroups": [v1alpha1.GROUP],
+                "resources": [v1alpha1.PLURAL],
+                "resourceNames": [job.name],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(job, cfg, "scheduler"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+    }
+    return [_stamp(account), _stamp(role), _stamp(binding)]
+
+
 def render_coordination(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
 ) -> list[dict[str, Any]]:
@@ -278,9 +310,11 @@ def render_coordination(
         "TREADLE_BATCH_SIZE": str(job.spec.rollout.batch_size),
     }
     container = _service_container(job, cfg, component, extra_env=extra)
+    pod: dict[str, Any] = {"containers": [container]}
+    if component == "scheduler":
+        pod |= {"serviceAccountName": child_name(job, "scheduler"), "automountServiceAccountToken": True}
     # One replica: the service's state is per job and lives in this one process (or in Redis).
-    deployment = _deployment(job, cfg, component, replicas=1, max_surge=0,
-                             pod_spec={"containers": [container]})  # fmt: skip
+    deployment = _deployment(job, cfg, component, replicas=1, max_surge=0, pod_spec=pod)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     deployment = _stamp(deployment)
     # Headless: a single replica needs no virtual IP (gRPC resolves the pod through DNS), and
@@ -470,7 +504,8 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
 
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """Every child of the job, in apply order (config first, inference pools last)."""
-    out = [render_config(job, cfg)]
+    # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused.
+    out = [render_config(job, cfg), *render_scheduler_identity(job, cfg)]
     for component in COORDINATION:
         out += render_coordination(job, cfg, component)
     out += render_weights(job, cfg)
