@@ -51,6 +51,9 @@ class JobConfig:
     batch_size: int
     alpha: int
     placement_policy: str
+    agents: list[str]
+    """Agents the buffer's micro-batch pipeline updates together: every policy of a multi-agent job
+    (FlexMARL), none for a single policy (the barrier then spans whoever streams)."""
 
 
 def job_config(
@@ -88,6 +91,7 @@ def job_config(
         batch_size=spec.rollout.batch_size,
         alpha=spec.rollout.staleness,
         placement_policy=spec.rollout.placement_policy,
+        agents=[a.name for a in spec.agents] if len(spec.agents) > 1 else [],
     )
 
 

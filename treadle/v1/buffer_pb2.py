@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from treadle.v1 import common_pb2 as treadle_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17treadle/v1/buffer.proto\x12\ntreadle.v1\x1a\x17treadle/v1/common.proto\":\n\nPutRequest\x12,\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x16.treadle.v1.Trajectory\"1\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"t\n\x0fGetBatchRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x18\n\x10micro_batch_size\x18\x04 \x01(\x05\x12\x0f\n\x07lease_s\x18\x05 \x01(\x01\"\x80\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12,\n\x0ctrajectories\x18\x03 \x03(\x0b\x32\x16.treadle.v1.Trajectory\x12\x16\n\x0e\x65victed_groups\x18\x04 \x01(\x05\x12\x0c\n\x04last\x18\x05 \x01(\x08\"\x1e\n\nAckRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"#\n\x0b\x41\x63kResponse\x12\x14\n\x0ctrajectories\x18\x01 \x01(\x05\"\x14\n\x12\x42ufferStatsRequest\"\x85\x03\n\x0b\x42ufferStats\x12\x0e\n\x06stored\x18\x01 \x01(\x03\x12\x15\n\rstored_groups\x18\x02 \x01(\x03\x12\x16\n\x0eleased_batches\x18\x03 \x01(\x03\x12\x0b\n\x03put\x18\x04 \x01(\x03\x12\x12\n\nduplicates\x18\x05 \x01(\x03\x12\x11\n\tcompleted\x18\x06 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x07 \x01(\x03\x12\x0f\n\x07\x61\x62orted\x18\x08 \x01(\x03\x12\x11\n\tdelivered\x18\t \x01(\x03\x12\r\n\x05\x61\x63ked\x18\n \x01(\x03\x12\x13\n\x0bredelivered\x18\x0b \x01(\x03\x12\x0f\n\x07\x65victed\x18\x0c \x01(\x03\x12\x1c\n\x14retired_empty_groups\x18\r \x01(\x03\x12\x45\n\x10\x66\x61iled_by_reason\x18\x0e \x03(\x0b\x32+.treadle.v1.BufferStats.FailedByReasonEntry\x1a\x35\n\x13\x46\x61iledByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xb7\x02\n\x06\x42uffer\x12\x36\n\x03Put\x12\x16.treadle.v1.PutRequest\x1a\x17.treadle.v1.PutResponse\x12:\n\x08GetBatch\x12\x1b.treadle.v1.GetBatchRequest\x1a\x11.treadle.v1.Batch\x12?\n\x0bStreamBatch\x12\x1b.treadle.v1.GetBatchRequest\x1a\x11.treadle.v1.Batch0\x01\x12\x36\n\x03\x41\x63k\x12\x16.treadle.v1.AckRequest\x1a\x17.treadle.v1.AckResponse\x12@\n\x05Stats\x12\x1e.treadle.v1.BufferStatsRequest\x1a\x17.treadle.v1.BufferStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17treadle/v1/buffer.proto\x12\ntreadle.v1\x1a\x17treadle/v1/common.proto\":\n\nPutRequest\x12,\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x16.treadle.v1.Trajectory\"1\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"\x83\x01\n\x0fGetBatchRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x18\n\x10micro_batch_size\x18\x04 \x01(\x05\x12\x0f\n\x07lease_s\x18\x05 \x01(\x01\x12\r\n\x05\x61gent\x18\x06 \x01(\t\"\xa3\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12,\n\x0ctrajectories\x18\x03 \x03(\x0b\x32\x16.treadle.v1.Trajectory\x12\x16\n\x0e\x65victed_groups\x18\x04 \x01(\x05\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x12\n\nloss_scale\x18\x06 \x01(\x01\x12\r\n\x05\x61gent\x18\x07 \x01(\t\"6\n\x12\x41waitUpdateRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"-\n\x0c\x41gentRescale\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61\x63tor\x18\x02 \x01(\x01\"H\n\rUnifiedUpdate\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12)\n\x07rescale\x18\x02 \x03(\x0b\x32\x18.treadle.v1.AgentRescale\"\x1e\n\nAckRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"#\n\x0b\x41\x63kResponse\x12\x14\n\x0ctrajectories\x18\x01 \x01(\x05\"\x14\n\x12\x42ufferStatsRequest\"\x85\x03\n\x0b\x42ufferStats\x12\x0e\n\x06stored\x18\x01 \x01(\x03\x12\x15\n\rstored_groups\x18\x02 \x01(\x03\x12\x16\n\x0eleased_batches\x18\x03 \x01(\x03\x12\x0b\n\x03put\x18\x04 \x01(\x03\x12\x12\n\nduplicates\x18\x05 \x01(\x03\x12\x11\n\tcompleted\x18\x06 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x07 \x01(\x03\x12\x0f\n\x07\x61\x62orted\x18\x08 \x01(\x03\x12\x11\n\tdelivered\x18\t \x01(\x03\x12\r\n\x05\x61\x63ked\x18\n \x01(\x03\x12\x13\n\x0bredelivered\x18\x0b \x01(\x03\x12\x0f\n\x07\x65victed\x18\x0c \x01(\x03\x12\x1c\n\x14retired_empty_groups\x18\r \x01(\x03\x12\x45\n\x10\x66\x61iled_by_reason\x18\x0e \x03(\x0b\x32+.treadle.v1.BufferStats.FailedByReasonEntry\x1a\x35\n\x13\x46\x61iledByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x81\x03\n\x06\x42uffer\x12\x36\n\x03Put\x12\x16.treadle.v1.PutRequest\x1a\x17.treadle.v1.PutResponse\x12:\n\x08GetBatch\x12\x1b.treadle.v1.GetBatchRequest\x1a\x11.treadle.v1.Batch\x12?\n\x0bStreamBatch\x12\x1b.treadle.v1.GetBatchRequest\x1a\x11.treadle.v1.Batch0\x01\x12H\n\x0b\x41waitUpdate\x12\x1e.treadle.v1.AwaitUpdateRequest\x1a\x19.treadle.v1.UnifiedUpdate\x12\x36\n\x03\x41\x63k\x12\x16.treadle.v1.AckRequest\x1a\x17.treadle.v1.AckResponse\x12@\n\x05Stats\x12\x1e.treadle.v1.BufferStatsRequest\x1a\x17.treadle.v1.BufferStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,20 +38,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTREQUEST']._serialized_end=122
   _globals['_PUTRESPONSE']._serialized_start=124
   _globals['_PUTRESPONSE']._serialized_end=173
-  _globals['_GETBATCHREQUEST']._serialized_start=175
-  _globals['_GETBATCHREQUEST']._serialized_end=291
-  _globals['_BATCH']._serialized_start=294
-  _globals['_BATCH']._serialized_end=422
-  _globals['_ACKREQUEST']._serialized_start=424
-  _globals['_ACKREQUEST']._serialized_end=454
-  _globals['_ACKRESPONSE']._serialized_start=456
-  _globals['_ACKRESPONSE']._serialized_end=491
-  _globals['_BUFFERSTATSREQUEST']._serialized_start=493
-  _globals['_BUFFERSTATSREQUEST']._serialized_end=513
-  _globals['_BUFFERSTATS']._serialized_start=516
-  _globals['_BUFFERSTATS']._serialized_end=905
-  _globals['_BUFFERSTATS_FAILEDBYREASONENTRY']._serialized_start=852
-  _globals['_BUFFERSTATS_FAILEDBYREASONENTRY']._serialized_end=905
-  _globals['_BUFFER']._serialized_start=908
-  _globals['_BUFFER']._serialized_end=1219
+  _globals['_GETBATCHREQUEST']._serialized_start=176
+  _globals['_GETBATCHREQUEST']._serialized_end=307
+  _globals['_BATCH']._serialized_start=310
+  _globals['_BATCH']._serialized_end=473
+  _globals['_AWAITUPDATEREQUEST']._serialized_start=475
+  _globals['_AWAITUPDATEREQUEST']._serialized_end=529
+  _globals['_AGENTRESCALE']._serialized_start=531
+  _globals['_AGENTRESCALE']._serialized_end=576
+  _globals['_UNIFIEDUPDATE']._serialized_start=578
+  _globals['_UNIFIEDUPDATE']._serialized_end=650
+  _globals['_ACKREQUEST']._serialized_start=652
+  _globals['_ACKREQUEST']._serialized_end=682
+  _globals['_ACKRESPONSE']._serialized_start=684
+  _globals['_ACKRESPONSE']._serialized_end=719
+  _globals['_BUFFERSTATSREQUEST']._serialized_start=721
+  _globals['_BUFFERSTATSREQUEST']._serialized_end=741
+  _globals['_BUFFERSTATS']._serialized_start=744
+  _globals['_BUFFERSTATS']._serialized_end=1133
+  _globals['_BUFFERSTATS_FAILEDBYREASONENTRY']._serialized_start=1080
+  _globals['_BUFFERSTATS_FAILEDBYREASONENTRY']._serialized_end=1133
+  _globals['_BUFFER']._serialized_start=1136
+  _globals['_BUFFER']._serialized_end=1521
 # @@protoc_insertion_point(module_scope)

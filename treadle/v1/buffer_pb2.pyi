@@ -72,6 +72,7 @@ class GetBatchRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     MICRO_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     LEASE_S_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     batch_size: _builtins.int
     version: _builtins.int
     """Policy version the trainer is at; groups initiated before version - alpha are evicted."""
@@ -80,6 +81,8 @@ class GetBatchRequest(_message.Message):
     """Only for StreamBatch."""
     lease_s: _builtins.float
     """How long the batch stays leased before it is redelivered; 0 means the server default."""
+    agent: _builtins.str
+    """The agent whose experience table to read (FlexMARL); empty reads every agent's groups."""
     def __init__(
         self,
         *,
@@ -88,10 +91,11 @@ class GetBatchRequest(_message.Message):
         timeout_s: _builtins.float = ...,
         micro_batch_size: _builtins.int = ...,
         lease_s: _builtins.float = ...,
+        agent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "lease_s", b"lease_s", "micro_batch_size", b"micro_batch_size", "timeout_s", b"timeout_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "batch_size", b"batch_size", "lease_s", b"lease_s", "micro_batch_size", b"micro_batch_size", "timeout_s", b"timeout_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -106,11 +110,16 @@ class Batch(_message.Message):
     TRAJECTORIES_FIELD_NUMBER: _builtins.int
     EVICTED_GROUPS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    LOSS_SCALE_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
     evicted_groups: _builtins.int
     """Groups evicted as stale while forming this batch."""
     last: _builtins.bool
     """StreamBatch: true on the micro-batch that completes the batch."""
+    loss_scale: _builtins.float
+    """StreamBatch: samples / the agent's target, the factor for this micro-batch's accumulated loss."""
+    agent: _builtins.str
     @_builtins.property
     def group_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -123,14 +132,85 @@ class Batch(_message.Message):
         trajectories: _abc.Iterable[_common_pb2.Trajectory] | None = ...,
         evicted_groups: _builtins.int = ...,
         last: _builtins.bool = ...,
+        loss_scale: _builtins.float = ...,
+        agent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "evicted_groups", b"evicted_groups", "group_ids", b"group_ids", "last", b"last", "trajectories", b"trajectories"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "batch_id", b"batch_id", "evicted_groups", b"evicted_groups", "group_ids", b"group_ids", "last", b"last", "loss_scale", b"loss_scale", "trajectories", b"trajectories"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Batch: _TypeAlias = Batch  # noqa: Y015
+
+@_typing.final
+class AwaitUpdateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    timeout_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitUpdateRequest: _TypeAlias = AwaitUpdateRequest  # noqa: Y015
+
+@_typing.final
+class AgentRescale(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    FACTOR_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    factor: _builtins.float
+    """target / trained: 1.0 unless the agent ended its step short of its target."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        factor: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "factor", b"factor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentRescale: _TypeAlias = AgentRescale  # noqa: Y015
+
+@_typing.final
+class UnifiedUpdate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    RESCALE_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """The pipeline step this update closes (0, 1, ...)."""
+    @_builtins.property
+    def rescale(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentRescale]: ...
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        rescale: _abc.Iterable[Global___AgentRescale] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rescale", b"rescale", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnifiedUpdate: _TypeAlias = UnifiedUpdate  # noqa: Y015
 
 @_typing.final
 class AckRequest(_message.Message):

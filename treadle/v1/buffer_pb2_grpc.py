@@ -49,6 +49,11 @@ class BufferStub:
                 request_serializer=treadle_dot_v1_dot_buffer__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=treadle_dot_v1_dot_buffer__pb2.Batch.FromString,
                 _registered_method=True)
+        self.AwaitUpdate = channel.unary_unary(
+                '/treadle.v1.Buffer/AwaitUpdate',
+                request_serializer=treadle_dot_v1_dot_buffer__pb2.AwaitUpdateRequest.SerializeToString,
+                response_deserializer=treadle_dot_v1_dot_buffer__pb2.UnifiedUpdate.FromString,
+                _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/treadle.v1.Buffer/Ack',
                 request_serializer=treadle_dot_v1_dot_buffer__pb2.AckRequest.SerializeToString,
@@ -80,8 +85,19 @@ class BufferServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamBatch(self, request, context):
-        """FlexMARL micro-batch release: stream micro-batches of at least micro_batch_size as they fill,
-        until batch_size trajectories have been sent. Each micro-batch is leased and acked on its own.
+        """FlexMARL micro-batch release (treadle.policy.flexmarl.pipeline): stream one agent's micro-batches
+        of micro_batch_size as they fill, until batch_size (the agent's target this step) have been sent.
+        Each micro-batch is leased and acked on its own; its ack counts it as trained. When no micro-batch
+        fills within timeout_s the agent's rollout is taken as done: what is ready goes out as a tail and
+        the stream ends (DEADLINE_EXCEEDED if nothing at all was sent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AwaitUpdate(self, request, context):
+        """FlexMARL unified update: block until every agent of the job has trained its micro-batches of this
+        step (or ran out of rollouts), then answer every agent's trainer with the same update.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -117,6 +133,11 @@ def add_BufferServicer_to_server(servicer, server):
                     servicer.StreamBatch,
                     request_deserializer=treadle_dot_v1_dot_buffer__pb2.GetBatchRequest.FromString,
                     response_serializer=treadle_dot_v1_dot_buffer__pb2.Batch.SerializeToString,
+            ),
+            'AwaitUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitUpdate,
+                    request_deserializer=treadle_dot_v1_dot_buffer__pb2.AwaitUpdateRequest.FromString,
+                    response_serializer=treadle_dot_v1_dot_buffer__pb2.UnifiedUpdate.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
@@ -210,6 +231,33 @@ class Buffer:
             '/treadle.v1.Buffer/StreamBatch',
             treadle_dot_v1_dot_buffer__pb2.GetBatchRequest.SerializeToString,
             treadle_dot_v1_dot_buffer__pb2.Batch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/treadle.v1.Buffer/AwaitUpdate',
+            treadle_dot_v1_dot_buffer__pb2.AwaitUpdateRequest.SerializeToString,
+            treadle_dot_v1_dot_buffer__pb2.UnifiedUpdate.FromString,
             options,
             channel_credentials,
             insecure,

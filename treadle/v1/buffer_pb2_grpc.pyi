@@ -40,8 +40,15 @@ class BufferStub:
     until timeout_s passes (DEADLINE_EXCEEDED). Evicts groups older than version - alpha first.
     """
     StreamBatch: _grpc.UnaryStreamMultiCallable[_buffer_pb2.GetBatchRequest, _buffer_pb2.Batch]
-    """FlexMARL micro-batch release: stream micro-batches of at least micro_batch_size as they fill,
-    until batch_size trajectories have been sent. Each micro-batch is leased and acked on its own.
+    """FlexMARL micro-batch release (treadle.policy.flexmarl.pipeline): stream one agent's micro-batches
+    of micro_batch_size as they fill, until batch_size (the agent's target this step) have been sent.
+    Each micro-batch is leased and acked on its own; its ack counts it as trained. When no micro-batch
+    fills within timeout_s the agent's rollout is taken as done: what is ready goes out as a tail and
+    the stream ends (DEADLINE_EXCEEDED if nothing at all was sent).
+    """
+    AwaitUpdate: _grpc.UnaryUnaryMultiCallable[_buffer_pb2.AwaitUpdateRequest, _buffer_pb2.UnifiedUpdate]
+    """FlexMARL unified update: block until every agent of the job has trained its micro-batches of this
+    step (or ran out of rollouts), then answer every agent's trainer with the same update.
     """
     Ack: _grpc.UnaryUnaryMultiCallable[_buffer_pb2.AckRequest, _buffer_pb2.AckResponse]
     """Confirm a batch was consumed; its trajectories are deleted."""
@@ -57,8 +64,15 @@ class BufferAsyncStub(BufferStub):
     until timeout_s passes (DEADLINE_EXCEEDED). Evicts groups older than version - alpha first.
     """
     StreamBatch: _aio.UnaryStreamMultiCallable[_buffer_pb2.GetBatchRequest, _buffer_pb2.Batch]  # type: ignore[assignment]
-    """FlexMARL micro-batch release: stream micro-batches of at least micro_batch_size as they fill,
-    until batch_size trajectories have been sent. Each micro-batch is leased and acked on its own.
+    """FlexMARL micro-batch release (treadle.policy.flexmarl.pipeline): stream one agent's micro-batches
+    of micro_batch_size as they fill, until batch_size (the agent's target this step) have been sent.
+    Each micro-batch is leased and acked on its own; its ack counts it as trained. When no micro-batch
+    fills within timeout_s the agent's rollout is taken as done: what is ready goes out as a tail and
+    the stream ends (DEADLINE_EXCEEDED if nothing at all was sent).
+    """
+    AwaitUpdate: _aio.UnaryUnaryMultiCallable[_buffer_pb2.AwaitUpdateRequest, _buffer_pb2.UnifiedUpdate]  # type: ignore[assignment]
+    """FlexMARL unified update: block until every agent of the job has trained its micro-batches of this
+    step (or ran out of rollouts), then answer every agent's trainer with the same update.
     """
     Ack: _aio.UnaryUnaryMultiCallable[_buffer_pb2.AckRequest, _buffer_pb2.AckResponse]  # type: ignore[assignment]
     """Confirm a batch was consumed; its trajectories are deleted."""
@@ -89,8 +103,21 @@ class BufferServicer(metaclass=_abc_1.ABCMeta):
         request: _buffer_pb2.GetBatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_buffer_pb2.Batch], _abc.AsyncIterator[_buffer_pb2.Batch]]:
-        """FlexMARL micro-batch release: stream micro-batches of at least micro_batch_size as they fill,
-        until batch_size trajectories have been sent. Each micro-batch is leased and acked on its own.
+        """FlexMARL micro-batch release (treadle.policy.flexmarl.pipeline): stream one agent's micro-batches
+        of micro_batch_size as they fill, until batch_size (the agent's target this step) have been sent.
+        Each micro-batch is leased and acked on its own; its ack counts it as trained. When no micro-batch
+        fills within timeout_s the agent's rollout is taken as done: what is ready goes out as a tail and
+        the stream ends (DEADLINE_EXCEEDED if nothing at all was sent).
+        """
+
+    @_abc_1.abstractmethod
+    def AwaitUpdate(
+        self,
+        request: _buffer_pb2.AwaitUpdateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_buffer_pb2.UnifiedUpdate, _abc.Awaitable[_buffer_pb2.UnifiedUpdate]]:
+        """FlexMARL unified update: block until every agent of the job has trained its micro-batches of this
+        step (or ran out of rollouts), then answer every agent's trainer with the same update.
         """
 
     @_abc_1.abstractmethod

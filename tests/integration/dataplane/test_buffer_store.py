@@ -51,11 +51,13 @@ def traj(
     status: str = "completed",
     reason: str = "",
     reward: float = 1.0,
+    agent: str = "",
 ) -> common_pb2.Trajectory:
     t = common_pb2.Trajectory(
         trajectory_id=tid,
         group_id=gid,
         task=task,
+        agent=agent,
         group_size=size,
         init_version=version,
         status=status,
@@ -231,3 +233,109 @@ async def test_bad_get_batch(backend: store.Store, kwargs: dict[str, float], fie
     with pytest.raises(SpecError) as err:
         await svc.get_batch(**args)  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+async def test_each_agent_reads_its_own_experience_table(backend: store.Store) -> None:
+    svc = make(backend)
+    await svc.put(
+        [*group("p1", agent="planner"), *group("e1", agent="executor"), *group("p2", agent="planner")]
+    )
+    planner = await svc.get_batch(batch_size=4, version=0, timeout_s=0, agent="planner")
+    assert list(planner.group_ids) == ["p1", "p2"]
+    assert {t.agent for t in planner.trajectories} == {"planner"}
+    with pytest.raises(TimeoutError):  # the executor's table holds one group of 2
+        await svc.get_batch(batch_size=4, version=0, timeout_s=0, agent="executor")
+    anyone = await svc.get_batch(batch_size=2, version=0, timeout_s=0)  # no agent: every table
+    assert list(anyone.group_ids) == ["e1"]
+    for batch in (planner, anyone):
+        await svc.ack(batch.batch_id)
+    assert (await svc.stats()).stored == 0
+
+
+async def test_a_group_belongs_to_one_agent(backend: store.Store) -> None:
+    svc = make(backend)
+    await svc.put([traj("g-0", "g", agent="planner")])
+    with pytest.raises(SpecError) as err:
+        await svc.put([traj("g-1", "g", agent="executor")])
+    assert err.value.field == "trajectories[0].agent" and "stored for agent 'planner'" in str(err.value)
+    assert (await svc.stats()).stored == 1
+
+
+async def test_expired_lease_returns_to_its_agents_table(backend: store.Store) -> None:
+    clock = Clock()
+    svc = make(backend, clock)
+    await svc.put(group("p1", agent="planner"))
+    first = await svc.get_batch(batch_size=2, version=0, timeout_s=0, agent="planner", lease_s=10)
+    clock.now += 11
+    again = await svc.get_batch(batch_size=2, version=0, timeout_s=0, agent="planner")
+    assert list(again.group_ids) == ["p1"] and again.batch_id != first.batch_id
+
+
+async def test_micro_batch_pipeline_releases_per_agent_and_updates_all_together(backend: store.Store) -> None:
+    # FlexMARL: each agent trains 4 samples per step in micro-batches of 2; groups of 2.
+    svc = make(backend, agents=["executor", "planner"])
+    await svc.put(
+        [*group("p1", agent="planner"), *group("p2", agent="planner"), *group("e1", agent="executor")]
+    )
+    planner = [
+        m
+        async for m in svc.stream_batch(
+            batch_size=4, micro_batch_size=2, version=0, timeout_s=0, agent="planner"
+        )
+    ]
+    assert [list(m.group_ids) for m in planner] == [["p1"], ["p2"]]
+    assert [(m.loss_scale, m.last, m.agent) for m in planner] == [
+        (0.5, False, "planner"),
+        (0.5, True, "planner"),
+    ]
+    # The executor's rollout ends short: its micro-batch is released, then the stream ends on the timeout.
+    executor = [
+        m
+        async for m in svc.stream_batch(
+            batch_size=4, micro_batch_size=2, version=0, timeout_s=0, agent="executor"
+        )
+    ]
+    assert [list(m.group_ids) for m in executor] == [["e1"]]
+    with pytest.raises(TimeoutError, match="agents short"):  # nothing is trained yet: no update
+        await svc.await_update(agent="planner", timeout_s=0)
+    for m in planner:
+        await svc.ack(m.batch_id)
+    with pytest.raises(TimeoutError):  # the executor's micro-batch is not trained yet
+        await svc.await_update(agent="planner", timeout_s=0)
+    await svc.ack(executor[0].batch_id)
+    updates = [await svc.await_update(agent=a, timeout_s=0) for a in ("planner", "executor")]
+    assert updates[0] == updates[1]
+    assert updates[0].step == 0
+    assert {r.agent: r.factor for r in updates[0].rescale} == {"executor": 2.0, "planner": 1.0}
+    # The next step starts from zero for every agent.
+    await svc.put(group("p3", agent="planner"))
+    nxt = [
+        m
+        async for m in svc.stream_batch(
+            batch_size=2, micro_batch_size=2, version=0, timeout_s=0, agent="planner"
+        )
+    ]
+    assert [list(m.group_ids) for m in nxt] == [["p3"]] and svc.pipeline.step == 1
+
+
+async def test_the_barrier_waits_for_an_agent_that_has_not_streamed(backend: store.Store) -> None:
+    svc = make(backend, agents=["executor", "planner"])
+    await svc.put(group("p1", agent="planner"))
+    micro = [
+        m
+        async for m in svc.stream_batch(
+            batch_size=2, micro_batch_size=2, version=0, timeout_s=0, agent="planner"
+        )
+    ]
+    await svc.ack(micro[0].batch_id)
+    with pytest.raises(TimeoutError):
+        await svc.await_update(agent="planner", timeout_s=0.05)
+
+
+async def test_a_stream_with_nothing_ready_times_out(backend: store.Store) -> None:
+    svc = make(backend)
+    with pytest.raises(TimeoutError, match="no micro-batch of agent 'planner'"):
+        async for _ in svc.stream_batch(
+            batch_size=2, micro_batch_size=1, version=0, timeout_s=0.05, agent="planner"
+        ):
+            pass

@@ -72,7 +72,10 @@ def test_every_coordination_service_starts_from_the_rendered_env(tmp_path: Path)
     assert place.tasks["gem-math"].affinity == "decode-heavy"
     buf = buffer_main.parse_args([], pod_env(tmp_path, "buffer"))
     assert buf.namespace == "default/math-tool" and buf.redis == config.OperatorConfig().redis_url
-    assert (buf.alpha, buf.task_weights) == (1, {"gem-math": 1.0})
+    assert (buf.alpha, buf.task_weights, buf.agents) == (1, {"gem-math": 1.0}, [])
+    # A multi-agent job's buffer updates its agents together (FlexMARL's barrier).
+    two = buffer_main.parse_args([], pod_env(tmp_path, "buffer", job("two-agent-flexmarl.yaml")))
+    assert two.agents == ["planner", "executor"]
 
 
 def test_flags_override_the_environment(tmp_path: Path) -> None:

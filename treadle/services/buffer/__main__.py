@@ -32,6 +32,7 @@ class Config:
     namespace: str
     alpha: int
     task_weights: dict[str, float]
+    agents: list[str]
     lease_s: float
 
 
@@ -44,6 +45,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${podenv.KEY_PREFIX})")
     p.add_argument("--alpha", type=int, help="staleness bound in policy versions (the job's)")
     p.add_argument("--task-weights", help='JSON object task -> batch weight, e.g. {"math": 1} (the job\'s)')
+    p.add_argument(
+        "--agents", help="JSON list of the agents the micro-batch pipeline updates together (the job's)"
+    )
     p.add_argument("--lease-s", type=float, default=300.0, help="default lease before redelivery")
     a = p.parse_args(argv)
     job = podenv.Job(environ)
@@ -55,6 +59,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             namespace=a.namespace or environ.get(podenv.KEY_PREFIX) or "default",
             alpha=a.alpha if a.alpha is not None else job.config.alpha,
             task_weights=json.loads(a.task_weights) if a.task_weights else job.config.task_weights,
+            agents=json.loads(a.agents) if a.agents else (job.config.agents if job.present else []),
             lease_s=a.lease_s,
         )  # fmt: skip
 
@@ -68,8 +73,9 @@ async def main(cfg: Config) -> None:
         else store.MemoryStore()
     )
     svc = service.BufferService(
-        store=backend, alpha=cfg.alpha, task_weights=cfg.task_weights, default_lease_s=cfg.lease_s
-    )
+        store=backend, alpha=cfg.alpha, task_weights=cfg.task_weights, agents=cfg.agents,
+        default_lease_s=cfg.lease_s,
+    )  # fmt: skip
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)

@@ -27,10 +27,10 @@ class BufferClient:
         return protocol.PutResult(stored=reply.stored, duplicates=reply.duplicates)
 
     async def get_batch(
-        self, *, batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0
+        self, *, batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0, agent: str = ""
     ) -> buffer_pb2.Batch:
         req = buffer_pb2.GetBatchRequest(
-            batch_size=batch_size, version=version, timeout_s=timeout_s, lease_s=lease_s
+            batch_size=batch_size, version=version, timeout_s=timeout_s, lease_s=lease_s, agent=agent
         )
         try:
             reply: buffer_pb2.Batch = await self._stub.GetBatch(req)
@@ -39,11 +39,12 @@ class BufferClient:
         return reply
 
     async def stream_batch(
-        self, *, batch_size: int, micro_batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0
-    ) -> AsyncIterator[buffer_pb2.Batch]:
+        self, *, batch_size: int, micro_batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0,
+        agent: str = "",
+    ) -> AsyncIterator[buffer_pb2.Batch]:  # fmt: skip
         req = buffer_pb2.GetBatchRequest(
             batch_size=batch_size, micro_batch_size=micro_batch_size, version=version, timeout_s=timeout_s,
-            lease_s=lease_s,
+            lease_s=lease_s, agent=agent,
         )  # fmt: skip
         try:
             async for micro in self._stub.StreamBatch(req):
@@ -57,6 +58,15 @@ class BufferClient:
         except grpc.aio.AioRpcError as exc:
             raise status.from_rpc_error(exc, what="buffer.Ack") from exc
         return int(reply.trajectories)
+
+    async def await_update(self, *, agent: str, timeout_s: float) -> buffer_pb2.UnifiedUpdate:
+        """Block until every agent is through the pipeline step (FlexMARL's unified update)."""
+        req = buffer_pb2.AwaitUpdateRequest(agent=agent, timeout_s=timeout_s)
+        try:
+            reply: buffer_pb2.UnifiedUpdate = await self._stub.AwaitUpdate(req)
+        except grpc.aio.AioRpcError as exc:
+            raise status.from_rpc_error(exc, what="buffer.AwaitUpdate") from exc
+        return reply
 
     async def stats(self) -> buffer_pb2.BufferStats:
         try:

@@ -28,7 +28,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServicer):
     async def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: Any) -> buffer_pb2.Batch:
         return await self.svc.get_batch(
             batch_size=request.batch_size, version=request.version, timeout_s=request.timeout_s,
-            lease_s=request.lease_s,
+            lease_s=request.lease_s, agent=request.agent,
         )  # fmt: skip
 
     async def StreamBatch(
@@ -36,9 +36,14 @@ class BufferServicer(buffer_pb2_grpc.BufferServicer):
     ) -> AsyncIterator[buffer_pb2.Batch]:
         async for micro in self.svc.stream_batch(
             batch_size=request.batch_size, micro_batch_size=request.micro_batch_size, version=request.version,
-            timeout_s=request.timeout_s, lease_s=request.lease_s,
+            timeout_s=request.timeout_s, lease_s=request.lease_s, agent=request.agent,
         ):  # fmt: skip
             yield micro
+
+    async def AwaitUpdate(
+        self, request: buffer_pb2.AwaitUpdateRequest, context: Any
+    ) -> buffer_pb2.UnifiedUpdate:
+        return await self.svc.await_update(agent=request.agent, timeout_s=request.timeout_s)
 
     async def Ack(self, request: buffer_pb2.AckRequest, context: Any) -> buffer_pb2.AckResponse:
         return buffer_pb2.AckResponse(trajectories=await self.svc.ack(request.batch_id))

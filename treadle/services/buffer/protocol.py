@@ -33,6 +33,8 @@ class Record(typing.NamedTuple):
     trajectory_id: str
     group_id: str
     task: str
+    agent: str
+    """The agent whose experience table holds it (FlexMARL); empty for a single-policy job."""
     group_size: int
     init_version: int
     status: str
@@ -57,6 +59,8 @@ def to_records(trajectories: Sequence[common_pb2.Trajectory], *, max_bytes: int)
         _check_id(t.trajectory_id, f"{at}.trajectory_id")
         _check_id(t.group_id, f"{at}.group_id")
         _check_id(t.task, f"{at}.task")
+        if t.agent:
+            _check_id(t.agent, f"{at}.agent")
         if not 1 <= t.group_size <= MAX_GROUP_SIZE:
             raise SpecError(
                 f"must be within [1, {MAX_GROUP_SIZE}]", field=f"{at}.group_size", value=t.group_size
@@ -87,6 +91,7 @@ def to_records(trajectories: Sequence[common_pb2.Trajectory], *, max_bytes: int)
                 trajectory_id=t.trajectory_id,
                 group_id=t.group_id,
                 task=t.task,
+                agent=t.agent,
                 group_size=t.group_size,
                 init_version=t.init_version,
                 status=t.status,
@@ -110,16 +115,18 @@ def _check_groups_agree(records: Sequence[Record]) -> None:
     first: dict[str, tuple[int, Record]] = {}
     for i, r in enumerate(records):
         seen = first.setdefault(r.group_id, (i, r))[1]
-        if (seen.task, seen.group_size) != (r.task, r.group_size):
+        if (seen.task, seen.agent, seen.group_size) != (r.task, r.agent, r.group_size):
             raise SpecError(
-                f"group {r.group_id!r} differs in task or group_size from an earlier member",
+                f"group {r.group_id!r} differs in task, agent or group_size from an earlier member",
                 field=f"trajectories[{i}]",
             )
 
 
 def check_batch_request(
-    *, batch_size: int, timeout_s: float, lease_s: float, micro_batch_size: int | None
+    *, batch_size: int, timeout_s: float, lease_s: float, micro_batch_size: int | None, agent: str = ""
 ) -> None:
+    if agent:
+        _check_id(agent, "agent")
     if not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise SpecError(f"must be within [1, {MAX_BATCH_SIZE}]", field="batch_size", value=batch_size)
     if not 0.0 <= timeout_s <= MAX_TIMEOUT_S:

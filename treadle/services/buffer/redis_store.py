@@ -7,10 +7,11 @@ Redis lock. Every key shares the ``{namespace}`` hash tag, so in Redis Cluster a
 live in one slot and the scripts stay valid.
 
 Keys (``P`` = ``treadle:buf:{namespace}:``): ``P t:<id>`` payload, ``P g:<group>`` hash (task,
-expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<status-initial>:<id>``,
-``P pending`` zset group -> seq, ``P lease:<batch>`` groups joined by newlines, ``P leases`` zset
-batch -> deadline, ``P seen`` / ``P gone`` sets, ``P stats`` and ``P reasons`` hashes, ``P seq``
-counter. Ids and task names hold no control characters
+agent, expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<status-initial>:<id>``,
+``P pending`` zset group -> seq, ``P pa:<agent>`` the same zset for one agent's experience table
+(FlexMARL; kept in step with ``P pending`` by every script), ``P lease:<batch>`` groups joined by
+newlines, ``P leases`` zset batch -> deadline, ``P seen`` / ``P gone`` sets, ``P stats`` and
+``P reasons`` hashes, ``P seq`` counter. Ids and task names hold no control characters
 (``protocol`` checks), so newlines and ``\x1f`` can separate them.
 """
 
@@ -26,8 +27,9 @@ from treadle.errors import NotFound
 from treadle.policy import batching
 from treadle.services.buffer import protocol, store
 
-# ARGV: prefix, n, then per record: meta ("tid US gid US task US size US version US status US reason",
-# US = \x1f; ids and task hold no control characters, the reason comes last) and the payload.
+# ARGV: prefix, n, then per record: meta ("tid US gid US task US size US version US status US agent US
+# reason", US = \x1f; ids, task and agent hold no control characters, the reason comes last) and the
+# payload.
 _PUT = """
 local p = ARGV[1]
 local n = tonumber(ARGV[2])
@@ -44,24 +46,25 @@ end
 local groups, order, fresh, late = {}, {}, {}, {}
 for i = 0, n - 1 do
   local m = meta[i]
-  local tid, gid, task, size = m[1], m[2], m[3], tonumber(m[4])
+  local tid, gid, task, size, agent = m[1], m[2], m[3], tonumber(m[4]), m[7]
   if redis.call('SISMEMBER', p .. 'gone', gid) == 1 then
     if redis.call('SISMEMBER', p .. 'seen', tid) == 0 then table.insert(late, tid) end
   elseif redis.call('SISMEMBER', p .. 'seen', tid) == 0 then
     local g = groups[gid]
     if not g then
-      local h = redis.call('HMGET', p .. 'g:' .. gid, 'task', 'expected', 'arrived', 'minv')
+      local h = redis.call('HMGET', p .. 'g:' .. gid, 'task', 'expected', 'arrived', 'minv', 'agent')
       if h[1] then
-        g = {new = false, task = h[1], size = tonumber(h[2]), arrived = tonumber(h[3]), minv = tonumber(h[4])}
+        g = {new = false, task = h[1], size = tonumber(h[2]), arrived = tonumber(h[3]), minv = tonumber(h[4]),
+             agent = h[5] or ''}
       else
-        g = {new = true, task = task, size = size, arrived = 0, minv = tonumber(m[5])}
+        g = {new = true, task = task, size = size, arrived = 0, minv = tonumber(m[5]), agent = agent}
       end
       g.add, g.completed, g.members = 0, 0, {}
       groups[gid] = g
       table.insert(order, gid)
     end
-    if g.task ~= task or g.size ~= size or g.arrived + g.add + 1 > g.size then
-      return {'conflict', i, g.task, g.size, g.arrived + g.add}
+    if g.task ~= task or g.agent ~= agent or g.size ~= size or g.arrived + g.add + 1 > g.size then
+      return {'conflict', i, g.task, g.size, g.arrived + g.add, g.agent}
     end
     g.add = g.add + 1
     table.insert(fresh, i)
@@ -82,7 +85,7 @@ for _, i in ipairs(fresh) do
   if status == 'completed' then g.completed = g.completed + 1 end
   count.put = count.put + 1
   count[status] = count[status] + 1
-  if status ~= 'completed' then reasons[m[7]] = (reasons[m[7]] or 0) + 1 end
+  if status ~= 'completed' then reasons[m[8]] = (reasons[m[8]] or 0) + 1 end
 end
 for _, tid in ipairs(late) do table.insert(seen, tid) end
 if #seen > 0 then redis.call('SADD', p .. 'seen', unpack(seen)) end
@@ -91,9 +94,10 @@ for _, gid in ipairs(order) do
   local g, gk = groups[gid], p .. 'g:' .. gid
   if g.new then
     local seq = redis.call('INCR', p .. 'seq')
-    redis.call('HSET', gk, 'task', g.task, 'expected', g.size, 'seq', seq, 'minv', g.minv,
+    redis.call('HSET', gk, 'task', g.task, 'agent', g.agent, 'expected', g.size, 'seq', seq, 'minv', g.minv,
                'arrived', g.add, 'completed', g.completed)
     redis.call('ZADD', p .. 'pending', seq, gid)
+    redis.call('ZADD', p .. 'pa:' .. g.agent, seq, gid)
   else
     redis.call('HSET', gk, 'minv', g.minv, 'arrived', g.arrived + g.add)
     redis.call('HINCRBY', gk, 'completed', g.completed)
@@ -108,11 +112,12 @@ if #late > 0 then redis.call('HINCRBY', p .. 'stats', 'evicted', #late) end
 return {'ok', #fresh, n - #fresh - #late}
 """
 
+# ARGV: prefix, limit, table ('pending' for every agent's groups, 'pa:<agent>' for one agent's)
 _PENDING = """
 local p = ARGV[1]
 local limit = tonumber(ARGV[2])
-local gids = redis.call('ZRANGE', p .. 'pending', 0, limit - 1)
-local out = {redis.call('ZCARD', p .. 'pending')}
+local gids = redis.call('ZRANGE', p .. ARGV[3], 0, limit - 1)
+local out = {redis.call('ZCARD', p .. ARGV[3])}
 for _, gid in ipairs(gids) do
   local g = redis.call('HMGET', p .. 'g:' .. gid, 'task', 'expected', 'seq', 'minv', 'arrived', 'completed')
   -- one string per group: a reply element per field costs more to parse than to read
@@ -129,6 +134,7 @@ local n = 0
 for i = 3, #ARGV do
   local gid = ARGV[i]
   if redis.call('ZREM', p .. 'pending', gid) == 1 then
+    redis.call('ZREM', p .. 'pa:' .. (redis.call('HGET', p .. 'g:' .. gid, 'agent') or ''), gid)
     local keys = {p .. 'g:' .. gid, p .. 'm:' .. gid}
     for _, m in ipairs(redis.call('LRANGE', p .. 'm:' .. gid, 0, -1)) do
       table.insert(keys, p .. 't:' .. string.sub(m, 3))
@@ -157,6 +163,7 @@ local gids = {}
 for i = 4, #ARGV do
   local gid = ARGV[i]
   redis.call('ZREM', p .. 'pending', gid)
+  redis.call('ZREM', p .. 'pa:' .. (redis.call('HGET', p .. 'g:' .. gid, 'agent') or ''), gid)
   table.insert(gids, gid)
   local keys = {}
   for _, m in ipairs(redis.call('LRANGE', p .. 'm:' .. gid, 0, -1)) do
@@ -199,8 +206,9 @@ for _, bid in ipairs(redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', ARGV[2])
   local lk = p .. 'lease:' .. bid
   local groups = redis.call('GET', lk) or ''
   for gid in string.gmatch(groups, '[^\\n]+') do
-    local g = redis.call('HMGET', p .. 'g:' .. gid, 'seq', 'completed')
+    local g = redis.call('HMGET', p .. 'g:' .. gid, 'seq', 'completed', 'agent')
     redis.call('ZADD', p .. 'pending', g[1], gid)
+    redis.call('ZADD', p .. 'pa:' .. (g[3] or ''), g[1], gid)
     redis.call('HINCRBY', p .. 'stats', 'redelivered', g[2])
     moved = moved + 1
   end
@@ -253,13 +261,14 @@ class RedisStore:
         args: list[Any] = [self._p, len(records)]
         for r in records:
             fields = (r.trajectory_id, r.group_id, r.task, str(r.group_size), str(r.init_version), r.status)
-            args += ["\x1f".join((*fields, r.reason)), r.payload]
+            args += ["\x1f".join((*fields, r.agent, r.reason)), r.payload]
         reply = await self._put(args=args)
         if reply[0] == b"conflict":
             i = int(reply[1])
             raise store.member_error(
-                i, records[i], task=reply[2].decode(), expected=int(reply[3]), arrived=int(reply[4])
-            )
+                i, records[i], task=reply[2].decode(), agent=reply[5].decode(), expected=int(reply[3]),
+                arrived=int(reply[4]),
+            )  # fmt: skip
         return protocol.PutResult(stored=int(reply[1]), duplicates=int(reply[2]))
 
     @contextlib.asynccontextmanager
@@ -270,8 +279,8 @@ class RedisStore:
     def lock(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locked()
 
-    async def pending(self, limit: int) -> tuple[list[batching.Group], bool]:
-        reply = await self._pending(args=[self._p, limit])
+    async def pending(self, limit: int, *, agent: str | None = None) -> tuple[list[batching.Group], bool]:
+        reply = await self._pending(args=[self._p, limit, "pending" if agent is None else f"pa:{agent}"])
         total = int(reply[0])
         out = []
         for packed in reply[1:]:

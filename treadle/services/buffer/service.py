@@ -7,6 +7,12 @@ signal here), until ``timeout_s``. Each attempt, under the store's lock: requeue
 read the oldest pending groups, evict the stale ones and retire the empty ones
 (``treadle.policy.batching``), plan, lease. A trainer that dies before ``ack`` loses nothing: the
 lease expires and the groups are delivered again.
+
+FlexMARL (``pipeline.MicroBatchPipeline`` over ``treadle.policy.flexmarl.pipeline``): each stored
+group belongs to one agent's experience table (the trajectories' ``agent``); ``get_batch`` and
+``stream_batch`` read one table or all. ``stream_batch`` releases an agent's micro-batches as its
+ready samples reach the threshold, ``ack`` counts them as trained, and ``await_update`` is the
+global barrier that answers every agent's trainer once all of them are through the step.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import prometheus_client as prom
 
 from treadle import metrics
 from treadle.policy import batching
-from treadle.services.buffer import protocol, store
+from treadle.services.buffer import pipeline, protocol, store
 from treadle.v1 import buffer_pb2, common_pb2
 
+READY_SCAN = 100_000
+"""Pending groups of one agent read at most to count its ready samples."""
 MIN_SCAN = 16
 """Pending groups read per attempt at least. The first scan reads ``max(MIN_SCAN, size // 4)`` groups
 (twice what groups of 8 need) and widens by 4x while no batch forms and more groups exist."""
@@ -59,6 +67,7 @@ class BufferService:
         store: store.Store,
         alpha: int,
         task_weights: Mapping[str, float] | None = None,
+        agents: Sequence[str] = (),
         default_lease_s: float = 300.0,
         max_trajectory_bytes: int = protocol.DEFAULT_MAX_TRAJECTORY_BYTES,
         poll_s: float = 0.05,
@@ -76,6 +85,7 @@ class BufferService:
         self.clock = clock
         self.registry = registry or prom.CollectorRegistry()
         self.metrics = BufferMetrics(self.registry)
+        self.pipeline = pipeline.MicroBatchPipeline(agents)
         self._changed = asyncio.Event()
 
     async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> protocol.PutResult:
@@ -83,40 +93,108 @@ class BufferService:
         result = await self.store.put(records)
         for status, n in collections.Counter(r.status for r in records).items():
             self.metrics.put.labels(status).inc(n)
-        # Wake every waiting get_batch; each waits on the event it saw before its attempt.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._wake()
         return result
 
+    def _wake(self) -> None:
+        # Wake every waiter (get_batch, stream_batch, await_update); each waits on the event it saw
+        # before its attempt.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     async def get_batch(
-        self, *, batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0
+        self, *, batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0, agent: str = ""
     ) -> buffer_pb2.Batch:
+        """A batch of whole groups from ``agent``'s table (empty: every table)."""
         protocol.check_batch_request(
-            batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=None
+            batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=None, agent=agent
         )
-        return await self._wait_for(batch_size, version=version, timeout_s=timeout_s, lease_s=lease_s)
+        return await self._wait_for(
+            batch_size, version=version, timeout_s=timeout_s, lease_s=lease_s, agent=agent or None
+        )
 
     async def stream_batch(
-        self, *, batch_size: int, micro_batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0
-    ) -> AsyncIterator[buffer_pb2.Batch]:
-        """Micro-batches of at least ``micro_batch_size`` until ``batch_size`` are out.
+        self, *, batch_size: int, micro_batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0,
+        agent: str = "",
+    ) -> AsyncIterator[buffer_pb2.Batch]:  # fmt: skip
+        """``agent``'s micro-batches of this pipeline step, released by FlexMARL's rule.
 
-        ``timeout_s`` bounds the wait for each micro-batch.
+        ``batch_size`` is the agent's target this step. When no micro-batch fills within ``timeout_s``
+        the agent's rollout counts as done: the ready rest goes out as a tail and the stream ends
+        (``TimeoutError`` if nothing was sent at all).
         """
         protocol.check_batch_request(
-            batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=micro_batch_size
-        )
-        remaining = batch_size
-        while remaining > 0:
-            size = min(micro_batch_size, remaining)
-            micro = await self._wait_for(size, version=version, timeout_s=timeout_s, lease_s=lease_s)
-            remaining -= len(micro.trajectories)
-            micro.last = remaining <= 0
-            yield micro
+            batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=micro_batch_size,
+            agent=agent,
+        )  # fmt: skip
+        self.pipeline.begin(agent, target=batch_size)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.pipeline.finished(agent):
+            changed = self._changed
+            ready = await self._ready(agent, version=version)
+            release = self.pipeline.next_release(agent, ready=ready, micro_batch=micro_batch_size)
+            micro = None
+            if release is not None:
+                micro = await self.try_take(
+                    release.samples, version=version, lease_s=lease_s, agent=agent or None
+                )
+            if micro is not None:
+                n = len(micro.trajectories)
+                self.pipeline.released(agent, batch_id=micro.batch_id, samples=n)
+                micro.agent = agent
+                micro.loss_scale = n / batch_size
+                micro.last = self.pipeline.finished(agent)
+                yield micro
+                deadline = loop.time() + timeout_s
+                continue
+            if self.pipeline.states[agent].rollout_done:
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                self.pipeline.rollout_done(agent)  # the tail, if any, goes on the next pass
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(self.poll_s, left))
+        if self.pipeline.states[agent].released == 0:
+            raise TimeoutError(f"no micro-batch of agent {agent!r} filled within {timeout_s}s")
+
+    async def _ready(self, agent: str, *, version: int) -> int:
+        """Completed samples of ``agent``'s ready, fresh groups (what the release rule counts)."""
+        groups, _ = await self.store.pending(READY_SCAN, agent=agent or None)
+        stale = set(batching.stale_groups(groups, version=version, alpha=self.alpha))
+        return sum(g.completed for g in groups if g.group_id not in stale and batching.is_ready(g))
 
     async def ack(self, batch_id: str) -> int:
         protocol.check_batch_id(batch_id)
-        return await self.store.ack(batch_id)
+        n = await self.store.ack(batch_id)
+        self.pipeline.acked(batch_id, n)
+        self.pipeline.try_update()
+        self._wake()
+        return n
+
+    async def await_update(self, *, agent: str, timeout_s: float) -> buffer_pb2.UnifiedUpdate:
+        """Block until the step ``agent`` is in closes (every agent through it); its update."""
+        protocol.check_batch_request(
+            batch_size=1, timeout_s=timeout_s, lease_s=0.0, micro_batch_size=None, agent=agent
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            changed = self._changed
+            self.pipeline.try_update()
+            step, update = self.pipeline.update_for(agent)
+            if update is not None:
+                return buffer_pb2.UnifiedUpdate(
+                    step=step,
+                    rescale=[buffer_pb2.AgentRescale(agent=a, factor=f) for a, f in update.rescale],
+                )
+            left = deadline - loop.time()
+            if left <= 0:
+                short = sorted(a for a, st in self.pipeline.states.items() if st.trained < st.target)
+                raise TimeoutError(f"step {step} not closed within {timeout_s}s; agents short: {short}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(self.poll_s, left))
 
     async def stats(self) -> buffer_pb2.BufferStats:
         c = await self.store.counters()
@@ -139,13 +217,13 @@ class BufferService:
         )
 
     async def _wait_for(
-        self, size: int, *, version: int, timeout_s: float, lease_s: float
+        self, size: int, *, version: int, timeout_s: float, lease_s: float, agent: str | None
     ) -> buffer_pb2.Batch:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             changed = self._changed
-            batch = await self.try_take(size, version=version, lease_s=lease_s)
+            batch = await self.try_take(size, version=version, lease_s=lease_s, agent=agent)
             if batch is not None:
                 return batch
             left = deadline - loop.time()
@@ -154,15 +232,17 @@ class BufferService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(self.poll_s, left))
 
-    async def try_take(self, size: int, *, version: int, lease_s: float = 0.0) -> buffer_pb2.Batch | None:
-        """One attempt to form and lease a batch of ``size``; ``None`` if not enough is ready."""
+    async def try_take(
+        self, size: int, *, version: int, lease_s: float = 0.0, agent: str | None = None
+    ) -> buffer_pb2.Batch | None:
+        """One attempt to form and lease a batch of ``size`` from ``agent``'s table (None: all)."""
         evicted = 0
         async with self.store.lock():
             now = self.clock()
             await self.store.requeue_expired(now)
             limit = max(MIN_SCAN, size // 4)
             while True:
-                groups, more = await self.store.pending(limit)
+                groups, more = await self.store.pending(limit, agent=agent)
                 stale = batching.stale_groups(groups, version=version, alpha=self.alpha)
                 if stale:
                     n = await self.store.evict(stale)

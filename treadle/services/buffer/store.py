@@ -58,8 +58,9 @@ class Store(Protocol):
     def lock(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Held while a batch is formed, so two buffer replicas never lease the same group."""
 
-    async def pending(self, limit: int) -> tuple[list[batching.Group], bool]:
-        """The ``limit`` oldest pending groups, and whether more exist."""
+    async def pending(self, limit: int, *, agent: str | None = None) -> tuple[list[batching.Group], bool]:
+        """The ``limit`` oldest pending groups (of ``agent``'s table; None: every table), and whether
+        more exist."""
 
     async def evict(self, group_ids: Sequence[str]) -> int:
         """Delete stale groups; returns how many trajectories went."""
@@ -81,11 +82,15 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
-def member_error(index: int, record: protocol.Record, *, task: str, expected: int, arrived: int) -> SpecError:
+def member_error(
+    index: int, record: protocol.Record, *, task: str, agent: str, expected: int, arrived: int
+) -> SpecError:
     """The one message both backends give when a record disagrees with its stored group."""
     at = f"trajectories[{index}]"
     if task != record.task:
         return SpecError(f"group {record.group_id!r} is stored with task {task!r}", field=f"{at}.task")
+    if agent != record.agent:
+        return SpecError(f"group {record.group_id!r} is stored for agent {agent!r}", field=f"{at}.agent")
     if expected != record.group_size:
         return SpecError(
             f"group {record.group_id!r} is stored with group_size {expected}", field=f"{at}.group_size"
@@ -99,6 +104,7 @@ def member_error(index: int, record: protocol.Record, *, task: str, expected: in
 @dataclasses.dataclass
 class _Group:
     task: str
+    agent: str
     expected: int
     seq: int
     min_version: int
@@ -131,10 +137,12 @@ class MemoryStore:
             if r.trajectory_id in self._seen or r.trajectory_id in batch_ids or r.group_id in self._gone:
                 continue
             g = self._groups.get(r.group_id)
-            task, expected, arrived = (g.task, g.expected, len(g.members)) if g else (r.task, r.group_size, 0)
+            task, agent, expected, arrived = (
+                (g.task, g.agent, g.expected, len(g.members)) if g else (r.task, r.agent, r.group_size, 0)
+            )
             n = arriving.get(r.group_id, arrived) + 1
-            if task != r.task or expected != r.group_size or n > expected:
-                raise member_error(i, r, task=task, expected=expected, arrived=n - 1)
+            if task != r.task or agent != r.agent or expected != r.group_size or n > expected:
+                raise member_error(i, r, task=task, agent=agent, expected=expected, arrived=n - 1)
             arriving[r.group_id] = n
             batch_ids.add(r.trajectory_id)
             fresh.append(r)
@@ -147,7 +155,9 @@ class MemoryStore:
             g = self._groups.get(r.group_id)
             if g is None:
                 self._seq += 1
-                g = self._groups[r.group_id] = _Group(r.task, r.group_size, self._seq, r.init_version, [])
+                g = self._groups[r.group_id] = _Group(
+                    r.task, r.agent, r.group_size, self._seq, r.init_version, []
+                )
                 self._pending.add(r.group_id)
             g.min_version = min(g.min_version, r.init_version)
             g.members.append((r.trajectory_id, r.status))
@@ -174,8 +184,11 @@ class MemoryStore:
     def lock(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locked()
 
-    async def pending(self, limit: int) -> tuple[list[batching.Group], bool]:
-        order = sorted(self._pending, key=lambda gid: self._groups[gid].seq)
+    async def pending(self, limit: int, *, agent: str | None = None) -> tuple[list[batching.Group], bool]:
+        table = (
+            self._pending if agent is None else {g for g in self._pending if self._groups[g].agent == agent}
+        )
+        order = sorted(table, key=lambda gid: self._groups[gid].seq)
         out = [self._summary(gid) for gid in order[:limit]]
         return out, len(order) > limit
 

@@ -1,0 +1,91 @@
+"""The buffer's state of FlexMARL's micro-batch pipeline: one step of every agent's trainer.
+
+Held by ``service.BufferService`` (one per buffer process; the operator runs one replica per job)
+and driven by its ``stream_batch`` (releases), ``ack`` (a released micro-batch is trained) and
+``await_update`` (the barrier). Every decision is ``treadle.policy.flexmarl.pipeline``'s: this
+class only keeps each agent's ``AgentBatch`` up to date and remembers which batch belongs to
+which agent. No I/O and no clock, so the unit tests drive it directly.
+
+Which agents the barrier waits for: the job's agents when it has several (``agents``), so an
+agent whose trainer has not started streaming holds the update back; otherwise whichever agents
+stream this step. After the update every agent starts the next step from zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from treadle.errors import Conflict
+from treadle.policy.flexmarl import pipeline
+
+KEEP_UPDATES = 8
+"""Past updates kept for trainers that ask late (a trainer is at most one step behind the rest)."""
+
+
+class MicroBatchPipeline:
+    def __init__(self, agents: Sequence[str] = ()) -> None:
+        self.agents = tuple(agents)
+        self.step = 0
+        self.states: dict[str, pipeline.AgentBatch] = {}
+        self.agent_step: dict[str, int] = {}
+        self.batches: dict[str, str] = {}
+        """Released, not yet acked micro-batch -> its agent."""
+        self.updates: dict[int, pipeline.Update] = {}
+
+    def begin(self, agent: str, *, target: int) -> pipeline.AgentBatch:
+        """The agent's state this step, created with ``target`` at its first stream of the step."""
+        state = self.states.get(agent)
+        if state is None:
+            state = self.states[agent] = pipeline.AgentBatch(agent_id=agent, target=target)
+            self.agent_step[agent] = self.step
+        elif state.target != target:
+            raise Conflict(
+                f"agent {agent!r} streams step {self.step} with batch_size {state.target}, not {target}"
+            )
+        return state
+
+    def next_release(self, agent: str, *, ready: int, micro_batch: int) -> pipeline.Release | None:
+        state = self.states[agent] = dataclasses.replace(self.states[agent], ready=ready)
+        return pipeline.next_release(state, micro_batch=micro_batch)
+
+    def released(self, agent: str, *, batch_id: str, samples: int) -> None:
+        s = self.states[agent]
+        self.states[agent] = dataclasses.replace(
+            s, released=s.released + samples, ready=max(0, s.ready - samples)
+        )
+        self.batches[batch_id] = agent
+
+    def rollout_done(self, agent: str) -> None:
+        self.states[agent] = dataclasses.replace(self.states[agent], rollout_done=True)
+
+    def finished(self, agent: str) -> bool:
+        """Nothing more will be released to the agent this step."""
+        s = self.states[agent]
+        return s.released >= s.target or (s.rollout_done and s.ready == 0)
+
+    def acked(self, batch_id: str, samples: int) -> None:
+        """A released micro-batch was trained (its ack); other batches are not the pipeline's."""
+        agent = self.batches.pop(batch_id, None)
+        if agent is not None and agent in self.states:
+            s = self.states[agent]
+            self.states[agent] = dataclasses.replace(s, trained=s.trained + samples)
+
+    def try_update(self) -> pipeline.Update | None:
+        """The unified update once every agent is through; it closes the step."""
+        members = self.agents or tuple(self.states)
+        if not members or any(a not in self.states for a in members):
+            return None
+        update = pipeline.next_update([self.states[a] for a in members])
+        if update is None:
+            return None
+        self.updates[self.step] = update
+        self.updates.pop(self.step - KEEP_UPDATES, None)
+        self.step += 1
+        self.states.clear()
+        return update
+
+    def update_for(self, agent: str) -> tuple[int, pipeline.Update | None]:
+        """(the agent's step, its update if that step is closed)."""
+        step = self.agent_step.get(agent, self.step)
+        return step, self.updates.get(step)
