@@ -4,7 +4,10 @@ Covers: each example lands on the right pool with TP GPUs per pod and reaches Re
 columns; scaling one pool leaves the other children untouched; suspend and resume; delete with
 the operator down still removes every child (ownerReferences, no finalizers); the API server
 rejects every manifest in manifests/invalid naming its field; a job asking more H800 GPUs than
-exist goes Degraded with InsufficientGPUCapacity while another job stays Ready; metrics.
+exist goes Degraded with InsufficientGPUCapacity while another job stays Ready; metrics; a job
+short of GPUs on purpose (blocker pods) is Degraded, then Ready once they go; the scheduler's
+reward-demand reporter, as the job's own ServiceAccount, scales the reward gateway 0 -> N -> 0;
+``treadle operator reshape`` changes one pool's TP and re-creates only that pool's pods.
 """
 
 from __future__ import annotations
