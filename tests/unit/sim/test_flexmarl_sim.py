@@ -87,3 +87,30 @@ def test_shipped_scenario_parses() -> None:
         assert workflow.core
     with pytest.raises(SpecError):
         flexmarl.parse_workflow({"entry": "a"}, field="simulation.workflows.x")
+
+
+def test_the_simulator_calls_the_policy_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlexMARL's mechanisms in the simulator are the ``treadle.policy.flexmarl`` functions themselves."""
+    from treadle.policy.flexmarl import load_balance, pipeline, sampling
+
+    calls: dict[str, int] = {}
+    targets = [
+        (sampling, "next_requests"),
+        (sampling, "on_output"),
+        (load_balance, "dispatch"),
+        (load_balance, "rebalance"),
+        (pipeline, "next_release"),
+        (pipeline, "next_update"),
+    ]
+    for owner, name in targets:
+        original = getattr(owner, name)
+
+        def counted(
+            *args: object, _original: object = original, _key: str = name, **kwargs: object
+        ) -> object:
+            calls[_key] = calls.get(_key, 0) + 1
+            return _original(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(owner, name, counted)
+    flexmarl.run(_config(), [flexmarl.VARIANTS["flexmarl"]])
+    assert set(calls) == {name for _, name in targets}, calls

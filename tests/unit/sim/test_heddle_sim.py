@@ -94,3 +94,44 @@ def test_shipped_scenario_parses() -> None:
         assert tp in (1, 2)
     with pytest.raises(SpecError):
         heddle.parse_domain({"steps": 3}, name="x", field="simulation.domains.x")
+
+
+def test_the_simulator_calls_the_policy_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heddle's mechanisms in the simulator are the ``treadle.policy.heddle`` functions themselves."""
+    from treadle.policy.heddle import migration, predictor, presorted_dp, priority, router, tp_planner
+
+    calls: dict[str, int] = {}
+    targets = [
+        (predictor.HistoryModel, "predict"),
+        (predictor, "learn"),
+        (priority, "run_to_completion"),
+        (presorted_dp, "plan"),
+        (router, "on_step"),
+        (router, "route"),
+        (migration, "schedule_epoch"),
+        (tp_planner, "plan"),
+    ]
+    for owner, name in targets:
+        original = getattr(owner, name)
+        key = f"{getattr(owner, '__name__', '')}.{name}"
+
+        def counted(*args: object, _original: object = original, _key: str = key, **kwargs: object) -> object:
+            calls[_key] = calls.get(_key, 0) + 1
+            return _original(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(owner, name, counted)
+    heddle.run(_config(1), [heddle.HEDDLE])
+    assert set(calls) == {f"{getattr(o, '__name__', '')}.{n}" for o, n in targets}, calls
+
+
+def test_degree_profile_from_the_roofline() -> None:
+    cfg = dataclasses.replace(_config(0), model=costmodel.QWEN3_32B)
+    assert (
+        heddle.degree_profile(cfg, 1, [1.0], 4000, 10) is None
+    )  # 32B leaves no room for a 40K tail on 1 GPU
+    p2 = heddle.degree_profile(cfg, 2, [1.0], 4000, 10)
+    p8 = heddle.degree_profile(cfg, 8, [1.0], 4000, 10)
+    assert p2 is not None and p8 is not None
+    assert p8.t_base < p2.t_base  # wider is faster per token at batch one
+    assert p2.interference[0] == pytest.approx(1.0) and len(p2.interference) == 10
+    assert list(p2.interference) == sorted(p2.interference)
