@@ -17,10 +17,15 @@ returns the next one.
 * **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
   paper's Rust router).
 * **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if
-  the rank now falls in another worker's scaled capacity interval, decides a move. On stock vLLM a
-  move is a **re-route plus a prefix re-prefill** on the target: there is no KV transfer between
-  engines, the next turn's request simply goes to the target, which prefills the whole context
-  (the source's copy ages out of its prefix cache). The transmission scheduler
+  the rank now falls in another worker's capacity interval, decides a move. The capacities come
+  from the DP re-run over the active trajectories' latest predictions at every step boundary
+  (ours; the paper scales the admission-time sizes to avoid the DP's cost): our default predictor
+  reads no prompt text, so at admission every trajectory of a task gets the same prediction and the
+  admission DP is an even split that carries no information. Re-planning is what lets a
+  trajectory that turned out long get a small group (Eq. 2: a big group slows its longest member).
+  On stock vLLM a move is a **re-route plus a prefix re-prefill** on the target: there is no KV
+  transfer between engines, the next turn's request simply goes to the target, which prefills the
+  whole context (the source's copy ages out of its prefix cache). The transmission scheduler
   (``migration.schedule_epoch``) still applies: a worker takes part in at most one move in transit
   (decided, its next turn not yet routed), so a burst of re-rankings cannot pile re-prefills onto
   one engine; a move that cannot launch is dropped and the trajectory stays (it may move at a later
@@ -95,12 +100,14 @@ def on_step(
     predicted_remaining: float,
     context_tokens: int,
     cost: migration.MigrationCost = migration.MigrationCost(),  # noqa: B008 - frozen, shared safely
+    per_extra: float = DEFAULT_PER_EXTRA,
 ) -> tuple[Live, migration.Migration | None]:
     """Record a step boundary (the trajectory is entering its tool call); the migration launched, if any."""
     if live.router is None or trajectory_id not in live.router.entries:
         return live, None
+    state = _replanned(live.router, trajectory_id, predicted_remaining, per_extra)
     state, move = router.on_step(
-        live.router, trajectory_id, predicted_remaining=predicted_remaining, context_tokens=context_tokens,
+        state, trajectory_id, predicted_remaining=predicted_remaining, context_tokens=context_tokens,
         in_tool_call=True, cost=cost,
     )  # fmt: skip
     state, _ = router.take_pending(state)
@@ -113,6 +120,21 @@ def on_step(
         state = dataclasses.replace(state, entries=MappingProxyType(entries))
         return dataclasses.replace(live, router=state), None
     return Live(router=state, in_transit=(*live.in_transit, move)), move
+
+
+def _replanned(
+    state: router.RouterState, trajectory_id: str, predicted_remaining: float, per_extra: float
+) -> router.RouterState:
+    """``state`` with its group sizes from the DP over the active trajectories' latest predictions."""
+    predictions = {tid: e.predicted_remaining for tid, e in state.entries.items()}
+    predictions[trajectory_id] = predicted_remaining
+    trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
+    placed = presorted_dp.plan(
+        trajectories, profiles(state.workers, max_group=len(trajectories), per_extra=per_extra)
+    )
+    return dataclasses.replace(
+        state, workers=tuple(g.worker_id for g in placed.groups), capacities=placed.capacities()
+    )
 
 
 def finish(live: Live, trajectory_id: str) -> Live:

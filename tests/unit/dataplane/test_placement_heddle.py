@@ -56,8 +56,15 @@ def test_a_trajectory_that_becomes_the_longest_migrates_during_its_tool_call() -
     assert state.migrations == 1
     assert assign(svc, "t3") == ("w0", "migrated")  # the move completes with this turn (re-prefill)
     assert assign(svc, "t3") == ("w0", "routed")
-    step(svc, "t0", "w0", 10.0)  # t0 keeps its interval: no move
-    assert svc.pool_state().migrations == 1
+    # Re-planned at each step: t3 (500) alone costs 500, the other three together 10 * I(3) = 11, so
+    # the DP gives t3 worker w0 alone (capacities 1, 3) and t0 moves off it at its tool call.
+    step(svc, "t0", "w0", 10.0)
+    assert svc.pool_state().migrations == 2
+    assert assign(svc, "t0") == ("w1", "migrated")
+    step(svc, "t1", "w0", 10.0)
+    assert assign(svc, "t1") == ("w1", "migrated")
+    step(svc, "t2", "w1", 10.0)  # already on w1: stays
+    assert assign(svc, "t2") == ("w1", "routed") and svc.pool_state().migrations == 3
 
 
 def test_transmission_scheduler_keeps_one_move_per_worker_in_transit() -> None:

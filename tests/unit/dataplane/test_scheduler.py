@@ -371,3 +371,33 @@ async def test_predictor_learns_from_completed_trajectories() -> None:
     assert model.predict(after_one) == pytest.approx(2.0)
     assert st.svc.stats().preemptions == 0
     await st.svc.aclose()
+
+
+def test_gate_counts_slots_per_worker_key() -> None:
+    async def scenario() -> list[str]:
+        gate = service.Gate(1, registry.scheduling_policy("fifo"))
+        await gate.acquire("a", turn=0, task="m", key="w0")
+        await gate.acquire("b", turn=0, task="m", key="w1")  # another worker: its own slot
+        c = asyncio.create_task(gate.acquire("c", turn=0, task="m", key="w0"))
+        await asyncio.sleep(0)
+        states = [gate.state("c")]
+        gate.release("b")  # frees w1, not w0
+        await asyncio.sleep(0)
+        states.append(gate.state("c"))
+        gate.release("a")
+        await c
+        states.append(gate.state("c"))
+        return states
+
+    assert asyncio.run(scenario()) == ["waiting", "waiting", "generating"]
+
+
+async def test_per_worker_slots_assign_before_waiting_and_complete() -> None:
+    st = Stack(scheduling_policy="heddle", worker_slots=1)
+    results = st.svc.results()
+    await st.submit("g1", "g2")
+    assert len(await st.collect(8, results)) == 8
+    assert st.svc.stats().completed == 8
+    # every assigned turn was released, including those assigned while they waited
+    assert all(w.outstanding == 0 for w in st.placement.pool_state().workers)
+    await st.svc.aclose()

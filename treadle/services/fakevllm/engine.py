@@ -2,7 +2,9 @@
 
 Tokens are a deterministic function of (prompt ids, position, weight version, seed): same request,
 same output, and a new weight version visibly changes outputs and logprobs. Generation advances in
-engine steps of ``step_s`` seconds shared by every running request (one timer, like a real batch);
+engine steps of ``step_s`` seconds shared by every running request (one timer, like a real batch),
+plus ``step_per_seq_s`` per request running (0 by default: a step costs the same at any batch size;
+set, a long request batched with many others decodes slower, the interference Heddle places by);
 at most ``max_num_seqs`` run, the rest wait. ``pause(mode)`` follows vLLM: ``abort`` ends in-flight
 requests with ``finish_reason="abort"``, ``wait`` lets them finish, ``keep`` freezes them until
 ``resume``; new requests wait while paused. Cancelling a ``generate`` call (client disconnect)
@@ -45,12 +47,14 @@ class SimulatedEngine:
         self,
         *,
         step_s: float = 0.0,
+        step_per_seq_s: float = 0.0,
         max_num_seqs: int = 256,
         max_model_len: int = 4096,
         eos_probability: float = 0.02,
         kv_capacity_tokens: int = 262_144,
     ) -> None:
         self.step_s, self.max_num_seqs, self.max_model_len = step_s, max_num_seqs, max_model_len
+        self.step_per_seq_s = step_per_seq_s
         self.eos_threshold = int(eos_probability * 2**32)
         self.kv_capacity_tokens = kv_capacity_tokens
         self.weight_version: str | None = None
@@ -155,7 +159,8 @@ class SimulatedEngine:
             return
         if self._step is None:
             self._step = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().call_later(self.step_s, self._fire)
+            step = self.step_s + self.step_per_seq_s * len(self.running)
+            asyncio.get_running_loop().call_later(step, self._fire)
         await asyncio.shield(self._step)
 
     def _fire(self) -> None:

@@ -58,6 +58,11 @@ class Settings:
     max_pending_trajectories: int = 1_000_000
     max_concurrent_generations: int = 1_000_000
     """Turns generating at once; when more wait, ``scheduling_policy`` orders them."""
+    worker_slots: int = 0
+    """If > 0: at most this many turns generate at once on each worker (its engine's running batch),
+    each worker with its own queue ordered (and, if preemptive, preempted) by the scheduling policy
+    -- Heddle's per-worker progressive priority; a turn is then assigned before it waits.
+    ``max_concurrent_generations`` applies only when this is 0."""
     scheduling_policy: str = registry.DEFAULT_SCHEDULING
     preemption_margin: float = 0.0
     """Preemptive policies only: a waiting turn preempts a running one when its predicted remaining

@@ -147,8 +147,12 @@ class _TaskCounts:
 class Gate:
     """Bounds concurrent generations, holds turns while suspended, and orders the waiting ones.
 
+    Slots are counted per ``key``: one key ("") for the whole scheduler by default, or the worker
+    id (``Settings.worker_slots``), when each worker has its own queue, as in Heddle where
+    progressive priority reorders every rollout worker's pending queue.
+
     With ``preempt`` set (a policy in ``registry.PREEMPTIVE_SCHEDULING``), a waiting turn that
-    outranks a running one while every slot is taken has the running one preempted
+    outranks a running one of the same key while its slots are taken has the running one preempted
     (``preemption.victims``): ``preempt(tid)`` ABORTs it on its worker, its generation comes back
     aborted, its slot is released and it queues again with its turn.
     """
@@ -167,8 +171,9 @@ class Gate:
         self.margin = margin
         self.suspended = False
         self._seq = itertools.count()
-        self._waiting: dict[str, tuple[registry.QueuedTurn, asyncio.Future[None]]] = {}
-        self._running: dict[str, registry.QueuedTurn] = {}
+        self._waiting: dict[str, tuple[registry.QueuedTurn, asyncio.Future[None], str]] = {}
+        self._running: dict[str, tuple[registry.QueuedTurn, str]] = {}
+        self._active: collections.Counter[str] = collections.Counter()
         self._stopping: set[str] = set()
 
     @property
@@ -184,16 +189,17 @@ class Gate:
         return "generating" if tid in self._running else "waiting" if tid in self._waiting else ""
 
     async def acquire(
-        self, tid: str, *, turn: int, task: str, predicted_remaining: float = 0.0, tokens_so_far: int = 0
-    ) -> None:
+        self, tid: str, *, turn: int, task: str, predicted_remaining: float = 0.0, tokens_so_far: int = 0,
+        key: str = "",
+    ) -> None:  # fmt: skip
         queued = registry.QueuedTurn(tid, next(self._seq), turn, task, predicted_remaining, tokens_so_far)
-        if not self.suspended and not self._waiting and self.active < self.limit:
-            self._running[tid] = queued
+        if not self.suspended and self._active[key] < self.limit and not self._waits(key):
+            self._start(tid, queued, key)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[tid] = (queued, fut)
+        self._waiting[tid] = (queued, fut, key)
         try:
-            self.wake()
+            self.wake(key)
             await fut
         except asyncio.CancelledError:
             self._waiting.pop(tid, None)
@@ -202,28 +208,47 @@ class Gate:
             raise
 
     def release(self, tid: str) -> None:
-        self._running.pop(tid, None)
+        _, key = self._running.pop(tid, (None, ""))
+        self._active[key] -= 1
+        if self._active[key] <= 0:
+            del self._active[key]
         self._stopping.discard(tid)
-        self.wake()
+        self.wake(key)
 
-    def wake(self) -> None:
+    def wake(self, key: str | None = None) -> None:
+        """Grant free slots in policy order (of ``key``, or of every key) and preempt where it pays."""
         if self.suspended or not self._waiting:
             return
-        free = self.limit - self.active
-        if free > 0:
-            for tid in self.policy([q for q, _ in self._waiting.values()])[:free]:
-                queued, fut = self._waiting.pop(tid)
-                self._running[tid] = queued
+        keys = {k for _, _, k in self._waiting.values()} if key is None else {key}
+        for k in sorted(keys):
+            self._wake(k)
+
+    def _wake(self, key: str) -> None:
+        waiting = [q for q, _, k in self._waiting.values() if k == key]
+        free = self.limit - self._active[key]
+        if free > 0 and waiting:
+            granted = set(self.policy(waiting)[:free])
+            for tid in granted:
+                queued, fut, _ = self._waiting.pop(tid)
+                self._start(tid, queued, key)
                 fut.set_result(None)
-        if self.preempt is None or not self._waiting:
+            waiting = [q for q in waiting if q.trajectory_id not in granted]
+        if self.preempt is None or not waiting:
             return
-        chosen = preemption.victims(
-            list(self._running.values()), [q for q, _ in self._waiting.values()], slots=self.limit,
-            stopping=self._stopping, margin=self.margin,
-        )  # fmt: skip
-        for tid in chosen:
+        running = [q for q, k in self._running.values() if k == key]
+        stopping = {tid for tid in self._stopping if self._running[tid][1] == key}
+        for tid in preemption.victims(
+            running, waiting, slots=self.limit, stopping=stopping, margin=self.margin
+        ):
             self._stopping.add(tid)
             self.preempt(tid)
+
+    def _start(self, tid: str, queued: registry.QueuedTurn, key: str) -> None:
+        self._running[tid] = (queued, key)
+        self._active[key] += 1
+
+    def _waits(self, key: str) -> bool:
+        return any(k == key for _, _, k in self._waiting.values())
 
 
 class SchedulerService:
@@ -255,7 +280,8 @@ class SchedulerService:
         )
         preemptive = settings.scheduling_policy in registry.PREEMPTIVE_SCHEDULING
         self.gate = Gate(
-            settings.max_concurrent_generations, registry.scheduling_policy(settings.scheduling_policy),
+            settings.worker_slots or settings.max_concurrent_generations,
+            registry.scheduling_policy(settings.scheduling_policy),
             preempt=self._preempt if preemptive else None, margin=settings.preemption_margin,
         )  # fmt: skip
         self.models = {name: predictor.HistoryModel() for name in tasks}
@@ -553,19 +579,25 @@ class SchedulerService:
         if t.placed is not None:
             await asyncio.shield(t.placed)  # the batch's placement decides where its first turn goes
             t.placed = None
-        await self.gate.acquire(
-            t.tid, turn=turn, task=task.name, predicted_remaining=t.predicted_remaining,
-            tokens_so_far=t.tokens_so_far,
-        )  # fmt: skip
+        # With per-worker slots the turn is assigned first and waits in its worker's queue.
+        early = await self._assign(t, turn) if self.settings.worker_slots else None
+        try:
+            await self.gate.acquire(
+                t.tid, turn=turn, task=task.name, predicted_remaining=t.predicted_remaining,
+                tokens_so_far=t.tokens_so_far, key=early.worker_id if early else "",
+            )  # fmt: skip
+        except BaseException:
+            if early is not None:  # aborted while waiting: the assigned turn is not outstanding any more
+                release = placement_pb2.ReleaseRequest(
+                    trajectory_id=t.tid, worker_id=early.worker_id, task=task.name, turn_finished=True
+                )
+                with contextlib.suppress(errors.TreadleError):
+                    await self.placement.release(release)
+            raise
         self._spent(t, "waiting", began)
         began = self.clock()
         try:
-            try:
-                t.worker = await self.placement.assign(
-                    placement_pb2.AssignRequest(trajectory_id=t.tid, task=task.name, turn=turn)
-                )
-            except errors.TreadleError as exc:
-                raise _Failed(f"placement: assign: {exc}") from exc
+            t.worker = early or await self._assign(t, turn)
             req = agent_protocol.GenerateRequest(
                 trajectory_id=t.tid, turn=turn, messages=messages, max_tokens=task.max_tokens,
                 temperature=task.temperature,
@@ -596,6 +628,14 @@ class SchedulerService:
             self.gate.release(t.tid)
             self._spent(t, "generation", began)
         return None if result.finish_reason == "abort" else result
+
+    async def _assign(self, t: _Traj, turn: int) -> placement_pb2.Assignment:
+        try:
+            return await self.placement.assign(
+                placement_pb2.AssignRequest(trajectory_id=t.tid, task=t.work.task.name, turn=turn)
+            )
+        except errors.TreadleError as exc:
+            raise _Failed(f"placement: assign: {exc}") from exc
 
     def _predict(self, t: _Traj) -> None:
         obs = predictor.Observation(
