@@ -83,9 +83,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reshape(args: argparse.Namespace) -> int:
-    client = kube.Kube.from_environment(args.kubeconfig, pool_size=1)
     try:
         plan = reshape.parse_plan(yaml.safe_load(args.plan.read_text()))
+        client = kube.Kube.from_environment(args.kubeconfig, pool_size=1)
+    except (SpecError, OSError, yaml.YAMLError, kubernetes.config.ConfigException) as exc:
+        print(f"treadle operator reshape: {exc}", file=sys.stderr)
+        return 2
+    try:
         job = client.get_job(args.namespace, args.job)
         pools = reshape.new_pools(job, plan, gpus_per_node=client.gpus_per_node())
         ops = reshape.json_patch(job, pools)
@@ -96,7 +100,7 @@ def _reshape(args: argparse.Namespace) -> int:
             print(json.dumps(ops, indent=2))
         elif changes:
             client.patch_job(args.namespace, args.job, ops)
-    except (SpecError, OSError, yaml.YAMLError) as exc:
+    except SpecError as exc:
         print(f"treadle operator reshape: {exc}", file=sys.stderr)
         return 2
     except kubernetes.client.ApiException as exc:

@@ -222,6 +222,12 @@ def reconcile(
         key = (job.namespace, job.name)
         memo.reconciling.add(key)
         try:
+            if memo.kube.job_uid(job.namespace, job.name) != job.metadata.get("uid"):
+                # kopf still hands us bodies queued before the job was deleted (or re-created
+                # under its name), as creations; applying them would re-create the children the
+                # garbage collector has just removed, once per queued event.
+                logger.info("the job was deleted or re-created meanwhile: nothing to apply")
+                return
             applied = _apply(memo, job)
         except kubernetes.client.ApiException as exc:
             memo.metrics.reconcile_total.labels("error").inc()
@@ -244,8 +250,9 @@ def reconcile(
 
 
 def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
+    uid = str(job.metadata.get("uid", ""))
     rendered = render.render_children(job, memo.cfg)
-    observed = memo.kube.list_children(job.namespace, job.name, str(job.metadata.get("uid", "")))
+    observed = memo.kube.list_children(job.namespace, job.name, uid)
     plan = diff.plan(rendered, observed)
     done = []
     for obj in plan.apply:

@@ -152,6 +152,13 @@ class Kube:
             body["metadata"] = {"uid": uid}  # the API server treats it as a precondition
         self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
 
+    def job_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the job now on the server, None if it is gone (a list call: the operator's
+        RBAC has list, not get, on RolloutJobs)."""
+        query = [("fieldSelector", f"metadata.name={name}")]
+        items = self._call("GET", JOBS_PATH.format(ns=namespace), query=query).get("items", [])
+        return str(items[0]["metadata"]["uid"]) if items else None
+
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         out: dict[str, Any] = self._call("GET", JOBS_PATH.format(ns=namespace) + f"/{name}")
         return out
