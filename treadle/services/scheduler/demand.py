@@ -1,6 +1,8 @@
 """Reports the scheduler's reward demand on its RolloutJob, where the operator sizes the gateway.
 
-Called by the scheduler's ``__main__`` with the number of scoring requests waiting or in flight.
+Called by the scheduler's ``__main__`` with the number of scoring requests waiting or in flight,
+on a tick (about once a second), not per request: each changed value is one API patch and one
+reconcile of the job by the operator.
 The value goes to the job's ``treadle.dev/reward-demand`` annotation (one merge patch, only when
 it changed); the operator's update handler re-renders the reward gateway Deployment with
 ``ceil(demand / 32)`` replicas within ``[minReplicas, maxReplicas]`` (0 when idle and
