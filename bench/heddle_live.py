@@ -169,7 +169,7 @@ async def run_config(
                         break
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{name} step {step} not done in {cfg.step_timeout_s}s: {stats}")
-                    if not listed and step == cfg.steps - 1 and time.monotonic() - began > 1.0:
+                    if not listed and step == cfg.steps - 1:
                         reply = await sc.list_trajectories(limit=5)
                         listed = [
                             {"trajectory_id": t.trajectory_id, "rank": t.rank, "turns": t.turns,
@@ -187,7 +187,7 @@ async def run_config(
     return {
         "placement": policy["placement"], "scheduling": policy["scheduling"], "step_s": steps,
         "completed": stats.completed, "failed": stats.failed, "aborted": stats.aborted, "turns": stats.turns,
-        "preemptions": stats.preemptions, "migrations": pool.migrations, "top_ranked_mid_step": listed,
+        "preemptions": stats.preemptions, "migrations": pool.migrations, "top_ranked_at_submit": listed,
         "failed_by_reason": dict(stats.failed_by_reason),
     }  # fmt: skip
 
