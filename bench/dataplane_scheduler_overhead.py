@@ -75,6 +75,9 @@ class Config:
             "answering after step_ms * max_tokens, to measure the scheduler alone"
         },
     )
+    loop: str = dataclasses.field(
+        default="asyncio", metadata={"help": "event loop of this process: asyncio or uvloop"}
+    )
     out: str = dataclasses.field(
         default=str(Path.home() / ".cache/treadle/bench/dataplane_scheduler_overhead"),
         metadata={"help": "output dir"},
@@ -263,6 +266,7 @@ async def main(cfg: Config) -> dict[str, Any]:
     result = {
         "engine": "SIMULATED ENGINE (treadle.services.fakevllm)",
         "agent": cfg.agent,
+        "loop": cfg.loop,
         "turns_measured": len(ms),
         "turns": stats.turns,
         "completed": stats.completed,
@@ -302,7 +306,12 @@ def parse() -> Config:
 
 if __name__ == "__main__":
     config = parse()
-    results = asyncio.run(main(config))
+    if config.loop == "uvloop":
+        import uvloop  # installed with uvicorn's standard extras; only this option needs it
+
+        results = uvloop.run(main(config))
+    else:
+        results = asyncio.run(main(config))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))

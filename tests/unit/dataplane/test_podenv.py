@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,36 @@ def test_env_pod_refuses_an_environment_it_does_not_serve(tmp_path: Path) -> Non
 
 def test_a_bound_host_is_advertised_as_is() -> None:
     assert podenv.advertised_host("127.0.0.1") == "127.0.0.1"
+
+
+class Backlog:
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+
+    def reward_backlog(self) -> int:
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+class Reporter:
+    namespace, job = "team-a", "math-tool"
+
+    def __init__(self, want: int) -> None:
+        self.reported: list[int] = []
+        self.want = want
+        self.enough = asyncio.Event()
+
+    async def report(self, pending: int) -> None:
+        self.reported.append(pending)
+        if len(self.reported) >= self.want:
+            self.enough.set()
+
+
+async def test_the_scheduler_reports_its_reward_backlog_until_stopped() -> None:
+    reporter = Reporter(want=3)
+    task = asyncio.create_task(
+        scheduler_main.report_demand(Backlog([5, 2, 0]), reporter, interval_s=0)  # type: ignore[arg-type]
+    )
+    await reporter.enough.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert reporter.reported[:3] == [5, 2, 0]

@@ -31,6 +31,7 @@ from treadle.services.httputil import client as http
 
 log = logging.getLogger(__name__)
 TRAILING_INT = re.compile(r"(\d+)$")
+FINISH_REASONS = ("stop", "length", "abort")
 
 
 def parse_version(label: str | None) -> int:
@@ -68,12 +69,14 @@ class AgentService:
         self.engine_waiting = 0
         self.kv_cache_usage = 0.0
         self.inflight: dict[str, _InFlight] = {}
-        self._requests = prometheus_client.Counter(
+        requests = prometheus_client.Counter(
             metrics.AGENT_REQUESTS_TOTAL,
             "Generate calls by finish reason",
             ["finish_reason"],
             registry=registry,
         )
+        # Children looked up once: labels() takes a lock and hashes per call, on every turn.
+        self._requests = {reason: requests.labels(reason) for reason in FINISH_REASONS}
         self._inflight = prometheus_client.Gauge(
             metrics.AGENT_INFLIGHT, "Trajectories generating", registry=registry
         )
@@ -133,8 +136,9 @@ class AgentService:
         started = time.perf_counter()
         version = self.version
         body: dict[str, Any] = {
-            "messages": [m.model_dump() for m in req.messages], "max_tokens": req.max_tokens,
-            "temperature": req.temperature, "logprobs": True, "return_token_ids": True,
+            "messages": [{"role": m.role, "content": m.content} for m in req.messages],
+            "max_tokens": req.max_tokens, "temperature": req.temperature, "logprobs": True,
+            "return_token_ids": True,
         }  # fmt: skip
         if self.model is not None:
             body["model"] = self.model
@@ -144,13 +148,13 @@ class AgentService:
         try:
             data = await http.call(self.engine, "POST", "/v1/chat/completions", json=body)
         except asyncio.CancelledError:
-            self._requests.labels("abort").inc()
+            self._requests["abort"].inc()
             return self._aborted(req)
         except errors.SpecError as exc:
             raise errors.SpecError(f"engine refused the request: {exc}", field=exc.field) from exc
         engine_s = time.perf_counter() - engine_started
         result = self._result(req, data, version)
-        self._requests.labels(result.finish_reason).inc()
+        self._requests[result.finish_reason].inc()
         self._tokens.inc(len(result.output_token_ids))
         self._engine_s.observe(engine_s)
         self._overhead_s.observe(time.perf_counter() - started - engine_s)
@@ -177,7 +181,7 @@ class AgentService:
             raise errors.Unavailable(f"engine answered without token ids/logprobs: {exc!r}") from exc
         if len(logprobs) != len(token_ids):
             raise errors.Unavailable(f"engine gave {len(token_ids)} token ids but {len(logprobs)} logprobs")
-        finish_reason = finish if finish in ("stop", "length", "abort") else "stop"
+        finish_reason = finish if finish in FINISH_REASONS else "stop"
         return protocol.GenerateResult(
             trajectory_id=req.trajectory_id, text=text, prompt_token_ids=prompt_ids,
             output_token_ids=token_ids, output_logprobs=logprobs, output_versions=[version] * len(token_ids),

@@ -37,9 +37,10 @@ class Client:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # Idle connections are dropped before the server's keep-alive (75 s, httputil.serve) ends.
+            # Idle connections are dropped before the server's keep-alive ends (75 s for ours,
+            # httputil.serve; 5 s for vLLM, so the agent passes 3 s).
             connector = aiohttp.TCPConnector(
-                limit=self.max_connections, ttl_dns_cache=300, keepalive_timeout=30
+                limit=self.max_connections, ttl_dns_cache=300, keepalive_timeout=self.keepalive_s
             )
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session

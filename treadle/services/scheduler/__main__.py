@@ -2,7 +2,9 @@
 
 Flags override; a pod started by the operator takes its tasks and settings from the job's config and
 the addresses from ``TREADLE_*`` (``treadle.services.podenv``). Agents are reached at the addresses
-placement hands out.
+placement hands out. In a cluster (``demand.RewardDemandReporter.from_env``) the scheduler also
+reports every ``DEMAND_INTERVAL_S`` how many trajectories wait for or are in reward scoring, which
+the operator turns into reward gateway replicas.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from treadle.services.env import client as env_client
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import client as placement_client
 from treadle.services.reward import client as reward_client
-from treadle.services.scheduler import grpc_server, protocol, service
+from treadle.services.scheduler import demand, grpc_server, protocol, service
 
 PROG = "python -m treadle.services.scheduler"
+DEMAND_INTERVAL_S = 2.0
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +142,31 @@ async def main(cfg: Config) -> None:
         await placement.aclose()
         await buffer.aclose()
 
-    await grpcutil_server.serve_forever(served, on_stop=close)
+    reporter = demand.RewardDemandReporter.from_env(os.environ)
+    reporting = (
+        asyncio.create_task(report_demand(svc, reporter, interval_s=DEMAND_INTERVAL_S), name="reward demand")
+        if reporter is not None
+        else None
+    )
+
+    async def stop() -> None:
+        if reporting is not None and reporter is not None:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
+            await reporter.aclose()
+        await close()
+
+    await grpcutil_server.serve_forever(served, on_stop=stop)
+
+
+async def report_demand(
+    svc: service.SchedulerService, reporter: demand.RewardDemandReporter, *, interval_s: float
+) -> None:
+    """Report the reward backlog until cancelled (the reporter only patches on change)."""
+    log.info("reporting reward demand on %s/%s every %.1fs", reporter.namespace, reporter.job, interval_s)
+    while True:
+        await reporter.report(svc.reward_backlog())
+        await asyncio.sleep(interval_s)
 
 
 if __name__ == "__main__":
