@@ -401,3 +401,31 @@ async def test_per_worker_slots_assign_before_waiting_and_complete() -> None:
     # every assigned turn was released, including those assigned while they waited
     assert all(w.outstanding == 0 for w in st.placement.pool_state().workers)
     await st.svc.aclose()
+
+
+async def test_heddle_scheduling_preempts_through_the_agent_abort() -> None:
+    st = Stack(scheduling_policy="heddle", max_concurrent_generations=1)
+    # history: g1's sibling finished short (4 tokens), g2's long (1000): g2's members now outrank g1's
+    st.svc.models["math"] = predictor.learn(
+        st.svc.models["math"],
+        [predictor.Finished("math", "g1", 4, (2, 2)), predictor.Finished("math", "g2", 1000, (500, 500))],
+    )
+    st.agent.hold = asyncio.Event()
+    results = st.svc.results()
+    await st.submit("g1")
+    for _ in range(200):  # bounded: g1-0 reaches the agent within a few loop turns
+        if st.agent.started:
+            break
+        await asyncio.sleep(0)
+    await st.svc.submit([scheduler_pb2.PromptGroup(group_id="g2", task="math", seed=5)])
+    for _ in range(200):
+        if st.agent.aborted:
+            break
+        await asyncio.sleep(0)
+    assert st.agent.aborted == ["g1-0"]  # the running, lower-ranked turn was ABORTed for a g2 turn
+    ranks = {t.trajectory_id: t.rank for t in st.svc.list_trajectories().trajectories}
+    assert max(ranks[f"g2-{i}"] for i in range(4)) < min(ranks[f"g1-{i}"] for i in range(4))
+    st.agent.hold.set()
+    assert len(await st.collect(8, results)) == 8
+    assert st.svc.stats().preemptions == 1
+    await st.svc.aclose()

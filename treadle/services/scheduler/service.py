@@ -208,7 +208,9 @@ class Gate:
             raise
 
     def release(self, tid: str) -> None:
-        _, key = self._running.pop(tid, (None, ""))
+        if tid not in self._running:
+            return  # never granted (or released already): no slot to give back
+        _, key = self._running.pop(tid)
         self._active[key] -= 1
         if self._active[key] <= 0:
             del self._active[key]
