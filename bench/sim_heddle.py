@@ -193,6 +193,28 @@ def main() -> None:
         "",
     ]
 
+    # ----- scale check: more GPUs give the TP planner room to mix widths
+    scale = sim.get("scale_check")
+    if scale:
+        gpus, dname = int(scale["gpus"]), str(scale["domain"])
+        step = dataclasses.replace(_step(sim, domains[dname], model), gpus=gpus)
+        runs = heddle.run(step, [heddle.SYSTEMS["verl"], heddle.HEDDLE, heddle.SYSTEMS["fix-8"]])
+        results["scale_check"] = {r.system: _row(r) for r in runs}
+        verl = runs[0]
+        lines += [
+            f"## Scale check: {dname} on {model} with {gpus} GPUs ({step.trajectories} trajectories)",
+            "",
+            "| system | makespan s | tok/s | over verl | TP plan |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {r.system} | {r.makespan_s:,.0f} | {r.throughput:,.0f} | "
+                f"{r.throughput / verl.throughput:.2f}x | {_degrees(r.degrees)} |"
+                for r in runs
+            ),
+            "",
+        ]
+        print(lines[-3], flush=True)
+
     # ----- predictor
     lines += [
         "## Predictor error (remaining output tokens, at each step boundary; paper Fig. "
