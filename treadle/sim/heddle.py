@@ -224,7 +224,8 @@ class _Traj:
     predicted: float = 0.0
     finished_at: float = -1.0
     migrating: int = -1
-    """Target worker of a launched transfer that has not landed yet."""
+    """Target worker of a launched transfer still on the wire; -2 once it landed (the next step is
+    served from the moved KV); -1 when no transfer is involved."""
     wait_migration: bool = False
     tool_done_at: float = 0.0
 
@@ -258,7 +259,6 @@ class StepSim:
     ) -> None:
         self.cfg = cfg
         self.system = system
-        self.batch = batch
         self.rng = random.Random(cfg.seed + 1)
         self.queue = events.Queue()
         self.now = 0.0
