@@ -165,14 +165,17 @@ class StepConfig:
     merge_block: int = 4
     """Short-trajectory merging: block size of trajectories below the median prediction (ours)."""
     degrees: tuple[int, ...] = (1, 2, 4, 8)
-    interference: Literal["closed-form", "simulated"] = "closed-form"
-    """How ``I(s)`` is profiled. ``simulated`` (the paper's method, ``interference_by_simulation``)
-    draws a group's members from the whole batch's shape; on a long tail those are tiny next to
-    the head, so ``I`` stays near 1 and the DP crowds hundreds of trajectories onto one worker. The
-    DP's groups are contiguous in the sorted order, so members are near the head's length, which
-    ``closed-form`` (``interference_from_step_times``) assumes: our default."""
+    interference: Literal["closed-form", "simulated"] = "simulated"
+    """How ``I(s)`` is profiled. ``simulated`` is the paper's method (``interference_by_simulation``:
+    a group's members are drawn from the whole batch's shape), our default. On a long tail those
+    members are tiny next to the head, so ``I`` stays near 1; without ``max_group_share`` the DP
+    then crowds hundreds of trajectories onto one worker. ``closed-form``
+    (``interference_from_step_times``) assumes every member is as long as the head, an upper bound
+    that charges wide workers for running their group in waves and so steers the TP planner away
+    from them."""
     max_group_share: float = 2.0
-    """A worker's interference table stops at this multiple of its even share of the batch (ours)."""
+    """A worker's interference table stops at this multiple of its even share of the batch (ours):
+    no worker is handed a group that runs in many KV-bound waves on the strength of noisy predictions."""
 
     @property
     def trajectories(self) -> int:
@@ -305,8 +308,7 @@ class StepSim:
         n = len(self.trajs)
         profiles: dict[int, tp_planner.DegreeProfile] = {}
         for g in cfg.degrees:
-            # ours: a worker takes at most twice its even share (GPUs), so the DP cannot hand one
-            # worker a group that runs in many KV-bound waves while predictions are this noisy
+            # a worker takes at most ``max_group_share`` times its even share (by GPUs)
             p = degree_profile(
                 cfg, g, shape, mean_context, min(n, math.ceil(cfg.max_group_share * n * g / cfg.gpus))
             )
