@@ -429,3 +429,31 @@ async def test_heddle_scheduling_preempts_through_the_agent_abort() -> None:
     assert len(await st.collect(8, results)) == 8
     assert st.svc.stats().preemptions == 1
     await st.svc.aclose()
+
+
+class RewardingEnv(fakes.Env):
+    """Ends with the environment's own reward (FrozenLake-style)."""
+
+    async def step(self, session_id: str, action: str) -> Any:
+        result = await super().step(session_id, action)
+        return result.model_copy(update={"reward": 0.5}) if result.done else result
+
+
+class RecordingReward(fakes.Reward):
+    def __init__(self) -> None:
+        super().__init__()
+        self.metadata: list[dict[str, Any]] = []
+
+    async def score(self, req: Any) -> Any:
+        self.metadata.append(dict(req.metadata))
+        return await super().score(req)
+
+
+async def test_environment_reward_goes_to_the_gateway_as_metadata() -> None:
+    reward = RecordingReward()
+    st = Stack(env=RewardingEnv(), reward=reward)
+    results = st.svc.results()
+    await st.submit("g1")
+    await st.collect(4, results)
+    assert [m["env_reward"] for m in reward.metadata] == [0.5] * 4
+    await st.svc.aclose()

@@ -481,6 +481,7 @@ class SchedulerService:
         task = t.work.task
         env = self.envs[zlib.crc32(t.tid.encode()) % len(self.envs)]
         status, reason, reward, prompt = "completed", "", 0.0, ""
+        env_reward: float | None = None
         opened = False
         try:
             obs, env = await self._open(t, env)
@@ -508,12 +509,14 @@ class SchedulerService:
                 )
                 turn.observation = step.observation
                 done = step.done
+                if step.reward is not None:
+                    env_reward = step.reward
                 if not done:
                     messages.append(agent_protocol.ChatMessage(role="user", content=step.observation))
             await self._close_env(t, env)
             opened = False
             self._scoring.add(t.tid)
-            reward = await self._score(t, obs.info, prompt)
+            reward = await self._score(t, obs.info, prompt, env_reward)
         except _Failed as exc:
             status, reason = "failed", str(exc)
         except asyncio.CancelledError:
@@ -730,7 +733,11 @@ class SchedulerService:
             delay = min(delay * 2, self.settings.max_backoff_s)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _score(self, t: _Traj, info: Mapping[str, Any], prompt: str) -> float:
+    async def _score(
+        self, t: _Traj, info: Mapping[str, Any], prompt: str, env_reward: float | None = None
+    ) -> float:
+        """Score with the task's reward function; ``env_reward`` (the environment's own, from its last
+        step) goes along as ``metadata.env_reward`` for the gateway's ``env`` function."""
         task = t.work.task
         reward_fn = task.reward_fn or str(info.get("reward_fn") or "")
         if not reward_fn:
@@ -741,7 +748,8 @@ class SchedulerService:
         req = reward_protocol.ScoreRequest(
             trajectory_id=t.tid, reward_fn=reward_fn, response=t.turns[-1].text if t.turns else "",
             reference=None if reference is None else str(reference), prompt=prompt,
-            metadata={"task": task.name, "turns": len(t.turns)},
+            metadata={"task": task.name, "turns": len(t.turns),
+                      **({} if env_reward is None else {"env_reward": env_reward})},
         )  # fmt: skip
         began = self.clock()
         result = await self._retrying(t, "reward", "score", lambda: self.reward.score(req))
