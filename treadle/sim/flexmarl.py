@@ -346,6 +346,8 @@ class Sim:
         return out + self._maybe_update()
 
     def _tokens_per_sample(self) -> int:
+        """Training tokens of one released sample: the workflow's mean call. The pipeline releases
+        counts, not identities (the buffer picks which rows), so a micro-batch is priced at the mean."""
         wf = self.cfg.workflow
         return round(wf.prompt_tokens.mean + wf.response_tokens.mean)
 
