@@ -5,5 +5,8 @@ workers), ``events`` (kinds and the ``(time, kind order, sequence)`` queue), ``c
 training, reward and weight-sync durations over ``treadle.policy.costmodel``), ``workloads``
 (seeded trajectory generators with sourced distributions) and ``metrics`` (the ``Result``).
 ``engine`` runs them; ``scenario`` and ``systems`` turn a scenario file (a RolloutJob plus
-simulation settings) into runs; ``cli`` is ``treadle simulate``. Everything it reports is simulated.
+simulation settings) into runs; ``cli`` is ``treadle simulate``. Two paper-specific runners sit
+beside the engine on the same worker and cost model: ``heddle`` (one synchronous rollout step per
+system, Heddle's mechanisms and its baselines) and ``flexmarl`` (multi-agent steps with FlexMARL's
+pipeline and load balancing). Everything it reports is simulated.
 """
