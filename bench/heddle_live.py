@@ -23,7 +23,8 @@ Configurations, run one after the other in ONE run on the same engines, agents a
   + re-prefill, which the fake engine does not charge for) and scheduling ``heddle``
   (predicted-remaining priority, re-predicted after every turn by the history predictor, with
   preemption = ABORT + re-issue; the agent drops the aborted turn's tokens, so it is re-generated).
-* ``heddle-sched`` and ``heddle-place``: each half alone, for the ablation.
+* ``heddle-sched`` and ``heddle-place``: each half alone, for the ablation; ``heddle-no-preempt``:
+  heddle without preemption (``progressive-priority`` is the same ranking without it).
 
 Each configuration gets fresh buffer, placement and scheduler processes and runs ``--steps``
 rollout steps of the same workload (the first warms the predictor, which learns only from
@@ -59,6 +60,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     "heddle": {"placement": "heddle", "scheduling": "heddle"},
     "heddle-sched": {"placement": "sticky-least-loaded", "scheduling": "heddle"},
     "heddle-place": {"placement": "heddle", "scheduling": "fifo"},
+    "heddle-no-preempt": {"placement": "heddle", "scheduling": "progressive-priority"},
 }
 
 

@@ -405,10 +405,11 @@ async def test_per_worker_slots_assign_before_waiting_and_complete() -> None:
 
 async def test_heddle_scheduling_preempts_through_the_agent_abort() -> None:
     st = Stack(scheduling_policy="heddle", max_concurrent_generations=1)
-    # history: g1's sibling finished short (4 tokens), g2's long (1000): g2's members now outrank g1's
+    # history of the same prompts (seed 0 is g1's, seed 5 g2's): g1's ran short (4 tokens), g2's long
+    # (1000), so g2's members now outrank g1's
     st.svc.models["math"] = predictor.learn(
         st.svc.models["math"],
-        [predictor.Finished("math", "g1", 4, (2, 2)), predictor.Finished("math", "g2", 1000, (500, 500))],
+        [predictor.Finished("math", "0:", 4, (2, 2)), predictor.Finished("math", "5:", 1000, (500, 500))],
     )
     st.agent.hold = asyncio.Event()
     results = st.svc.results()

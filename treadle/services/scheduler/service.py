@@ -18,8 +18,9 @@ own timeline, so a slow environment never blocks another)::
   released in the order of the scheduling policy named in the job (``treadle.policy.registry``).
   Preemptive policies (``heddle``) ABORT a lower-ranked running turn for a higher-ranked waiting
   one; the agent drops the aborted turn's tokens, so the turn is re-generated from its prompt.
-* **Prediction** (Heddle §4.1): one ``heddle.predictor.HistoryModel`` per task, learned from the
-  task's completed trajectories (every ``LEARN_EVERY``), predicts each trajectory's remaining
+* **Prediction** (Heddle §4.1): one ``heddle.predictor.HistoryModel`` per task (siblings keyed by
+  the prompt, ``_prompt_key``), learned from the task's completed trajectories (every
+  ``LEARN_EVERY``, and before each admission round), predicts each trajectory's remaining
   tokens at admission and after every turn. The prediction ranks its turns, goes to placement with
   the turn's release (a batch-level policy may migrate the trajectory during its tool call) and is
   listed with its rank and worker by ``list_trajectories``.
@@ -42,6 +43,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import time
 import zlib
@@ -458,6 +460,8 @@ class SchedulerService:
                 break
             self._pending.popleft()
             self._pending_trajectories -= work.task.members
+            if not admitted:
+                self._learn_pending()  # admission predictions see every trajectory finished so far
             for i in range(work.task.members):
                 t = _Traj(
                     tid=f"{work.group_id}-{i}", work=work, init_version=self.version, started=self.clock(),
@@ -644,7 +648,7 @@ class SchedulerService:
 
     def _predict(self, t: _Traj) -> None:
         obs = predictor.Observation(
-            task=t.work.task.name, group_id=t.work.group_id, tokens_so_far=t.tokens_so_far,
+            task=t.work.task.name, group_id=_prompt_key(t.work), tokens_so_far=t.tokens_so_far,
             steps_done=len(t.step_tokens),
         )  # fmt: skip
         t.predicted_remaining = self.models[t.work.task.name].predict(obs)
@@ -659,12 +663,20 @@ class SchedulerService:
         name = t.work.task.name
         batch = self._to_learn[name]
         finished = predictor.Finished(
-            task=name, group_id=t.work.group_id, total_tokens=t.tokens_so_far, step_tokens=(*t.step_tokens,)
+            task=name,
+            group_id=_prompt_key(t.work),
+            total_tokens=t.tokens_so_far,
+            step_tokens=(*t.step_tokens,),
         )
         batch.append(finished)
         if len(batch) >= LEARN_EVERY or name not in self.models[name].tasks:
-            self.models[name] = predictor.learn(self.models[name], batch)
-            batch.clear()
+            self._learn_pending()
+
+    def _learn_pending(self) -> None:
+        for name, batch in self._to_learn.items():
+            if batch:
+                self.models[name] = predictor.learn(self.models[name], batch)
+                batch.clear()
 
     async def _place(self, admitted: Sequence[_Traj]) -> None:
         req = placement_pb2.PlaceBatchRequest()
@@ -871,6 +883,17 @@ def _stub(
     stub.status, stub.reason = "failed", reason
     result.status, result.reason = "failed", reason
     return stub, result
+
+
+def _prompt_key(work: protocol.Work) -> str:
+    """The predictor's sibling key: the prompt (environment seed and options), not the group id.
+
+    Members of one GRPO group share it, and so do the groups of later steps that sample the same
+    prompt again (RL epochs revisit prompts): the history-based estimate of RhymeRL / Seer, "past
+    rollouts of the same prompt", on top of the group's finished siblings.
+    """
+    options = json.dumps(work.options, sort_keys=True) if work.options else ""
+    return f"{work.seed}:{options}"
 
 
 def _reason_kind(reason: str) -> str:
