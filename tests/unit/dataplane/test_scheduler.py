@@ -20,7 +20,6 @@ from treadle.policy.heddle import predictor
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
-from treadle.services.grpcutil import backpressure
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol, service
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
@@ -202,7 +201,7 @@ async def test_backpressure_and_idempotent_submit() -> None:
     await st.submit("g1")
     await st.submit("g1")  # a repeated group is accepted once
     assert st.svc.stats().submitted == 4
-    with pytest.raises(backpressure.Overloaded):
+    with pytest.raises(errors.Overloaded):
         await st.submit("g2")
     await st.svc.aclose()
 

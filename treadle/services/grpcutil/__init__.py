@@ -2,5 +2,5 @@
 
 ``status`` maps ``treadle.errors`` to status codes (and back, for clients), ``server`` builds an
 asyncio server with health checking, a request-id + error-mapping interceptor and bounded
-concurrency, ``backpressure`` holds the one error that only gRPC services raise.
+concurrency. ``backpressure`` only aliases ``treadle.errors.Overloaded`` until its last importer moves.
 """
