@@ -12,8 +12,10 @@ environment's ``max_turns`` option; the fake model never answers, so every traje
 all), drawn once from a lognormal (median ``--median-turns``, sigma ``--sigma``, capped) so a few
 trajectories are far longer than the rest. Every turn generates exactly ``--tokens`` tokens
 (``--eos-probability 0``). At most ``--gate`` turns generate at once (the scheduler's
-``max_concurrent_generations``), fewer than there are trajectories, so turns wait in the
-scheduler's gate, where the scheduling policy orders them.
+``max_concurrent_generations``); the default gives every trajectory a slot, so nothing waits in
+the gate and the default run measures Heddle's placement against batch interference (the
+scheduling policy then only orders turns at the engines' own queues, which never fill); a lower
+``--gate`` makes turns wait in the gate, where the scheduling policy orders and preempts them.
 
 Configurations, run one after the other in ONE run on the same engines, agents and environment:
 
@@ -70,10 +72,10 @@ class Config:
     group_size: int = 2
     engines: int = 2
     slots: int = 64
-    gate: int = 32
+    gate: int = 64
     step_ms: float = 2.0
     step_ms_per_seq: float = 0.2
-    tokens: int = 16
+    tokens: int = 32
     median_turns: float = 2.0
     sigma: float = 1.3
     max_turns: int = 48
