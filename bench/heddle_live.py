@@ -84,6 +84,8 @@ class Config:
     step_timeout_s: float = 300.0
     preemption_margin: float = 0.0
     configs: str = ",".join(CONFIGS)
+    rounds: int = 1
+    """Each configuration runs once per round (fresh processes); the order alternates per round."""
 
 
 def workload(cfg: Config) -> list[int]:
@@ -201,9 +203,14 @@ async def main(cfg: Config, out: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "turns_per_group": turns, "configs": {}}
     with stack_mod.Stack(out / "shared") as stack:
         shared = await start_shared(stack, cfg)
-        for name in cfg.configs.split(","):
-            results["configs"][name] = await run_config(name, shared, cfg, turns, out)
-    measured = {n: r["step_s"][1:] or r["step_s"] for n, r in results["configs"].items()}
+        names = cfg.configs.split(",")
+        for rnd in range(cfg.rounds):
+            # alternate the order every round, so drifting machine load does not favour one configuration
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                run = await run_config(name, shared, cfg, turns, out / f"round{rnd}")
+                run["measured_s"] = run["step_s"][1:] or run["step_s"]  # the first step warms the predictor
+                results["configs"].setdefault(name, []).append(run)
+    measured = {n: [s for r in runs for s in r["measured_s"]] for n, runs in results["configs"].items()}
     (out / "results.json").write_text(json.dumps(results, indent=2))  # kept if a later step fails
     results["mean_step_s"] = {n: statistics.mean(v) for n, v in measured.items()}
     means = results["mean_step_s"]
@@ -221,11 +228,16 @@ def report(results: dict[str, Any], load: str) -> None:
           f"{cfg['tokens']} tokens; {cfg['engines']} engines x {cfg['slots']} slots, decode step "
           f"{cfg['step_ms']} ms + {cfg['step_ms_per_seq']} ms per running sequence; "
           f"gate {cfg['gate']}")  # fmt: skip
-    for name, r in results["configs"].items():
-        steps = ", ".join(f"{s:.2f}" for s in r["step_s"])
-        print(f"  {name:8s} ({r['placement']} / {r['scheduling']}): step s [{steps}]  mean(2..) "
-              f"{results['mean_step_s'][name]:.2f}  completed {r['completed']} failed {r['failed']}  "
-              f"preemptions {r['preemptions']} migrations {r['migrations']}")  # fmt: skip
+    for name, runs in results["configs"].items():
+        for r in runs:
+            steps = ", ".join(f"{s:.2f}" for s in r["step_s"])
+            print(f"  {name:17s} ({r['placement']} / {r['scheduling']}): step s [{steps}]  completed "
+                  f"{r['completed']} failed {r['failed']}  preemptions {r['preemptions']} "
+                  f"migrations {r['migrations']}")  # fmt: skip
+        measured = [s for r in runs for s in r["measured_s"]]
+        spread = statistics.stdev(measured) if len(measured) > 1 else 0.0
+        print(f"  {name:17s} mean of warm steps {results['mean_step_s'][name]:.2f} s (sd {spread:.2f}, "
+              f"n {len(measured)})")  # fmt: skip
     for name, x in results["speedup"].items():
         if name != "baseline":
             print(f"speedup of {name} (baseline mean step time / its mean step time): {x:.2f}x")

@@ -28,7 +28,7 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    runs = results["configs"]
+    runs = {name: rounds[0] for name, rounds in results["configs"].items()}
     assert set(runs) == {"baseline", "heddle"}
     for name, run in runs.items():
         assert (run["completed"], run["failed"], run["aborted"]) == (2 * 8 * 2, 0, 0), name
