@@ -251,7 +251,7 @@ def degree_profile(
         table = presorted_dp.interference_from_step_times(steps, max_group=max_group)
     else:
         table = presorted_dp.interference_by_simulation(steps, shape, max_group=max_group)
-    return tp_planner.DegreeProfile(tp=tp, t_base=steps[0], interference=table)
+    return tp_planner.DegreeProfile(tp=tp, t_base=steps[0], interference=table, step_times=tuple(steps))
 
 
 class StepSim:

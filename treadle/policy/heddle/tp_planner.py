@@ -11,6 +11,20 @@ Problem: split ``gpus`` into workers of degrees ``g_1 >= g_2 >= ...`` from ``deg
 ``presorted_dp.solve`` over the workers taken in descending degree (sort-initialised mapping: the
 longest trajectories land on the highest TP), with each degree's ``t_base(g)`` and ``I_g(s)``.
 
+Scoring the DP's placement (ours, where profiles carry ``step_times``): the DP places with Eq. (2),
+as the placement service will, but the allocation is scored by a fluid simulation of each worker's
+own group (``presorted_dp.interference_by_simulation`` on that group's shape). ``I_g(s)`` profiled
+on the batch's shape models a group as one long head plus tiny members, which holds for the head's
+group only; for the later groups (many trajectories of similar length that run in KV-bound waves)
+it under-priced the time several-fold, so the search favoured narrow workers holding hundreds of
+trajectories. Measured on the Heddle simulator (coding, Qwen3-14B, 8 H800, exact predictions): the
+Eq. (2) score ranked 1xTP4 + 1xTP2 + 2xTP1 (210 s) above Fix-8 (251 s), which the simulator ran in
+788 s and 422 s; scored by group simulation the ranking of Fix-8 < 2xTP4 < 4xTP2 < 8xTP1 matches the
+simulator's. Still absent from the score (the paper's Eq. (1) has them): tool time, prefill and the
+number of steps (additive per trajectory and nearly allocation-independent here), and context growth
+(step times are profiled at a mean context). The score also trusts the predicted lengths: a predictor
+that compresses the tail still misleads it (``bench/reports/heddle-analysis.md``).
+
 Annealing (Algorithm 2; the paper names the moves and T0, we choose the rest):
 
 * start: degrees sampled uniformly (``rng``) among those that still fit, until the budget is used;
@@ -52,6 +66,10 @@ class DegreeProfile:
     """Seconds per token at batch size one."""
     interference: tuple[float, ...]
     """``I_tp(s)`` for ``s = 1..len`` trajectories (see ``presorted_dp.WorkerProfile``)."""
+    step_times: tuple[float, ...] = ()
+    """Decode step seconds with ``1..B`` sequences running, ``B`` the most a worker runs at once (its
+    ``max_seqs`` or KV room). Given, an allocation is scored by simulating every placed group's own
+    members (see the module doc); empty, by Eq. (2)'s ``I_tp(|G|) · t_base · L_max`` alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,10 +250,40 @@ class _Scorer:
                 self.memo[degrees] = Score(math.inf, math.inf, math.inf)
                 return self.memo[degrees]
             part = presorted_dp.balanced(optimum, self.lengths, self.counts, workers)
-            costs = presorted_dp.group_costs(part, self.lengths, self.counts, workers)
+            if all(self.profiles[w.tp].step_times for w in workers):
+                costs = self._simulated(part, workers)
+            else:
+                costs = presorted_dp.group_costs(part, self.lengths, self.counts, workers)
+            makespan = max(costs)
             busy = sum(w.tp * c for w, c in zip(workers, costs, strict=True)) / sum(degrees)
-            self.memo[degrees] = Score(optimum, busy, optimum + self.busy_weight * busy)
+            self.memo[degrees] = Score(makespan, busy, makespan + self.busy_weight * busy)
         return self.memo[degrees]
+
+    def _simulated(
+        self, part: presorted_dp.Partition, workers: Sequence[presorted_dp.WorkerProfile]
+    ) -> list[float]:
+        """Seconds every worker needs for the members the DP placed on it, by fluid simulation.
+
+        Eq. (2) prices a group with a table ``I(|G|)`` profiled on the *batch's* shape, i.e. as if
+        the group were a few long trajectories and many tiny ones. That is true of the head's group
+        only: a later contiguous group (Lemma 5.1) holds members of similar length, which run in
+        KV-bound waves, so the table under-prices it by several times and the DP hands narrow
+        workers hundreds of them. Simulating the group's own shape (the paper's profiler method,
+        applied to the group instead of the batch) prices what the placement will actually run.
+        """
+        out: list[float] = []
+        start = 0
+        for worker, end in zip(workers, part.ends, strict=True):
+            head = self.lengths[start] if end > start else 0.0
+            shape = [x / head for x in self.lengths[start:end] if x > 0] if head > 0 else []
+            if shape:
+                steps = self.profiles[worker.tp].step_times
+                table = presorted_dp.interference_by_simulation(steps, shape, max_group=len(shape), grid=2)
+                out.append(head * steps[0] * table[-1])
+            else:
+                out.append(0.0)
+            start = end
+        return out
 
     def _workers(self, g: int, n: int) -> list[presorted_dp.WorkerProfile]:
         have = self.workers.setdefault(g, [])

@@ -132,3 +132,19 @@ def test_bad_input_names_the_field(kwargs: dict[str, object], field: str) -> Non
     with pytest.raises(SpecError) as err:
         tp.plan(LENGTHS, **kwargs)  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+def test_step_times_price_each_group_by_its_own_members() -> None:
+    # Eq. (2)'s table says no interference, but the worker runs 2 at 1.5 s/step (1 s alone).
+    # Two TP-1 workers, balanced split {100, 90} | {80, 70}: Eq. (2) gives max(100, 80) = 100.
+    # Simulated: {100, 90} run together 90 tokens (135 s), then 10 alone (10 s) = 145;
+    # {80, 70}: 70 · 1.5 + 10 · 1 = 115. Busy (145 + 115) / 2 = 130.
+    flat = (1.0, 1.0, 1.0, 1.0)
+    lengths = [100.0, 90.0, 80.0, 70.0]
+    eq2 = tp.cost(lengths, (1, 1), [tp.DegreeProfile(1, 1.0, flat)], busy_weight=0.0)
+    assert eq2.makespan == pytest.approx(100.0)
+    simulated = tp.cost(
+        lengths, (1, 1), [tp.DegreeProfile(1, 1.0, flat, step_times=(1.0, 1.5))], busy_weight=0.0
+    )
+    assert simulated.makespan == pytest.approx(145.0)
+    assert simulated.busy == pytest.approx(130.0)
