@@ -26,7 +26,9 @@ Configurations, run one after the other in ONE run on the same engines, agents a
   (predicted-remaining priority, re-predicted after every turn by the history predictor, with
   preemption = ABORT + re-issue; the agent drops the aborted turn's tokens, so it is re-generated).
 * ``heddle-sched`` and ``heddle-place``: each half alone, for the ablation; ``heddle-no-preempt``:
-  heddle without preemption (``progressive-priority`` is the same ranking without it).
+  heddle without preemption (``progressive-priority`` is the same ranking without it);
+  ``priority-per-worker``: that ranking in per-worker queues (``Settings.worker_slots`` =
+  ``--gate / --engines``), sticky least-loaded placement.
 
 Each configuration gets fresh buffer, placement and scheduler processes and runs ``--steps``
 rollout steps of the same workload (the first warms the predictor, which learns only from
@@ -63,6 +65,12 @@ CONFIGS: dict[str, dict[str, str]] = {
     "heddle-sched": {"placement": "sticky-least-loaded", "scheduling": "heddle"},
     "heddle-place": {"placement": "heddle", "scheduling": "fifo"},
     "heddle-no-preempt": {"placement": "heddle", "scheduling": "progressive-priority"},
+    # Heddle's ranking in per-worker queues of --gate / --engines slots each (Settings.worker_slots)
+    "priority-per-worker": {
+        "placement": "sticky-least-loaded",
+        "scheduling": "progressive-priority",
+        "per_worker": "yes",
+    },
 }
 
 
@@ -144,6 +152,7 @@ async def run_config(
             "alpha": 1000, "batch_size": members, "max_in_flight": members * 2,
             "max_concurrent_generations": cfg.gate, "scheduling_policy": policy["scheduling"],
             "preemption_margin": cfg.preemption_margin,
+            "worker_slots": cfg.gate // cfg.engines if policy.get("per_worker") else 0,
         }  # fmt: skip
         scheduler = await stack.start(
             "scheduler", "treadle.services.scheduler",
