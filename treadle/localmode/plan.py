@@ -16,6 +16,10 @@ from treadle.errors import SpecError
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol as scheduler_protocol
 
+REWARD_COLD_START_S = 180.0
+"""How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
+scheduling, image pull and start, with margin) before failing a trajectory."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -78,6 +82,8 @@ def job_config(
         max_in_flight=max_in_flight,
         max_concurrent_generations=max_concurrent_generations,
         scheduling_policy=spec.rollout.scheduling_policy,
+        # A gateway scaled to zero answers Unavailable until its first pod is ready: wait that out.
+        reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else 0.0,
     )
     return JobConfig(
         job=job.name,

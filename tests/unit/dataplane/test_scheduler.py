@@ -8,28 +8,40 @@ sleeps. The same paths over real services on 127.0.0.1 are in tests/integration/
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import dataplane_fakes as fakes
 import pytest
+import yaml
 
 from treadle import errors
+from treadle.api import v1alpha1
+from treadle.localmode import plan
 from treadle.policy import registry
 from treadle.policy.heddle import predictor
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
+from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import protocol, service
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
+EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
 TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
 
 
 class Stack:
     def __init__(
-        self, *, env: fakes.Env | None = None, reward: fakes.Reward | None = None, **settings: object
+        self,
+        *,
+        env: fakes.Env | None = None,
+        reward: fakes.Reward | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **settings: object,
     ):
         self.env = env or fakes.Env()
         self.agent = fakes.Agent()
@@ -51,6 +63,7 @@ class Stack:
             placement=placement_service.InProcess(self.placement),
             reward=self.reward,
             buffer=self.buffer,
+            clock=clock,
         )
 
     async def submit(self, *group_ids: str) -> None:
@@ -149,6 +162,61 @@ async def test_reward_failure_is_retried() -> None:
     results = st.svc.results()
     await st.submit("g1")
     assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    await st.svc.aclose()
+
+
+class ColdReward(fakes.Reward):
+    """A gateway scaled to zero: ``Unavailable`` for ``fail`` calls, each taking ``seconds`` of the clock."""
+
+    def __init__(self, *, fail: int, seconds: float) -> None:
+        super().__init__(fail=fail)
+        self.now = 0.0
+        self.seconds = seconds
+
+    def clock(self) -> float:
+        return self.now
+
+    async def score(self, req: reward_protocol.ScoreRequest) -> reward_protocol.ScoreResult:
+        self.now += self.seconds
+        return await super().score(req)
+
+
+async def test_reward_unavailable_is_waited_out_within_the_budget() -> None:
+    # 40 refusals of 1 s each, shared by 4 trajectories: far beyond reward_attempts, within 60 s.
+    reward = ColdReward(fail=40, seconds=1.0)
+    st = Stack(reward=reward, clock=reward.clock, reward_attempts=4, reward_unavailable_s=60.0)
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:completed" for i in range(4)]
+    await st.svc.aclose()
+
+
+async def test_reward_unavailable_past_the_budget_fails_with_the_reason() -> None:
+    reward = ColdReward(fail=1_000_000, seconds=1.0)
+    st = Stack(reward=reward, clock=reward.clock, reward_attempts=4, reward_unavailable_s=60.0)
+    results = st.svc.results()
+    await st.submit("g1")
+    reasons = []
+    async with asyncio.timeout(10):
+        async for r in results:
+            assert r.status == "failed"
+            reasons.append(r.reason)
+            if len(reasons) == 4:
+                break
+    assert all(r.startswith("reward: score: unavailable for 6") for r in reasons), reasons
+    assert all("more than reward_unavailable_s=60: reward down" in r for r in reasons), reasons
+    assert reward.now < 4 * 70  # gave up soon after the budget, not after some count of attempts
+    assert dict(st.svc.stats().failed_by_reason) == {"reward: score": 4}
+    await st.svc.aclose()
+
+
+async def test_reward_unavailable_without_a_budget_fails_after_the_attempts() -> None:
+    reward = ColdReward(fail=1_000_000, seconds=1.0)
+    st = Stack(reward=reward, clock=reward.clock, reward_attempts=4)
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
+    assert 1_000_000 - reward.fail == 16  # 4 attempts per trajectory, however little time passed
     await st.svc.aclose()
 
 
@@ -457,3 +525,14 @@ async def test_environment_reward_goes_to_the_gateway_as_metadata() -> None:
     await st.collect(4, results)
     assert [m["env_reward"] for m in reward.metadata] == [0.5] * 4
     await st.svc.aclose()
+
+
+def test_job_config_waits_for_a_reward_gateway_that_scales_to_zero() -> None:
+    raw = yaml.safe_load((EXAMPLES / "math-tool-h20.yaml").read_text())
+    job = v1alpha1.parse_job(raw)
+    counts = {"max_tokens": 128, "max_in_flight": 256, "max_concurrent_generations": 512}
+    assert job.spec.reward.scale_to_zero
+    assert plan.job_config(job, **counts).settings.reward_unavailable_s == plan.REWARD_COLD_START_S
+    raw["spec"]["reward"] = {**raw["spec"].get("reward", {}), "scaleToZero": False, "minReplicas": 1}
+    warm = plan.job_config(v1alpha1.parse_job(raw), **counts)
+    assert warm.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count

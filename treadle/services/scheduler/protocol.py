@@ -73,6 +73,12 @@ class Settings:
     backoff_s: float = 0.05
     """First retry delay; doubles per attempt up to ``max_backoff_s``."""
     max_backoff_s: float = 2.0
+    reward_unavailable_s: float = 0.0
+    """If > 0: the reward gateway may be unavailable (``Unavailable``: no endpoint, as while a gateway
+    scaled to zero starts its first pod, tens of seconds) for this long before a trajectory fails;
+    until then ``Unavailable`` is retried with backoff capped at ``max_backoff_s`` beyond
+    ``reward_attempts``. Timeouts and other errors still count against ``reward_attempts``. Set by
+    ``localmode.plan.job_config`` when the job's reward gateway can scale to zero."""
     buffer_put_max: int = 256
     """Finished trajectories put to the buffer in one call at most."""
 

@@ -28,7 +28,9 @@ own timeline, so a slow environment never blocks another)::
   ``placement.place_batch`` together (Heddle's presorted DP); their first turn waits for it.
 * **Failures**: ``Unavailable`` (and timeouts) from the environment or the reward gateway are
   retried with exponential backoff (``env.open`` moves to the next env server); after the last
-  attempt, or on any other error, the trajectory is stored as ``failed`` with the reason. A
+  attempt, or on any other error, the trajectory is stored as ``failed`` with the reason. A reward
+  gateway that scales to zero is waited for (``Settings.reward_unavailable_s``): its ``Unavailable``
+  is retried for that long, however many attempts it takes. A
   generation aborted by the worker (pause with abort) is re-issued, as ROLL does after resume.
 * **Nothing is lost**: every admitted trajectory ends in exactly one of completed / failed /
   aborted and is put to the buffer (put is retried until the buffer takes it; until then it counts
@@ -723,15 +725,30 @@ class SchedulerService:
             "generation": self.settings.generation_attempts,
         }[stage]
         delay = self.settings.backoff_s
-        for attempt in range(1, attempts + 1):
+        budget = self.settings.reward_unavailable_s if stage == "reward" else 0.0
+        unavailable_since: float | None = None
+        attempt = 0  # calls that count against ``attempts`` (not those waited out under ``budget``)
+        while True:
             began = self.clock()
             try:
                 return await fn()
             except RETRYABLE as exc:
                 if stage == "environment":
                     self.metrics.env_failures.labels(call).inc()
-                if attempt == attempts:
-                    raise _Failed(f"{stage}: {call} failed after {attempts} attempts: {exc}") from exc
+                if budget > 0 and isinstance(exc, errors.Unavailable):
+                    # A gateway scaled to zero has no endpoint until its first pod is ready (tens of
+                    # seconds): wait for it up to the budget rather than for a count of attempts.
+                    now = self.clock()
+                    unavailable_since = began if unavailable_since is None else unavailable_since
+                    if now - unavailable_since >= budget:
+                        raise _Failed(
+                            f"{stage}: {call}: unavailable for {now - unavailable_since:.1f}s, more than "
+                            f"reward_unavailable_s={budget:g}: {exc}"
+                        ) from exc
+                else:
+                    attempt += 1
+                if attempt >= attempts:
+                    raise _Failed(f"{stage}: {call} failed after {attempt} attempts: {exc}") from exc
                 if stage == "environment":
                     self._env_retries += 1
             except errors.TreadleError as exc:
@@ -743,7 +760,6 @@ class SchedulerService:
                     self._spent(t, stage, began)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.settings.max_backoff_s)
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _score(
         self, t: _Traj, info: Mapping[str, Any], prompt: str, env_reward: float | None = None
