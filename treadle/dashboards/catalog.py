@@ -26,6 +26,12 @@ ROLLOUT = Dashboard(
         ),
         panel("Stage p99 seconds", (quantile(0.99, m.SCHED_STAGE_SECONDS, "stage"), "{{stage}}"), unit="s"),
         panel("Turns per second, by task", (rate(m.SCHED_TURNS_TOTAL, "task"), "{{task}}"), unit="ops"),
+        panel(
+            "Heddle: preemptions and migrations per second",
+            (rate(m.SCHED_PREEMPTIONS_TOTAL), "preempted turns"),
+            (rate(m.PLACEMENT_MIGRATIONS_TOTAL), "migrated trajectories"),
+            unit="ops",
+        ),
         panel("Policy version served", (f"max({m.SCHED_POLICY_VERSION})", "version"), unit="none"),
         panel(
             "Staleness of delivered trajectories (versions)",
