@@ -27,6 +27,7 @@ async def test_generate_records_ids_logprobs_and_versions(agent: str, fake_vllm:
     c = agent_client.AgentClient(agent)
     first = await c.generate(gen("t1"))
     assert first.finish_reason == "length" and len(first.output_token_ids) == 8
+    assert first.engine_seconds >= 8 * 0.002  # the agent reports its engine call's time (8 steps of 2 ms)
     assert len(first.output_logprobs) == 8 and first.output_versions == [0] * 8 and first.prompt_token_ids
     async with httpx.AsyncClient(base_url=fake_vllm) as h:
         await h.post("/update_weight_version", json={"new_version": "step-3"})

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import prometheus_client
 import pytest
 
 from treadle import errors
-from treadle.services.agent import service
+from treadle.services.agent import protocol, service
 from treadle.services.fakevllm import engine, tokenizer
 
 
@@ -65,3 +69,37 @@ def test_parse_metrics_sums_labelled_samples() -> None:
         "garbage line\n"
     )
     assert service.parse_metrics(text) == {"vllm:num_requests_waiting": 5.0, "vllm:kv_cache_usage_perc": 0.25}
+
+
+async def test_engine_steps_finish_requests_with_per_token_accounts() -> None:
+    eng = engine.SimulatedEngine(step_s=0.001, eos_probability=0.0)
+    long = asyncio.create_task(eng.generate([1, 2], max_tokens=1000))
+    short = await eng.generate([3], max_tokens=4)
+    assert short.finish_reason == "length" and len(short.token_ids) == 4
+    assert eng.generation_tokens_total >= 4 + 3 and eng.kv_tokens == 2 + eng.steps
+    assert eng.abort_all() == 1
+    cut = await long
+    assert cut.finish_reason == "abort" and 4 <= len(cut.token_ids) < 1000
+    assert len(cut.logprobs) == len(cut.token_ids) and len(cut.text) == len(cut.token_ids)
+    assert (len(eng.running), eng.kv_tokens, eng.finished["abort"]) == (0, 0, 1)
+
+
+def test_agent_refuses_an_engine_reply_without_token_ids() -> None:
+    svc = service.AgentService(
+        engine_url="http://127.0.0.1:1", worker_id="w", registry=prometheus_client.CollectorRegistry()
+    )
+    req = protocol.GenerateRequest(
+        trajectory_id="t", turn=0, messages=[protocol.ChatMessage(role="user", content="x")], max_tokens=2
+    )
+    reply = {"choices": [{"message": {"content": "ab"}, "finish_reason": "length"}], "prompt_token_ids": [1]}
+    with pytest.raises(errors.Unavailable, match="token ids"):
+        svc._result(req, json.dumps(reply).encode(), 0)
+    reply["choices"][0]["token_ids"] = "nope"  # type: ignore[index]
+    with pytest.raises(errors.Unavailable, match="token ids"):
+        svc._result(req, json.dumps(reply).encode(), 0)
+    reply["choices"][0].update(  # type: ignore[index]
+        token_ids=[5, 6], logprobs={"content": [{"logprob": -1, "token": "a"}, {"logprob": -0.5}]}
+    )
+    ok = svc._result(req, json.dumps(reply).encode(), 3, 0.25)
+    assert (ok.output_token_ids, ok.output_logprobs, ok.output_versions) == ([5, 6], [-1.0, -0.5], [3, 3])
+    assert (ok.text, ok.finish_reason, ok.engine_seconds) == ("ab", "length", 0.25)

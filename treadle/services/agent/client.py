@@ -17,8 +17,9 @@ class AgentClient:
         self._http = http.new_client(base_url, timeout_s=timeout_s)
 
     async def generate(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
-        body = await http.call(self._http, "POST", "/v1/generate", json=req.model_dump())
-        return protocol.GenerateResult.model_validate(body)
+        # pydantic-core encodes and parses in one pass each (~4x cheaper than dicts through the json module).
+        body = await http.call_raw(self._http, "POST", "/v1/generate", content=req.model_dump_json().encode())
+        return protocol.GenerateResult.model_validate_json(body)
 
     async def abort(self, trajectory_id: str) -> bool:
         body = await http.call(self._http, "POST", "/v1/abort", json={"trajectory_id": trajectory_id})

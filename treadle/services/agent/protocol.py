@@ -35,6 +35,10 @@ class GenerateResult(BaseModel):
         description="policy version loaded when each output token was produced"
     )
     finish_reason: FinishReason
+    engine_seconds: float = Field(
+        default=0.0, description="time of this turn's engine request as the agent saw it (the rest of "
+        "the call is Treadle's overhead)",
+    )  # fmt: skip
 
 
 class AbortRequest(BaseModel):

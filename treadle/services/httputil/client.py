@@ -22,6 +22,8 @@ import pydantic
 
 from treadle import errors
 
+JSON_HEADERS = {"Content-Type": "application/json"}
+
 
 class Client:
     """A JSON-over-HTTP client bound to one base URL."""
@@ -45,11 +47,18 @@ class Client:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session
 
-    async def request(self, method: str, path: str, *, json: Any = None) -> tuple[int, bytes]:
-        """(status, body) of one request; connection failures and timeouts raise ``Unavailable``."""
+    async def request(
+        self, method: str, path: str, *, json: Any = None, content: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request; connection failures and timeouts raise ``Unavailable``.
+
+        ``content`` is a body already encoded as JSON (by a typed encoder on the hot path)."""
         url = f"{self.base_url}{path}"
+        headers = JSON_HEADERS if content is not None else None
         try:
-            async with self._get_session().request(method, url, json=json) as response:
+            async with self._get_session().request(
+                method, url, json=json, data=content, headers=headers
+            ) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:
             raise errors.Unavailable(f"{method} {url}: timed out after {self.timeout.total}s") from exc
@@ -74,6 +83,14 @@ async def call(client: Client, method: str, path: str, *, json: Any = None) -> A
     status, body = await client.request(method, path, json=json)
     if status < 400:
         return jsonlib.loads(body) if body else None
+    raise from_response(status, body)
+
+
+async def call_raw(client: Client, method: str, path: str, *, content: bytes | None = None) -> bytes:
+    """Like ``call`` but the body is sent and returned as encoded JSON bytes, for typed codecs."""
+    status, body = await client.request(method, path, content=content)
+    if status < 400:
+        return body
     raise from_response(status, body)
 
 
