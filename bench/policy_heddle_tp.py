@@ -7,7 +7,8 @@ cost model (Qwen3-14B on H800; running sequences capped by each degree's KV capa
 context, and by 256), ``I_g(s)`` simulated from them and
 the lengths' shape (``presorted_dp.interference_by_simulation``). Beside the time it prints the
 planned allocation and its predicted makespan next to Fix-1 and Fix-8, the paper's ablation
-extremes; these makespans are the DP's own estimate (Eq. 2), not a simulation. Nothing asserted.
+extremes; these makespans are the planner's own estimate (the DP's placement, each group's decode
+simulated from the step times: ``tp_planner``'s score), not the event simulator. Nothing asserted.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def profiles(cfg: Config, shape: list[float]) -> list[tp_planner.DegreeProfile]:
             for b in range(1, running + 1)
         ]
         table = presorted_dp.interference_by_simulation(steps, shape, max_group=cfg.trajectories)
-        out.append(tp_planner.DegreeProfile(g, steps[0], table))
+        out.append(tp_planner.DegreeProfile(g, steps[0], table, step_times=tuple(steps)))
     return out
 
 

@@ -173,6 +173,15 @@ class StepConfig:
     (``interference_from_step_times``) assumes every member is as long as the head, an upper bound
     that charges wide workers for running their group in waves and so steers the TP planner away
     from them."""
+    plan_on: Literal["predictions", "previous-epoch"] = "previous-epoch"
+    """What the TP planner sizes the pool for: the output lengths the same prompts produced one epoch
+    earlier (our default), or this batch's dispatch predictions. The planner picks a pool shape for
+    the batch's length *distribution*, and the paper runs it periodically, amortised over several
+    steps, so it cannot hinge on one batch's per-trajectory guesses; those matter to the placement,
+    which always uses the predictions. ``HistoryModel`` predicts a prompt's group mean at dispatch,
+    which removes the within-group spread that makes the tail (on coding/Qwen3-14B its largest
+    prediction is 12.4K tokens against an actual 41K), so planning on it sized the pool for a tail
+    three times shorter than the one that sets the makespan."""
     max_group_share: float = 2.0
     """A worker's interference table stops at this multiple of its even share of the batch (ours):
     no worker is handed a group that runs in many KV-bound waves on the strength of noisy predictions."""
@@ -267,6 +276,7 @@ class StepSim:
         self.now = 0.0
         self.trajs = [_Traj(i, f"t{i}", s) for i, s in enumerate(batch)]
         self.model = predictor.learn(predictor.HistoryModel(), [_finished(cfg, s) for s in history])
+        self.previous_epoch = [float(s.output) for s in history]
         self._learn_buffer: list[predictor.Finished] = []
         self.scored: dict[int, tuple[list[float], list[float]]] = {}
         self.preemptions = self.migrations = self.fallbacks = 0
@@ -317,8 +327,9 @@ class StepSim:
         started = time.perf_counter()
         if system.tp == "adaptive":
             usable = [p for g, p in sorted(profiles.items()) if g <= cfg.gpus]
+            sized_for = self.previous_epoch if cfg.plan_on == "previous-epoch" else lengths
             plan = tp_planner.plan(
-                lengths, gpus=cfg.gpus, profiles=usable, annealing=tp_planner.Annealing(seed=cfg.seed)
+                sized_for, gpus=cfg.gpus, profiles=usable, annealing=tp_planner.Annealing(seed=cfg.seed)
             )
             degrees = plan.degrees
         else:

@@ -29,9 +29,18 @@ FCFS_LEAST_LOAD = heddle.System("fcfs-least-load", "fcfs", "least-load", tp=0, l
 
 
 def _config(seed: int) -> heddle.StepConfig:
-    # 4 H800s, 128 trajectories in GRPO groups of 8: seconds of CPU, minutes of simulated rollout
+    # 4 H800s, 128 trajectories in GRPO groups of 8: seconds of CPU, minutes of simulated rollout.
+    # Sized on the predictions the planner splits the GPUs into several workers, so placement,
+    # routing and migration have something to do (on the previous epoch it takes one TP-4 worker).
     return heddle.StepConfig(
-        domain=CODING, model=costmodel.QWEN3_8B, gpus=4, per_worker=32, group_size=8, max_seqs=32, seed=seed
+        domain=CODING,
+        model=costmodel.QWEN3_8B,
+        gpus=4,
+        per_worker=32,
+        group_size=8,
+        max_seqs=32,
+        seed=seed,
+        plan_on="predictions",
     )
 
 
@@ -159,3 +168,28 @@ def test_the_tp_plan_is_never_clearly_worse_than_a_fixed_tp_in_the_simulator(see
     ours, *alternatives = heddle.run(cfg, [heddle.HEDDLE, *fixed])
     best = min(alternatives, key=lambda r: r.makespan_s)
     assert ours.makespan_s <= 1.05 * best.makespan_s, (ours.degrees, best.degrees)
+
+
+def test_the_tp_planner_sizes_the_pool_for_the_previous_epoch_or_the_predictions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from treadle.policy.heddle import tp_planner
+
+    seen: list[list[float]] = []
+    original = tp_planner.plan
+
+    def spy(lengths: list[float], **kwargs: object) -> tp_planner.Plan:
+        seen.append(sorted(lengths))
+        return original(lengths, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tp_planner, "plan", spy)
+    exact = dataclasses.replace(_config(1), predictions="noisy-oracle", oracle_sigma=(0.0,))
+    heddle.run(dataclasses.replace(exact, plan_on="previous-epoch"), [heddle.HEDDLE])
+    heddle.run(exact, [heddle.HEDDLE])
+    previous_epoch, predictions = seen
+    import random
+
+    rng = random.Random(exact.seed)
+    batch = heddle.draw_batch(exact.domain, prompts=exact.trajectories // 8, group_size=8, rng=rng)
+    assert predictions == sorted(float(s.output) for s in batch)  # exact predictions: the batch itself
+    assert len(previous_epoch) == len(batch) and previous_epoch != predictions  # a redraw of the prompts
