@@ -65,6 +65,8 @@ CONFIGS: dict[str, dict[str, str]] = {
     "heddle-sched": {"placement": "sticky-least-loaded", "scheduling": "heddle"},
     "heddle-place": {"placement": "heddle", "scheduling": "fifo"},
     "heddle-no-preempt": {"placement": "heddle", "scheduling": "progressive-priority"},
+    # Algorithm 1 with no bound on the work a preemption throws away (the previous default)
+    "heddle-unbounded": {"placement": "heddle", "scheduling": "heddle", "max_progress": "inf"},
     # Heddle's ranking in per-worker queues of --gate / --engines slots each (Settings.worker_slots)
     "priority-per-worker": {
         "placement": "sticky-least-loaded",
@@ -91,6 +93,8 @@ class Config:
     seed: int = 0
     step_timeout_s: float = 300.0
     preemption_margin: float = 0.0
+    preemption_max_progress: float = 0.25
+    """``Settings.preemption_max_progress`` of the preemptive configurations but ``heddle-unbounded``."""
     configs: str = ",".join(CONFIGS)
     rounds: int = 1
     """Each configuration runs once per round (fresh processes); the order alternates per round."""
@@ -152,6 +156,7 @@ async def run_config(
             "alpha": 1000, "batch_size": members, "max_in_flight": members * 2,
             "max_concurrent_generations": cfg.gate, "scheduling_policy": policy["scheduling"],
             "preemption_margin": cfg.preemption_margin,
+            "preemption_max_progress": float(policy.get("max_progress", cfg.preemption_max_progress)),
             "worker_slots": cfg.gate // cfg.engines if policy.get("per_worker") else 0,
         }  # fmt: skip
         scheduler = await stack.start(

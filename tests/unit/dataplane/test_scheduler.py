@@ -406,6 +406,41 @@ def test_preemptive_gate_aborts_the_lowest_ranked_running_turn() -> None:
     assert asyncio.run(scenario()) == (["short"], ["long", "tiny"])
 
 
+def test_preemptive_gate_spares_a_turn_past_max_progress() -> None:
+    async def scenario() -> list[str]:
+        now = [0.0]
+        preempted: list[str] = []
+        gate = service.Gate(
+            1, registry.scheduling_policy("heddle"), preempt=preempted.append, max_progress=0.25,
+            clock=lambda: now[0],
+        )  # fmt: skip
+        await gate.acquire("first", turn=0, task="m", predicted_remaining=5.0)
+        now[0] = 10.0
+        gate.release("first")  # a typical turn is now 10 s
+        await gate.acquire("short", turn=0, task="m", predicted_remaining=5.0)
+        now[0] = 13.0  # 30 % through its turn: past the bound
+        long = asyncio.create_task(gate.acquire("long", turn=1, task="m", predicted_remaining=500.0))
+        await asyncio.sleep(0)
+        assert preempted == [] and gate.state("long") == "waiting"
+        gate.release("short")
+        await long
+        now[0] = 14.0
+        late = asyncio.create_task(gate.acquire("later", turn=1, task="m", predicted_remaining=900.0))
+        await asyncio.sleep(0)  # "long" is 10 % through: cheap to throw away, so it is preempted
+        assert preempted == ["long"]
+        gate.release("long")
+        await late
+        return preempted
+
+    assert asyncio.run(scenario()) == ["long"]
+
+
+def test_negative_max_progress_names_the_setting() -> None:
+    with pytest.raises(errors.SpecError) as err:
+        service.Gate(1, registry.scheduling_policy("heddle"), max_progress=-0.5)
+    assert err.value.field == "preemption_max_progress"
+
+
 async def test_list_trajectories_exposes_rank_prediction_and_worker() -> None:
     st = Stack(scheduling_policy="heddle")
     st.agent.hold = asyncio.Event()

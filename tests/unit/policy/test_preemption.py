@@ -47,3 +47,22 @@ def test_bad_knobs_name_the_field(kwargs: dict[str, float], field: str) -> None:
     with pytest.raises(SpecError) as err:
         preemption.victims([q("a", 1)], [q("w", 9)], **kwargs)  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+def test_turns_past_max_progress_keep_their_slots() -> None:
+    running = [q("a", 50), q("b", 5, 1), q("c", 20, 2)]
+    waiting = [q("w", 100, 3), q("x", 90, 4)]
+    progress = {"a": 0.5, "b": 0.9, "c": 0.1}
+    # a and b (well into their turns) are not thrown away: c is the only victim, for w
+    assert preemption.victims(running, waiting, slots=3, progress=progress, max_progress=0.25) == ["c"]
+    # unbounded (the default) is Algorithm 1: b and c
+    assert preemption.victims(running, waiting, slots=3, progress=progress) == ["b", "c"]
+    # every running turn past the bound: nobody is preempted
+    done = dict.fromkeys("abc", 0.5)
+    assert preemption.victims(running, waiting, slots=3, progress=done, max_progress=0.25) == []
+
+
+def test_max_progress_must_not_be_negative() -> None:
+    with pytest.raises(SpecError) as err:
+        preemption.victims([q("a", 1)], [q("w", 9)], slots=1, progress={}, max_progress=-1.0)
+    assert err.value.field == "max_progress"

@@ -67,6 +67,10 @@ class Settings:
     preemption_margin: float = 0.0
     """Preemptive policies only: a waiting turn preempts a running one when its predicted remaining
     work exceeds the running one's by more than this fraction (0: Heddle's Algorithm 1)."""
+    preemption_max_progress: float = 0.25
+    """Preemptive policies only: a running turn is preempted only while it has held its slot for at
+    most this fraction of a typical turn (the gate's running mean). The agent drops an aborted
+    turn's tokens, so this bounds the work a preemption throws away; ``inf``: Algorithm 1 unbounded."""
     env_attempts: int = 4
     reward_attempts: int = 4
     generation_attempts: int = 3

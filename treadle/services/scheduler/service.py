@@ -47,6 +47,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -71,6 +72,8 @@ REFUSED = "buffer: refused: "
 LEARN_EVERY = 8
 """Completed trajectories a task's predictor collects before it re-learns (``learn`` re-sorts its window)."""
 DEFAULT_LIST_LIMIT = 100
+TYPICAL_TURN_WEIGHT = 0.1
+"""Weight of each finished turn in the gate's running mean of turn time (preemption's progress)."""
 
 
 class _Failed(Exception):
@@ -137,6 +140,8 @@ class _Traj:
     preemptions: int = 0
     placed: asyncio.Task[None] | None = None
     """Batch placement of its admission round; its first turn waits for it."""
+    releasing: asyncio.Task[None] | None = None
+    """Placement release of its last turn, in flight during the tool call; the next turn waits for it."""
 
 
 @dataclasses.dataclass
@@ -158,7 +163,9 @@ class Gate:
     With ``preempt`` set (a policy in ``registry.PREEMPTIVE_SCHEDULING``), a waiting turn that
     outranks a running one of the same key while its slots are taken has the running one preempted
     (``preemption.victims``): ``preempt(tid)`` ABORTs it on its worker, its generation comes back
-    aborted, its slot is released and it queues again with its turn.
+    aborted, its slot is released and it queues again with its turn. Only turns that have run at
+    most ``max_progress`` of a typical turn (the running mean of the turns that finished here, by
+    ``clock``) are victims: the aborted turn's tokens are thrown away, so that bounds the waste.
     """
 
     def __init__(
@@ -168,11 +175,20 @@ class Gate:
         *,
         preempt: Callable[[str], None] | None = None,
         margin: float = 0.0,
+        max_progress: float = math.inf,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not max_progress >= 0:
+            raise errors.SpecError("must be >= 0", field="preemption_max_progress", value=max_progress)
         self.limit = limit
         self.policy = policy
         self.preempt = preempt
         self.margin = margin
+        self.max_progress = max_progress
+        self.clock = clock
+        self._started: dict[str, float] = {}
+        self._typical_turn_s = 0.0
+        """Exponential mean of finished (not preempted) turns' slot time; 0 until one finishes."""
         self.suspended = False
         self._seq = itertools.count()
         self._waiting: dict[str, tuple[registry.QueuedTurn, asyncio.Future[None], str]] = {}
@@ -218,6 +234,10 @@ class Gate:
         self._active[key] -= 1
         if self._active[key] <= 0:
             del self._active[key]
+        held = self.clock() - self._started.pop(tid)
+        if tid not in self._stopping:  # a preempted turn's time says nothing about a whole turn's
+            mean = self._typical_turn_s
+            self._typical_turn_s = held if mean == 0.0 else mean + TYPICAL_TURN_WEIGHT * (held - mean)
         self._stopping.discard(tid)
         self.wake(key)
 
@@ -243,13 +263,20 @@ class Gate:
             return
         running = [q for q, k in self._running.values() if k == key]
         stopping = {tid for tid in self._stopping if self._running[tid][1] == key}
+        progress = {}
+        if self._typical_turn_s > 0:
+            now = self.clock()
+            progress = {q.trajectory_id: (now - self._started[q.trajectory_id]) / self._typical_turn_s
+                        for q in running}  # fmt: skip
         for tid in preemption.victims(
-            running, waiting, slots=self.limit, stopping=stopping, margin=self.margin
-        ):
+            running, waiting, slots=self.limit, stopping=stopping, margin=self.margin, progress=progress,
+            max_progress=self.max_progress,
+        ):  # fmt: skip
             self._stopping.add(tid)
             self.preempt(tid)
 
     def _start(self, tid: str, queued: registry.QueuedTurn, key: str) -> None:
+        self._started[tid] = self.clock()
         self._running[tid] = (queued, key)
         self._active[key] += 1
 
@@ -289,6 +316,7 @@ class SchedulerService:
             settings.worker_slots or settings.max_concurrent_generations,
             registry.scheduling_policy(settings.scheduling_policy),
             preempt=self._preempt if preemptive else None, margin=settings.preemption_margin,
+            max_progress=settings.preemption_max_progress, clock=clock,
         )  # fmt: skip
         self.models = {name: predictor.HistoryModel() for name in tasks}
         self._to_learn: dict[str, list[predictor.Finished]] = {name: [] for name in tasks}
@@ -533,6 +561,8 @@ class SchedulerService:
             self._scoring.discard(t.tid)
             if opened:
                 await self._close_env(t, env)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._released(t)  # the final release must follow the last turn's
             if t.worker is not None:
                 # Forget the sticky worker and feed the task profile (auto affinity).
                 with contextlib.suppress(errors.TreadleError):
@@ -587,6 +617,7 @@ class SchedulerService:
         task = t.work.task
         turn = len(t.turns)
         began = self.clock()
+        await self._released(t)
         if t.placed is not None:
             await asyncio.shield(t.placed)  # the batch's placement decides where its first turn goes
             t.placed = None
@@ -621,6 +652,7 @@ class SchedulerService:
                 generate = functools.partial(agent.generate, req)
                 result = await self._retrying(t, "generation", call, generate, account=False)
             finally:
+                self.gate.release(t.tid)  # the engine is done with the turn: its slot is free now
                 release = placement_pb2.ReleaseRequest(
                     trajectory_id=t.tid, worker_id=t.worker.worker_id, task=task.name, turn_finished=True,
                     prompt_tokens=len(result.prompt_token_ids) if result else 0,
@@ -633,12 +665,24 @@ class SchedulerService:
                     self._predict(t)
                     release.predicted_remaining = t.predicted_remaining
                     release.context_tokens = len(result.prompt_token_ids) + len(result.output_token_ids)
-                with contextlib.suppress(errors.TreadleError):
-                    await self.placement.release(release)
+                # Off the critical path, as Heddle's prediction and migration run during the tool
+                # call: the release (a batch policy's re-rank and migration decision) overlaps the
+                # environment step, and the next turn waits for it before it is assigned.
+                t.releasing = asyncio.create_task(self._release(release))
         finally:
             self.gate.release(t.tid)
             self._spent(t, "generation", began)
         return None if result.finish_reason == "abort" else result
+
+    async def _release(self, release: placement_pb2.ReleaseRequest) -> None:
+        with contextlib.suppress(errors.TreadleError):
+            await self.placement.release(release)
+
+    async def _released(self, t: _Traj) -> None:
+        """Wait for the previous turn's placement release (in flight during the tool call)."""
+        if t.releasing is not None:
+            releasing, t.releasing = t.releasing, None
+            await asyncio.shield(releasing)  # a cancelled trajectory still releases its turn
 
     async def _assign(self, t: _Traj, turn: int) -> placement_pb2.Assignment:
         try:
