@@ -1,36 +1,45 @@
-"""Scheduler + agent overhead per turn at ~2,000 trajectories in flight, with the simulated engine.
+"""Scheduler + agent overhead per turn at ~2,000 trajectories in flight, with simulated engines.
 
-Measured, not simulated (only the engine is: ``treadle.services.fakevllm``, SIMULATED ENGINE, run as
-its own process on 127.0.0.1 and reached over HTTP). In this process: the real ``SchedulerService``
-(admission, gate, retries, bookkeeping, batched buffer puts), the real ``PlacementService`` and
-``BufferService`` (memory store) called in-process, and the real inference agent
-(``AgentService``: request building, engine call, token/logprob/version extraction) called
-in-process by the scheduler, so the scheduler -> agent HTTP hop is left out. The environment and
-the reward are in-process stand-ins whose own latency (a random delay, to keep trajectories out of
-lockstep) is excluded by construction.
+Measured, not simulated (only the engines are: ``treadle.services.fakevllm``, SIMULATED ENGINE, each
+its own process on 127.0.0.1, reached over HTTP). The layout follows a cluster by default: the
+2,000 trajectories are spread by placement over ``--engines`` inference "pods" (8 by default, 250
+sequences each; vLLM's max_num_seqs is typically 256-512), each an engine process with its own step
+timer (their phases drift apart on their own, as separate GPUs' do) and its own inference agent
+process (``python -m treadle.services.agent``) that the scheduler reaches over HTTP with the real
+``AgentClient`` -- so the scheduler -> agent hop, both ends of it, counts as overhead. In this
+process: the real ``SchedulerService`` (admission, gate, retries, bookkeeping, batched buffer
+puts), the real ``PlacementService`` (in-process; in a cluster it is a gRPC hop this leaves out) and
+``BufferService`` (memory store). The environment and the reward are in-process stand-ins whose own
+latency (a random delay, to keep trajectories out of lockstep) is excluded by construction.
+
+``--engines 1 --agent-hop in-process`` is the earlier layout: one engine process serving all 2,000
+(one global step timer, so its replies land in bursts of ~100) and the agent called in this process.
 
 Overhead of turn k of a trajectory = (time the scheduler enters ``env.step`` with the action of
 turn k) - (time the environment handed back the observation of turn k-1, or of ``open``) - (time
-the agent spent inside its HTTP call to the engine for turn k). So it counts everything Treadle
-does between an observation and the next action -- gate, placement assign/release, the agent's own
-work, event-loop queueing behind the other ~2,000 trajectories -- and nothing the engine or the
-environment does. Targets of issue 4: median < 1 ms, p99 < 5 ms. The process CPU time per turn is
-printed too.
+the agent spent inside its HTTP call to the engine for turn k, which the agent reports in
+``GenerateResult.engine_seconds``). So it counts everything Treadle does between an observation and
+the next action -- gate, placement assign/release, the scheduler -> agent hop, the agent's own work,
+event-loop queueing behind the other ~2,000 trajectories -- and nothing the engine or the
+environment does. Targets of issue 4: median < 1 ms, p99 < 5 ms. CPU time per turn is printed for
+this process, the agent processes and the engine processes. All of them share this machine's
+cores (2 here), which a cluster would not make the scheduler and agents share with the engines.
 
-``--agent none`` replaces agent and engine with an in-process stand-in that answers after the
+``--agent none`` replaces agents and engines with an in-process stand-in that answers after the
 engine's time, to measure the scheduler alone.
 
-Run: ``python bench/dataplane_scheduler_overhead.py [--agent none]``;
-results in ``--out`` (config.json, results.json).
+Run: ``python bench/dataplane_scheduler_overhead.py [--engines 1 --agent-hop in-process] [--agent
+none]``; results in ``--out`` (config.json, results.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import dataclasses
+import gc
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -41,6 +50,7 @@ from typing import Any
 import prometheus_client
 
 from treadle.localmode import stack as stack_mod
+from treadle.services.agent import client as agent_client
 from treadle.services.agent import protocol as agent_protocol
 from treadle.services.agent import service as agent_service
 from treadle.services.buffer import service as buffer_service
@@ -53,7 +63,6 @@ from treadle.services.scheduler import service as scheduler_service
 from treadle.v1 import placement_pb2, scheduler_pb2
 
 TARGET_MEDIAN_MS, TARGET_P99_MS = 1.0, 5.0
-current: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("current", default=("", -1))
 
 
 @dataclasses.dataclass
@@ -73,6 +82,16 @@ class Config:
         metadata={
             "help": "real: the agent + simulated engine over HTTP; none: an instant in-process stand-in "
             "answering after step_ms * max_tokens, to measure the scheduler alone"
+        },
+    )
+    engines: int = dataclasses.field(
+        default=8, metadata={"help": "simulated engine processes (inference pods), each with its own agent"}
+    )
+    agent_hop: str = dataclasses.field(
+        default="http",
+        metadata={
+            "help": "http: each agent its own process, called over HTTP as in a cluster; in-process: "
+            "the agents run in this process and are called directly (the earlier layout)"
         },
     )
     loop: str = dataclasses.field(
@@ -173,26 +192,58 @@ class InProcessAgent:
         self.svc = svc
 
     async def generate(self, req: agent_protocol.GenerateRequest) -> agent_protocol.GenerateResult:
-        current.set((req.trajectory_id, req.turn))  # copied into the agent's task: the hooks read it
         return await self.svc.generate(req)
 
     async def abort(self, trajectory_id: str) -> bool:
         return self.svc.abort(trajectory_id)
 
 
-def time_engine_calls(agent: agent_service.AgentService, timeline: Timeline) -> None:
-    """Time every engine completion call of ``agent`` (keyed by the turn in ``current``)."""
-    inner = agent.engine.request
+class Timed:
+    """Records the engine time the agent reports for each turn (``GenerateResult.engine_seconds``)."""
 
-    async def timed(method: str, path: str, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return await inner(method, path, **kwargs)
-        finally:
-            if path == "/v1/chat/completions":
-                timeline.engine_s[current.get()] = time.perf_counter() - began
+    def __init__(self, agent: scheduler_protocol.Agent, timeline: Timeline) -> None:
+        self.agent, self.timeline = agent, timeline
 
-    setattr(agent.engine, "request", timed)  # noqa: B010 - an instance attribute over the bound method
+    async def generate(self, req: agent_protocol.GenerateRequest) -> agent_protocol.GenerateResult:
+        result = await self.agent.generate(req)
+        self.timeline.engine_s[(req.trajectory_id, req.turn)] = result.engine_seconds
+        return result
+
+    async def abort(self, trajectory_id: str) -> bool:
+        return await self.agent.abort(trajectory_id)
+
+
+class GcPauses:
+    """Cyclic-GC pauses of this process while installed (``gc.callbacks``), per generation."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._began = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._began)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {
+            f"gen{g}": {"count": len(p), "total_ms": 1e3 * sum(p), "max_ms": 1e3 * max(p, default=0.0)}
+            for g, p in self.pauses.items()
+        }
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -202,28 +253,48 @@ def pct(values: list[float], q: float) -> float:
 
 async def main(cfg: Config) -> dict[str, Any]:
     timeline = Timeline()
+    n = cfg.engines if cfg.agent == "real" else 1
     with tempfile.TemporaryDirectory() as tmp, stack_mod.Stack(Path(tmp)) as stack:
-        engine_args = ["--step-ms", str(cfg.step_ms), "--max-num-seqs", str(cfg.in_flight * 2)]
-        engine = await stack.start(
-            "engine",
-            "treadle.services.fakevllm",
-            [*engine_args, "--eos-probability", "0"],
-            kind="http",
-            health_path="/health",
-        )
-        agent = agent_service.AgentService(
-            engine_url=engine.url, worker_id="w0", registry=prometheus_client.CollectorRegistry()
-        )
-        await agent.start()
-        time_engine_calls(agent, timeline)
+        # Twice the mean share: placement's sticky least-loaded routing leaves some engines fuller.
+        seqs = -(-2 * cfg.in_flight // n)
+        agents: dict[str, scheduler_protocol.Agent] = {}
+        services: list[agent_service.AgentService] = []
+        clients: list[agent_client.AgentClient] = []
+        engine_args = ["--step-ms", str(cfg.step_ms), "--max-num-seqs", str(seqs), "--eos-probability", "0"]
+        engines = await asyncio.gather(
+            *(
+                stack.start(f"engine{i}", "treadle.services.fakevllm", engine_args, kind="http",
+                            health_path="/health")
+                for i in range(n if cfg.agent == "real" else 0)
+            )
+        )  # fmt: skip
+        if cfg.agent_hop == "http":
+            procs = await asyncio.gather(
+                *(
+                    stack.start(f"agent{i}", "treadle.services.agent",
+                                ["--engine-url", engine.url, "--worker-id", f"w{i}"], kind="http")
+                    for i, engine in enumerate(engines)
+                )
+            )  # fmt: skip
+            for proc in procs:
+                clients.append(agent_client.AgentClient(proc.url))
+                agents[proc.url] = Timed(clients[-1], timeline)
+        else:
+            for i, engine in enumerate(engines):
+                svc = agent_service.AgentService(
+                    engine_url=engine.url, worker_id=f"w{i}", registry=prometheus_client.CollectorRegistry()
+                )
+                await svc.start()
+                services.append(svc)
+                agents[f"in-process-{i}"] = Timed(InProcessAgent(svc), timeline)
+        if cfg.agent != "real":
+            agents["in-process-0"] = InstantAgent(cfg, timeline)
         placement = placement_service.PlacementService(
             pools={"p": "any"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
         )
-        placement.register_worker(placement_pb2.Worker(worker_id="w0", pool="p", address="in-process"))
+        for i, address in enumerate(agents):
+            placement.register_worker(placement_pb2.Worker(worker_id=f"w{i}", pool="p", address=address))
         buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1)
-        in_process: scheduler_protocol.Agent = (
-            InProcessAgent(agent) if cfg.agent == "real" else InstantAgent(cfg, timeline)
-        )
         task = scheduler_protocol.TaskConfig(
             name="math",
             env="bench",
@@ -238,7 +309,7 @@ async def main(cfg: Config) -> dict[str, Any]:
             tasks={"math": task},
             settings=settings,
             envs=[Env(cfg, timeline)],
-            agent_for=lambda address: in_process,
+            agent_for=agents.__getitem__,
             placement=placement_service.InProcess(placement),
             reward=Reward(),
             buffer=buffer,
@@ -248,24 +319,36 @@ async def main(cfg: Config) -> dict[str, Any]:
             for i in range(cfg.trajectories // cfg.group_size)
         ]
         samples: list[int] = []
+        pids = {
+            role: [p.popen.pid for name, p in stack.procs.items() if name.startswith(role) and p.popen]
+            for role in ("agent", "engine")
+        }
+        cpu_before = {role: sum(map(cpu_s, ps)) for role, ps in pids.items()}
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        await sched.submit(groups)
-        deadline = wall0 + 600
-        while time.perf_counter() < deadline:
-            await asyncio.sleep(0.25)
-            stats = sched.stats()
-            samples.append(stats.in_flight)
-            if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
-                break
+        with GcPauses() as gc_pauses:
+            await sched.submit(groups)
+            deadline = wall0 + 600
+            while time.perf_counter() < deadline:
+                await asyncio.sleep(0.25)
+                stats = sched.stats()
+                samples.append(stats.in_flight)
+                if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+                    break
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        cpu_of = {role: sum(map(cpu_s, ps)) - cpu_before[role] for role, ps in pids.items()}
         stats = sched.stats()
         await sched.aclose()
-        await agent.aclose()
+        for svc in services:
+            await svc.aclose()
+        for client in clients:
+            await client.aclose()
     ms = [x * 1000 for x in timeline.overheads]
     overhead = {"median": statistics.median(ms), "p90": pct(ms, 0.90), "p99": pct(ms, 0.99), "max": max(ms)}
     result = {
         "engine": "SIMULATED ENGINE (treadle.services.fakevllm)",
         "agent": cfg.agent,
+        "engines": n,
+        "agent_hop": cfg.agent_hop if cfg.agent == "real" else "none",
         "loop": cfg.loop,
         "turns_measured": len(ms),
         "turns": stats.turns,
@@ -277,6 +360,10 @@ async def main(cfg: Config) -> dict[str, Any]:
         "turns_per_s": stats.turns / wall,
         "overhead_ms": overhead,
         "cpu_ms_per_turn": 1000 * cpu / max(1, stats.turns),
+        "agent_processes_cpu_ms_per_turn": 1000 * cpu_of["agent"] / max(1, stats.turns),
+        "engine_processes_cpu_ms_per_turn": 1000 * cpu_of["engine"] / max(1, stats.turns),
+        "load_avg_1m_end": os.getloadavg()[0],
+        "gc_pauses_this_process": gc_pauses.summary(),
         "targets_ms": {"median": TARGET_MEDIAN_MS, "p99": TARGET_P99_MS},
     }
     print(
@@ -286,12 +373,25 @@ async def main(cfg: Config) -> dict[str, Any]:
     )
     if stats.failed:
         print(f"failures by reason: {dict(stats.failed_by_reason)}")
-    what = "scheduler+agent" if cfg.agent == "real" else "scheduler alone"
+    what = (
+        f"scheduler+agent ({n} engine(s), agent {cfg.agent_hop}, {cfg.loop})"
+        if cfg.agent == "real"
+        else f"scheduler alone ({cfg.loop})"
+    )
     print(
         f"{what}: overhead per turn: median {overhead['median']:.3f} ms, p90 {overhead['p90']:.3f} ms, "
         f"p99 {overhead['p99']:.3f} ms, max {overhead['max']:.1f} ms "
         f"(targets: median < {TARGET_MEDIAN_MS} ms, p99 < {TARGET_P99_MS} ms); "
-        f"CPU {result['cpu_ms_per_turn']:.3f} ms per turn"
+        f"CPU per turn: this process {result['cpu_ms_per_turn']:.3f} ms, agent processes "
+        f"{result['agent_processes_cpu_ms_per_turn']:.3f} ms, simulated engines "
+        f"{result['engine_processes_cpu_ms_per_turn']:.3f} ms; load {result['load_avg_1m_end']:.2f}"
+    )
+    gcs = gc_pauses.summary()
+    print(
+        f"GC pauses of this process: gen2 {gcs['gen2']['count']:.0f} x, max {gcs['gen2']['max_ms']:.1f} ms, "
+        f"total {gcs['gen2']['total_ms']:.0f} ms; gen0+1 total "
+        f"{gcs['gen0']['total_ms'] + gcs['gen1']['total_ms']:.0f} ms, max "
+        f"{max(gcs['gen0']['max_ms'], gcs['gen1']['max_ms']):.1f} ms"
     )
     return result
 

@@ -153,7 +153,7 @@ def main() -> None:
     label = "SIMULATED engine (treadle.services.fakevllm)" if simulated else f"real vLLM at {engine}"
     print(
         f"agent overhead vs direct engine calls; {label}; {os.cpu_count()} cores; "
-        f"{cfg.max_tokens} tokens/turn"
+        f"{cfg.max_tokens} tokens/turn; load average {os.getloadavg()[0]:.2f} at start"
     )
     results = []
     with contextlib.ExitStack() as stack:
@@ -177,6 +177,7 @@ def main() -> None:
                 f"delta p50 {r['delta_p50_ms']:+7.2f} ms"
                 f" | agent-internal mean {r['agent_internal_mean_ms']:.3f} ms, p50 <= "
                 f"{r['agent_internal_p50_le_ms']:.2f} ms, p99 <= {r['agent_internal_p99_le_ms']:.2f} ms"
+                f" | load {os.getloadavg()[0]:.2f}"
             )
     (out / "results.json").write_text(
         json.dumps({"simulated_engine": simulated, "levels": results}, indent=2)
