@@ -58,15 +58,9 @@ def build_app(
     app.state.svc = svc
     app.state.reporter = report
 
-    @app.post(
-        "/v1/generate", tags=["agent"], responses=http_errors.ERROR_RESPONSES,
-        response_model=protocol.GenerateResult,
-    )  # fmt: skip
-    async def generate(req: protocol.GenerateRequest) -> fastapi.Response:
-        # Encoded here in one pass: FastAPI's own path re-validates the model, runs jsonable_encoder and
-        # then json.dumps, the larger part of this route's CPU on every turn.
-        result = await svc.generate(req)
-        return fastapi.Response(result.model_dump_json(), media_type="application/json")
+    @app.post("/v1/generate", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
+    async def generate(req: protocol.GenerateRequest) -> protocol.GenerateResult:
+        return await svc.generate(req)
 
     @app.post("/v1/abort", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
     async def abort(req: protocol.AbortRequest) -> protocol.AbortResult:
