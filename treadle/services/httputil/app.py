@@ -8,6 +8,7 @@ the registry the caller passes in (one per app, never the global default), so te
 from __future__ import annotations
 
 import contextvars
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +27,7 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 """Bodies above this are refused with 413 before parsing (env actions, code, chat histories)."""
 
+_Counter, _Histogram = prometheus_client.Counter, prometheus_client.Histogram
 Lifespan = Callable[[fastapi.FastAPI], AbstractAsyncContextManager[None]]
 
 
@@ -45,13 +47,23 @@ class EdgeMiddleware:
             metrics.HTTP_REQUEST_SECONDS, "HTTP request latency by route", ["route"], registry=registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )  # fmt: skip
+        # Label children looked up once per (route, status): labels() locks and hashes on every call.
+        self._children: dict[
+            tuple[str, int], tuple[prometheus_client.Counter, prometheus_client.Histogram]
+        ] = {}
+        # Ids minted here are this process's random prefix and a counter (uuid4 reads os.urandom per call).
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._ids = itertools.count()
 
     async def __call__(self, scope: types.Scope, receive: types.Receive, send: types.Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        rid = (
+            headers.get(b"x-request-id", b"").decode("latin-1")[:128]
+            or f"{self._id_prefix}{next(self._ids):x}"
+        )
         token = request_id.set(rid)
         started = time.perf_counter()
         status = 500
@@ -86,8 +98,12 @@ class EdgeMiddleware:
             await response(scope, receive, send)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.requests.labels(route, str(status)).inc()
-            self.seconds.labels(route).observe(time.perf_counter() - started)
+            children = self._children.get((route, status))
+            if children is None:
+                children = (self.requests.labels(route, str(status)), self.seconds.labels(route))
+                self._children[(route, status)] = children
+            children[0].inc()
+            children[1].observe(time.perf_counter() - started)
             request_id.reset(token)
 
     async def _buffered(self, receive: types.Receive) -> types.Receive:
