@@ -25,6 +25,9 @@ environment does. Targets of issue 4: median < 1 ms, p99 < 5 ms. CPU time per tu
 this process, the agent processes and the engine processes. All of them share this machine's
 cores (2 here), which a cluster would not make the scheduler and agents share with the engines.
 
+``--pin split`` keeps this process alone on CPU 0 and the agent and engine processes on the other
+core(s), the nearest this machine comes to a cluster's separate nodes.
+
 ``--agent none`` replaces agents and engines with an in-process stand-in that answers after the
 engine's time, to measure the scheduler alone.
 
@@ -92,6 +95,13 @@ class Config:
         metadata={
             "help": "http: each agent its own process, called over HTTP as in a cluster; in-process: "
             "the agents run in this process and are called directly (the earlier layout)"
+        },
+    )
+    pin: str = dataclasses.field(
+        default="none",
+        metadata={
+            "help": "none: every process on every core; split: this process (scheduler) alone on CPU 0, "
+            "agent and engine processes on the others, as a cluster keeps pods off the scheduler's node"
         },
     )
     loop: str = dataclasses.field(
@@ -323,6 +333,11 @@ async def main(cfg: Config) -> dict[str, Any]:
             role: [p.popen.pid for name, p in stack.procs.items() if name.startswith(role) and p.popen]
             for role in ("agent", "engine")
         }
+        if cfg.pin == "split":
+            cores = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, cores[:1])
+            for pid in pids["agent"] + pids["engine"]:
+                os.sched_setaffinity(pid, cores[1:])
         cpu_before = {role: sum(map(cpu_s, ps)) for role, ps in pids.items()}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with GcPauses() as gc_pauses:
@@ -349,6 +364,7 @@ async def main(cfg: Config) -> dict[str, Any]:
         "agent": cfg.agent,
         "engines": n,
         "agent_hop": cfg.agent_hop if cfg.agent == "real" else "none",
+        "pin": cfg.pin,
         "loop": cfg.loop,
         "turns_measured": len(ms),
         "turns": stats.turns,
@@ -374,7 +390,7 @@ async def main(cfg: Config) -> dict[str, Any]:
     if stats.failed:
         print(f"failures by reason: {dict(stats.failed_by_reason)}")
     what = (
-        f"scheduler+agent ({n} engine(s), agent {cfg.agent_hop}, {cfg.loop})"
+        f"scheduler+agent ({n} engine(s), agent {cfg.agent_hop}, {cfg.loop}, pin {cfg.pin})"
         if cfg.agent == "real"
         else f"scheduler alone ({cfg.loop})"
     )
