@@ -32,7 +32,8 @@ core(s), the nearest this machine comes to a cluster's separate nodes.
 engine's time, to measure the scheduler alone.
 
 Run: ``python bench/dataplane_scheduler_overhead.py [--engines 1 --agent-hop in-process] [--agent
-none]``; results in ``--out`` (config.json, results.json).
+none]``; results in ``--out`` (config.json, results.json). ``--matrix earlier,pods-http,...`` runs
+several layouts one after another (each in a fresh process) and prints them side by side.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +69,17 @@ from treadle.services.scheduler import service as scheduler_service
 from treadle.v1 import placement_pb2, scheduler_pb2
 
 TARGET_MEDIAN_MS, TARGET_P99_MS = 1.0, 5.0
+
+
+LAYOUTS: dict[str, dict[str, str]] = {
+    "earlier": {"engines": "1", "agent-hop": "in-process"},
+    "pods-in-process": {"engines": "8", "agent-hop": "in-process"},
+    "pods-http": {"engines": "8", "agent-hop": "http"},
+    "pods-http-uvloop": {"engines": "8", "agent-hop": "http", "loop": "uvloop"},
+    "pods-http-pinned": {"engines": "8", "agent-hop": "http", "pin": "split"},
+    "scheduler-alone": {"agent": "none"},
+}
+"""``--matrix`` layouts: the flags each sets over the command line's."""
 
 
 @dataclasses.dataclass
@@ -106,6 +120,13 @@ class Config:
     )
     loop: str = dataclasses.field(
         default="asyncio", metadata={"help": "event loop of this process: asyncio or uvloop"}
+    )
+    matrix: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "comma list of layouts to run one after another, each in a fresh process with the "
+            f"other options as given, then print them side by side: {', '.join(LAYOUTS)}"
+        },
     )
     out: str = dataclasses.field(
         default=str(Path.home() / ".cache/treadle/bench/dataplane_scheduler_overhead"),
@@ -420,8 +441,33 @@ def parse() -> Config:
     return Config(**vars(p.parse_args()))
 
 
+def run_matrix(cfg: Config) -> None:
+    """Each layout in its own interpreter (no heap or loop carried over), then one table."""
+    rows = []
+    for name in cfg.matrix.split(","):
+        flags = {**{f.name.replace("_", "-"): str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)},
+                 **LAYOUTS[name], "matrix": "", "out": str(Path(cfg.out) / name)}  # fmt: skip
+        argv = [sys.executable, __file__, *(x for k, v in flags.items() for x in (f"--{k}", v))]
+        print(f"== {name}: load {os.getloadavg()[0]:.2f} before", flush=True)
+        subprocess.run(argv, check=True)
+        rows.append((name, json.loads((Path(cfg.out) / name / "results.json").read_text())))
+    print(f"\n[SIMULATED ENGINES] overhead per turn in ms; targets: median < {TARGET_MEDIAN_MS}, "
+          f"p99 < {TARGET_P99_MS}. CPU ms per turn: this process, agents, engines. Load at end")  # fmt: skip
+    head = ("layout", "median", "p90", "p99", "max", "turns/s", "cpu:sched", "agents", "engines", "gc2 max")
+    print(f"{head[0]:18}" + "".join(f"{h:>10}" for h in head[1:]) + f"{'load':>6}")
+    for name, r in rows:
+        o = r["overhead_ms"]
+        cells = (o["median"], o["p90"], o["p99"], o["max"], r["turns_per_s"], r["cpu_ms_per_turn"],
+                 r["agent_processes_cpu_ms_per_turn"], r["engine_processes_cpu_ms_per_turn"],
+                 r["gc_pauses_this_process"]["gen2"]["max_ms"])  # fmt: skip
+        print(f"{name:18}" + "".join(f"{c:10.3f}" for c in cells) + f"{r['load_avg_1m_end']:6.2f}")
+
+
 if __name__ == "__main__":
     config = parse()
+    if config.matrix:
+        run_matrix(config)
+        sys.exit(0)
     if config.loop == "uvloop":
         import uvloop  # installed with uvicorn's standard extras; only this option needs it
 
