@@ -24,11 +24,16 @@ Configurations, run one after the other in ONE run on the same engines, agents a
 * ``heddle``: placement ``heddle`` (presorted DP, strict routing, migration at tool calls = re-route
   + re-prefill, which the fake engine does not charge for) and scheduling ``heddle``
   (predicted-remaining priority, re-predicted after every turn by the history predictor, with
-  preemption = ABORT + re-issue; the agent drops the aborted turn's tokens, so it is re-generated).
+  preemption = ABORT + re-issue; the agent drops the aborted turn's tokens, so it is re-generated,
+  hence only turns at most ``--preemption-max-progress`` of a typical turn in are victims). As in
+  the paper, a turn's re-rank and migration decision (its placement release) run during its tool
+  call, off the critical path (the scheduler does this for every configuration).
 * ``heddle-sched`` and ``heddle-place``: each half alone, for the ablation; ``heddle-no-preempt``:
   heddle without preemption (``progressive-priority`` is the same ranking without it);
-  ``priority-per-worker``: that ranking in per-worker queues (``Settings.worker_slots`` =
-  ``--gate / --engines``), sticky least-loaded placement.
+  ``heddle-unbounded``: heddle with Algorithm 1's preemption unbounded (any running turn a victim);
+  ``priority-global``: that ranking (no preemption) in the one gate queue with sticky least-loaded
+  placement, ``priority-per-worker``: the same in per-worker queues (``Settings.worker_slots`` =
+  ``--gate / --engines``), ``heddle-per-worker``: full heddle in per-worker queues.
 
 Each configuration gets fresh buffer, placement and scheduler processes and runs ``--steps``
 rollout steps of the same workload (the first warms the predictor, which learns only from
@@ -67,6 +72,11 @@ CONFIGS: dict[str, dict[str, str]] = {
     "heddle-no-preempt": {"placement": "heddle", "scheduling": "progressive-priority"},
     # Algorithm 1 with no bound on the work a preemption throws away (the previous default)
     "heddle-unbounded": {"placement": "heddle", "scheduling": "heddle", "max_progress": "inf"},
+    # Heddle (bounded preemption) in per-worker queues of --gate / --engines slots each, as the paper
+    # reorders each rollout worker's queue (Settings.worker_slots)
+    "heddle-per-worker": {"placement": "heddle", "scheduling": "heddle", "per_worker": "yes"},
+    # Heddle's ranking, one queue for all workers, sticky least-loaded placement
+    "priority-global": {"placement": "sticky-least-loaded", "scheduling": "progressive-priority"},
     # Heddle's ranking in per-worker queues of --gate / --engines slots each (Settings.worker_slots)
     "priority-per-worker": {
         "placement": "sticky-least-loaded",

@@ -15,7 +15,9 @@ adding an entry to the tables below with the same signature.
 
 Heddle (``heddle`` for both fields) ranks by the remaining length that the scheduler's runtime
 predictor (``heddle.predictor``) gives after every step; ``progressive-priority`` is the same
-ranking without preemption.
+ranking without preemption. Heddle's preemption is bounded on this stack
+(``Settings.preemption_max_progress``): the agent drops an aborted turn's tokens where the paper's
+SGLang keeps the preempted prefix, so only a turn early in its generation is a victim.
 """
 
 from __future__ import annotations
