@@ -84,6 +84,18 @@ async def test_engine_steps_finish_requests_with_per_token_accounts() -> None:
     assert (len(eng.running), eng.kv_tokens, eng.finished["abort"]) == (0, 0, 1)
 
 
+async def test_engine_keeps_stepping_after_a_client_cancels_its_request() -> None:
+    """A request cancelled by its client (the agent's ABORT) leaves the step schedule; the others finish."""
+    eng = engine.SimulatedEngine(step_s=0.001, eos_probability=0.0)
+    cancelled = asyncio.create_task(eng.generate([1], max_tokens=3))
+    survivor = asyncio.create_task(eng.generate([2], max_tokens=8))
+    await asyncio.sleep(0)  # both are running
+    cancelled.cancel()
+    out = await asyncio.wait_for(survivor, timeout=5)
+    assert len(out.token_ids) == 8 and cancelled.cancelled()
+    assert (len(eng.running), eng.finished["abort"]) == (0, 1)
+
+
 def test_agent_refuses_an_engine_reply_without_token_ids() -> None:
     svc = service.AgentService(
         engine_url="http://127.0.0.1:1", worker_id="w", registry=prometheus_client.CollectorRegistry()

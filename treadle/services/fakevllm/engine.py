@@ -127,7 +127,10 @@ class SimulatedEngine:
             self.finished["abort"] += 1  # the client went away: vLLM counts it as aborted
             raise
         finally:
-            if not req.done.done():  # cancelled: its tokens so far were generated all the same
+            # Cancelled (the awaiting task's cancellation cancels ``req.done`` too): its tokens so
+            # far were generated all the same, and it must leave ``_due`` or its step would try to
+            # resolve a cancelled future and stop the engine's clock.
+            if not req.done.done() or req.done.cancelled():
                 self._finished_tokens += req.generated(self.steps)
                 due = self._due.get(req.start_step + len(out.token_ids), [])
                 if req in due:
