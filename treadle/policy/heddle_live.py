@@ -14,6 +14,18 @@ returns the next one.
   cache is there); where the new plan disagrees, migration corrects them at their next tool call.
   Live engines give no profiled interference table, so ``I(s) = 1 + per_extra · (s - 1)`` (ours:
   monotone, as the paper's premise 3 requires) on identical workers.
+* **Slots** (ours): the paper's ``I(s)`` assumes a worker's whole group runs as one batch, but with
+  per-worker gates (``Settings.worker_slots``) at most ``c`` turns of a worker generate at once. A
+  group of ``s > c`` then runs ``c`` at a time in about ``s / c`` waves, so the table prices it
+  ``I_c(s) = I(min(s, c)) · max(1, s / c)`` (``slots``). Each wave is priced at the head's length,
+  an upper bound where the group's tail is short: the DP's cost is head × a function of size only,
+  so it cannot see a group's total work. A consequence: the wave price never moves long
+  trajectories *off* the first worker (splitting them gives the second group a long head, which
+  every one of its waves then pays); on skewed predictions it balances sizes and gives the first
+  worker *more* of the longest (128 log-normal predictions, c = 8: 23 instead of 16). Under a
+  global gate the service therefore passes no slots (a global gate may give all of them to one
+  worker's group): measured on ``bench/heddle_live.py`` with a global gate of 16 over 2 engines,
+  pricing an even share (c = 8) made full heddle ~3% slower.
 * **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
   paper's Rust router).
 * **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if
@@ -48,6 +60,8 @@ REPLAN_DIVISOR = 16
 """The DP is re-run after every ``max(1, n_active // REPLAN_DIVISOR)`` step boundaries."""
 DEFAULT_PER_EXTRA = 0.05
 """Interference added per extra trajectory in a worker's group (``I(s) = 1 + per_extra · (s - 1)``)."""
+UNLIMITED = 0
+"""``slots`` value for a worker with no gate: its whole group runs as one batch."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,17 +75,30 @@ class Live:
 
 
 def profiles(
-    workers: Sequence[str], *, max_group: int, per_extra: float = DEFAULT_PER_EXTRA
+    workers: Sequence[str], *, max_group: int, per_extra: float = DEFAULT_PER_EXTRA, slots: int = UNLIMITED
 ) -> list[presorted_dp.WorkerProfile]:
-    """Identical worker profiles for the DP (unit ``t_base``: only the relative makespan matters)."""
+    """Identical worker profiles for the DP (unit ``t_base``: only the relative makespan matters).
+
+    ``slots``: turns a worker generates at once (``UNLIMITED``: all of its group); see the module doc.
+    """
     if per_extra < 0:
         raise SpecError("must be >= 0", field="per_extra", value=per_extra)
-    table = tuple(1.0 + per_extra * s for s in range(max(1, max_group)))
+    if slots < 0:
+        raise SpecError("must be >= 0", field="slots", value=slots)
+    c = slots or max(1, max_group)
+    table = tuple(
+        (1.0 + per_extra * (min(s, c) - 1)) * max(1.0, s / c) for s in range(1, max(1, max_group) + 1)
+    )
     return [presorted_dp.WorkerProfile(worker_id=w, t_base=1.0, interference=table) for w in workers]
 
 
 def place(
-    live: Live, new: Mapping[str, float], workers: Sequence[str], *, per_extra: float = DEFAULT_PER_EXTRA
+    live: Live,
+    new: Mapping[str, float],
+    workers: Sequence[str],
+    *,
+    per_extra: float = DEFAULT_PER_EXTRA,
+    slots: int = UNLIMITED,
 ) -> Live:
     """Place ``new`` (trajectory id -> predicted remaining tokens) on ``workers``; see the module doc."""
     if not workers:
@@ -81,7 +108,7 @@ def place(
     predictions.update(new)
     trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
     placed = presorted_dp.plan(
-        trajectories, profiles(workers, max_group=len(trajectories), per_extra=per_extra)
+        trajectories, profiles(workers, max_group=len(trajectories), per_extra=per_extra, slots=slots)
     )
     state = router.from_placement(placed, predictions)
     entries = dict(state.entries)
@@ -108,13 +135,14 @@ def on_step(
     context_tokens: int,
     cost: migration.MigrationCost = migration.MigrationCost(),  # noqa: B008 - frozen, shared safely
     per_extra: float = DEFAULT_PER_EXTRA,
+    slots: int = UNLIMITED,
 ) -> tuple[Live, migration.Migration | None]:
     """Record a step boundary (the trajectory is entering its tool call); the migration launched, if any."""
     if live.router is None or trajectory_id not in live.router.entries:
         return live, None
     state, since = live.router, live.since_plan + 1
     if since >= max(1, len(state.entries) // REPLAN_DIVISOR):
-        state, since = _replanned(state, trajectory_id, predicted_remaining, per_extra), 0
+        state, since = _replanned(state, trajectory_id, predicted_remaining, per_extra, slots), 0
     live = dataclasses.replace(live, since_plan=since)
     state, move = router.on_step(
         state, trajectory_id, predicted_remaining=predicted_remaining, context_tokens=context_tokens,
@@ -133,14 +161,15 @@ def on_step(
 
 
 def _replanned(
-    state: router.RouterState, trajectory_id: str, predicted_remaining: float, per_extra: float
+    state: router.RouterState, trajectory_id: str, predicted_remaining: float, per_extra: float, slots: int
 ) -> router.RouterState:
     """``state`` with its group sizes from the DP over the active trajectories' latest predictions."""
     predictions = {tid: e.predicted_remaining for tid, e in state.entries.items()}
     predictions[trajectory_id] = predicted_remaining
     trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
     placed = presorted_dp.plan(
-        trajectories, profiles(state.workers, max_group=len(trajectories), per_extra=per_extra)
+        trajectories,
+        profiles(state.workers, max_group=len(trajectories), per_extra=per_extra, slots=slots),
     )
     return dataclasses.replace(
         state, workers=tuple(g.worker_id for g in placed.groups), capacities=placed.capacities()

@@ -238,16 +238,23 @@ class PlaceBatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TRAJECTORIES_FIELD_NUMBER: _builtins.int
+    WORKER_SLOTS_FIELD_NUMBER: _builtins.int
+    worker_slots: _builtins.int
+    """Turns that may generate at once on one worker (the scheduler's Settings.worker_slots); the DP
+    prices a larger group as queuing in waves. 0: no per-worker gate (a global gate may give every
+    slot to one worker, so a worker's whole group is priced as one running batch).
+    """
     @_builtins.property
     def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlaceCandidate]: ...
     def __init__(
         self,
         *,
         trajectories: _abc.Iterable[Global___PlaceCandidate] | None = ...,
+        worker_slots: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["trajectories", b"trajectories"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["trajectories", b"trajectories", "worker_slots", b"worker_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,8 +18,13 @@ def make() -> service.PlacementService:
     return svc
 
 
-def place(svc: service.PlacementService, predictions: dict[str, float]) -> int:
-    req = pb.PlaceBatchRequest()
+def place(
+    svc: service.PlacementService,
+    predictions: dict[str, float],
+    *,
+    worker_slots: int = 0,
+) -> int:
+    req = pb.PlaceBatchRequest(worker_slots=worker_slots)
     for tid, p in predictions.items():
         req.trajectories.add(trajectory_id=tid, task="math", predicted_remaining=p)
     return svc.place_batch(req).placed
@@ -94,6 +99,22 @@ def test_unhealthy_routed_worker_falls_back_to_sticky_least_loaded() -> None:
     assert assign(svc, "t0") == ("w0", "routed")
     svc.report_load(pb.WorkerLoad(worker_id="w0", healthy=False))
     assert assign(svc, "t0") == ("w1", "least-loaded")
+
+
+@pytest.mark.parametrize(("worker_slots", "on_w0"), [(0, 1), (2, 2)], ids=["global-gate", "per-worker-slots"])
+def test_dp_prices_the_per_worker_slots_the_scheduler_reports(worker_slots: int, on_w0: int) -> None:
+    # the hand-checked case of tests/unit/policy/test_placement_heddle_slots.py: 2 slots per worker
+    # turn the slot-blind (1, 5) split into (2, 4)
+    svc = make()
+    place(svc, {"t0": 10.0, **{f"t{i}": 6.0 for i in range(1, 6)}}, worker_slots=worker_slots)
+    workers = [assign(svc, f"t{i}")[0] for i in range(6)]
+    assert workers == ["w0"] * on_w0 + ["w1"] * (6 - on_w0)
+
+
+def test_negative_worker_slots_name_the_field() -> None:
+    with pytest.raises(errors.SpecError) as err:
+        place(make(), {"t0": 1.0}, worker_slots=-1)
+    assert err.value.field == "worker_slots"
 
 
 @pytest.mark.parametrize(

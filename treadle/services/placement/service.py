@@ -80,6 +80,8 @@ class PlacementService:
         self.policy = registry.placement_policy(policy)
         self.batch = policy in registry.BATCH_PLACEMENT
         self._live: dict[str, heddle_live.Live] = {t: heddle_live.Live() for t in tasks}
+        # Turns per worker that generate at once (per-worker gate), as the task's last PlaceBatch said.
+        self._slots: dict[str, int] = {t: heddle_live.UNLIMITED for t in tasks}
         self._migrations = 0
         self.slack = slack
         self.min_profile_samples = min_profile_samples
@@ -178,13 +180,16 @@ class PlacementService:
                     value=c.predicted_remaining,
                 )
             by_task.setdefault(c.task, {})[c.trajectory_id] = c.predicted_remaining
+        if req.worker_slots < 0:
+            raise errors.SpecError("must be >= 0", field="worker_slots", value=req.worker_slots)
         if not self.batch:
             return placement_pb2.PlaceBatchResponse(placed=0)
         placed = 0
         for task, new in by_task.items():
             workers = self._healthy_eligible(task)
             if workers:  # none now: each turn is placed at assign, when one may be back
-                self._live[task] = heddle_live.place(self._live[task], new, workers)
+                self._slots[task] = req.worker_slots
+                self._live[task] = heddle_live.place(self._live[task], new, workers, slots=self._slots[task])
                 placed += len(new)
         return placement_pb2.PlaceBatchResponse(placed=placed)
 
@@ -218,7 +223,7 @@ class PlacementService:
             workers = self._healthy_eligible(task)
             if not workers:
                 return None
-            live = heddle_live.place(live, {tid: 0.0}, workers)
+            live = heddle_live.place(live, {tid: 0.0}, workers, slots=self._slots[task])
         live, worker, migrated = heddle_live.route(live, tid)
         self._live[task] = live
         if worker is None or not any(
@@ -270,7 +275,7 @@ class PlacementService:
             raise errors.SpecError("must be >= 0", field="context_tokens", value=req.context_tokens)
         live, move = heddle_live.on_step(
             self._live[req.task], req.trajectory_id, predicted_remaining=req.predicted_remaining,
-            context_tokens=req.context_tokens,
+            context_tokens=req.context_tokens, slots=self._slots[req.task],
         )  # fmt: skip
         self._live[req.task] = live
         if move is not None:

@@ -725,7 +725,8 @@ class SchedulerService:
                 batch.clear()
 
     async def _place(self, admitted: Sequence[_Traj]) -> None:
-        req = placement_pb2.PlaceBatchRequest()
+        # Per-worker slots let the DP price queuing behind them (a group is not one running batch).
+        req = placement_pb2.PlaceBatchRequest(worker_slots=self.settings.worker_slots)
         for t in admitted:
             req.trajectories.add(
                 trajectory_id=t.tid, task=t.work.task.name, predicted_remaining=t.predicted_remaining
