@@ -2,5 +2,5 @@
 
 ``status`` maps ``treadle.errors`` to status codes (and back, for clients), ``server`` builds an
 asyncio server with health checking, a request-id + error-mapping interceptor and bounded
-concurrency. ``backpressure`` only aliases ``treadle.errors.Overloaded`` until its last importer moves.
+concurrency. Backpressure is ``treadle.errors.Overloaded`` (RESOURCE_EXHAUSTED on the wire).
 """

@@ -59,7 +59,6 @@ from treadle import errors, metrics
 from treadle.policy import admission, preemption, registry
 from treadle.policy.heddle import predictor
 from treadle.services.agent import protocol as agent_protocol
-from treadle.services.grpcutil import backpressure
 from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import protocol
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
@@ -351,7 +350,7 @@ class SchedulerService:
         fresh = [w for w in work if w.group_id not in self._known_groups]
         members = sum(w.task.members for w in fresh)
         if self._pending_trajectories + members > self.settings.max_pending_trajectories:
-            raise backpressure.Overloaded(
+            raise errors.Overloaded(
                 f"{self._pending_trajectories} trajectories pending; {members} more would exceed "
                 f"max_pending_trajectories={self.settings.max_pending_trajectories}"
             )
