@@ -103,20 +103,13 @@ def job_config(
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    job: str
-    tasks: list[scheduler_protocol.TaskConfig]
-    settings: scheduler_protocol.Settings
-    pools: dict[str, str]
-    task_placement: dict[str, placement_service.TaskPlacement]
-    task_weights: dict[str, float]
+    config: JobConfig
+    """The services' configs, as a cluster would run them (``job_config``)."""
     workers: list[Worker]
     replicas_in_job: dict[str, int]
     groups: list[tuple[str, str, int]]
     """(group id, task, seed) to submit, tasks in turn by weight order."""
-    batch_size: int
-    alpha: int
     max_model_len: int
-    placement_policy: str
     trajectories: int
 
 
@@ -146,18 +139,10 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
             groups.append((f"{t.name}-{g}", t.name, options.seed * 1_000_003 + g))
         started += want * members[t.name]
     return Plan(
-        job=job.name,
-        tasks=cfg.tasks,
-        settings=cfg.settings,
-        pools=cfg.pools,
-        task_placement=cfg.task_placement,
-        task_weights=cfg.task_weights,
+        config=cfg,
         workers=workers,
         replicas_in_job={p.name: p.replicas for p in spec.pools},
         groups=groups,
-        batch_size=cfg.batch_size,
-        alpha=cfg.alpha,
         max_model_len=max(a.max_model_len for a in spec.agents),
-        placement_policy=cfg.placement_policy,
         trajectories=started,
     )

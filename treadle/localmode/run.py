@@ -92,26 +92,19 @@ async def start_services(
         for i in range(options.env_servers)
     ]
     metrics: dict[str, str] = {}
-    buffer_args = [
-        "--alpha",
-        str(plan.alpha),
-        "--task-weights",
-        _json(plan.task_weights),
-        "--namespace",
-        plan.job,
-    ]
+    cfg = plan.config
+    buffer_args = ["--alpha", str(cfg.alpha), "--task-weights", _json(cfg.task_weights)]
+    buffer_args += ["--namespace", cfg.job]
     if redis_url:
         buffer_args += ["--redis", redis_url]
     buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics)
-    tasks = {
-        name: {"affinity": t.affinity, "pools": list(t.pools)} for name, t in plan.task_placement.items()
-    }
+    tasks = {name: {"affinity": t.affinity, "pools": list(t.pools)} for name, t in cfg.task_placement.items()}
     placement = await _start_grpc(
         stack, "placement", "treadle.services.placement",
-        ["--pools", _json(plan.pools), "--tasks", _json(tasks), "--policy", plan.placement_policy], metrics,
+        ["--pools", _json(cfg.pools), "--tasks", _json(tasks), "--policy", cfg.placement_policy], metrics,
     )  # fmt: skip
-    sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in plan.tasks])]
-    sched_args += ["--settings", _json(dataclasses.asdict(plan.settings)), "--reward-url", reward]
+    sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in cfg.tasks])]
+    sched_args += ["--settings", _json(dataclasses.asdict(cfg.settings)), "--reward-url", reward]
     sched_args += ["--placement", placement, "--buffer", buffer]
     for url in envs:
         sched_args += ["--env-url", url]
@@ -140,7 +133,7 @@ async def _start_grpc(
 async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
     async with httpx.AsyncClient(timeout=10.0) as client:
         known = {f["name"] for f in (await client.get(reward_url + "/v1/functions")).json()}
-    for i, task in enumerate(plan.tasks):
+    for i, task in enumerate(plan.config.tasks):
         if task.reward_fn not in known and not task.reward_fn.startswith("py:"):
             raise errors.SpecError(
                 f"the reward gateway has no function {task.reward_fn!r}; it serves {sorted(known)}",
@@ -278,7 +271,7 @@ async def drive(
     background = [
         asyncio.create_task(report_loads(services), name="load reporter"),
         asyncio.create_task(
-            simulated_trainer(services, batch_size=plan.batch_size, out=trainer), name="trainer"
+            simulated_trainer(services, batch_size=plan.config.batch_size, out=trainer), name="trainer"
         ),
         asyncio.create_task(collect(), name="results"),
     ]

@@ -22,7 +22,7 @@ def load(name: str) -> v1alpha1.RolloutJob:
 def test_math_tool_example() -> None:
     job = load("math-tool-h20.yaml")
     p = plan.make_plan(job, plan.Options(trajectories=256))
-    (task,) = p.tasks
+    (task,) = p.config.tasks
     assert (task.name, task.env, task.reward_fn) == ("gem-math", "math-tool", job.spec.tasks[0].reward)
     # groupSize 8 + redundancy 0.25 -> 10 members per group; ceil(256 / 10) = 26 groups
     assert (task.members, task.max_turns) == (10, 4)
@@ -30,12 +30,14 @@ def test_math_tool_example() -> None:
     assert p.groups[0] == ("gem-math-0", "gem-math", 0)
     assert [w.worker_id for w in p.workers] == ["decode-0", "decode-1"]  # 4 replicas, 2 simulated here
     assert p.replicas_in_job == {"decode": 4}
-    assert (p.batch_size, p.alpha, p.settings.alpha, p.settings.batch_size) == (128, 1, 1, 128)
-    assert p.settings.max_concurrent_generations == 2 * 256
+    cfg = p.config
+    assert (cfg.batch_size, cfg.alpha, cfg.settings.alpha, cfg.settings.batch_size) == (128, 1, 1, 128)
+    assert cfg.settings.max_concurrent_generations == 2 * 256
     assert (
-        p.settings.scheduling_policy == "progressive-priority" and p.placement_policy == "sticky-least-loaded"
+        cfg.settings.scheduling_policy == "progressive-priority"
+        and cfg.placement_policy == "sticky-least-loaded"
     )
-    assert p.pools == {"decode": "decode-heavy"}
+    assert cfg.pools == {"decode": "decode-heavy"}
 
 
 def test_multi_task_groups_follow_the_weights() -> None:
@@ -45,8 +47,8 @@ def test_multi_task_groups_follow_the_weights() -> None:
         by_task[task] = by_task.get(task, 0) + 1
     # weights 2 : 1 : 1 over groups of 8 -> ceil(32/8), ceil(16/8), ceil(16/8)
     assert by_task == {"gem-math": 4, "frozenlake": 2, "mixed-auto": 2}
-    assert p.task_weights == {"frozenlake": 1.0, "gem-math": 2.0, "mixed-auto": 1.0}
-    assert p.task_placement["mixed-auto"].affinity == "auto"
+    assert p.config.task_weights == {"frozenlake": 1.0, "gem-math": 2.0, "mixed-auto": 1.0}
+    assert p.config.task_placement["mixed-auto"].affinity == "auto"
     assert [w.pool for w in p.workers] == ["prefill", "prefill", "decode", "decode"]
 
 

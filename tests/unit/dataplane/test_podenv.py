@@ -49,12 +49,12 @@ def test_job_config_is_local_modes_translation(tmp_path: Path) -> None:
     cfg = podenv.job_config(pod_env(tmp_path, "scheduler"))
     local = plan.make_plan(job(), plan.Options())
     assert cfg.tasks == [
-        t.__class__(**{**t.__dict__, "max_tokens": cfg.tasks[0].max_tokens}) for t in local.tasks
+        t.__class__(**{**t.__dict__, "max_tokens": cfg.tasks[0].max_tokens}) for t in local.config.tasks
     ]
     assert (cfg.pools, cfg.task_placement, cfg.task_weights) == (
-        local.pools,
-        local.task_placement,
-        local.task_weights,
+        local.config.pools,
+        local.config.task_placement,
+        local.config.task_weights,
     )
     assert (cfg.alpha, cfg.batch_size, cfg.placement_policy) == (1, 128, "sticky-least-loaded")
     # 4 replicas of the decode pool, each vLLM's default 256 sequences at once.
