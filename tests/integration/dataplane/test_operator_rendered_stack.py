@@ -52,6 +52,16 @@ def containers(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def mount_configmap(children: list[dict[str, Any]], tmp_path: Path) -> Path:
+    """The job's ConfigMap written as files, where the pods would see it mounted."""
+    config_dir = tmp_path / "etc-treadle"
+    config_dir.mkdir()
+    configmap = next(c for c in children if c["kind"] == "ConfigMap")
+    for filename, text in configmap["data"].items():
+        (config_dir / filename).write_text(text)
+    return config_dir
+
+
 class Rewriter:
     """In-cluster address -> 127.0.0.1 with a free port, the same for every reference to it."""
 
@@ -89,11 +99,7 @@ async def test_rendered_children_run_and_fill_the_buffer(
     tmp_path: Path, redis_server: redis_server_mod.RedisServer
 ) -> None:
     job, children = rendered()
-    config_dir = tmp_path / "etc-treadle"
-    config_dir.mkdir()
-    configmap = next(c for c in children if c["kind"] == "ConfigMap")
-    for filename, text in configmap["data"].items():
-        (config_dir / filename).write_text(text)
+    config_dir = mount_configmap(children, tmp_path)
     rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
     by_name = containers(children)
     prefix = f"{NAMESPACE}/{job.name}"
@@ -175,11 +181,7 @@ async def test_rendered_children_run_and_fill_the_buffer(
 )
 async def test_scheduler_without_its_config_fails_at_startup(tmp_path: Path, drop: str, field: str) -> None:
     job, children = rendered()
-    config_dir = tmp_path / "etc-treadle"
-    config_dir.mkdir()
-    configmap = next(c for c in children if c["kind"] == "ConfigMap")
-    for filename, text in configmap["data"].items():
-        (config_dir / filename).write_text(text)
+    config_dir = mount_configmap(children, tmp_path)
     rw = Rewriter(job, config_dir=config_dir, redis_url="redis://127.0.0.1:1/0")
     c = containers(children)["scheduler"]
     argv, _ = rw.command(c)
