@@ -20,10 +20,8 @@ class BufferClient:
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
 
     async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> protocol.PutResult:
-        try:
-            reply = await self._stub.Put(buffer_pb2.PutRequest(trajectories=trajectories))
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="buffer.Put") from exc
+        req = buffer_pb2.PutRequest(trajectories=trajectories)
+        reply = await status.unary(self._stub.Put(req), what="buffer.Put")
         return protocol.PutResult(stored=reply.stored, duplicates=reply.duplicates)
 
     async def get_batch(
@@ -32,11 +30,7 @@ class BufferClient:
         req = buffer_pb2.GetBatchRequest(
             batch_size=batch_size, version=version, timeout_s=timeout_s, lease_s=lease_s, agent=agent
         )
-        try:
-            reply: buffer_pb2.Batch = await self._stub.GetBatch(req)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="buffer.GetBatch") from exc
-        return reply
+        return await status.unary(self._stub.GetBatch(req), what="buffer.GetBatch")
 
     async def stream_batch(
         self, *, batch_size: int, micro_batch_size: int, version: int, timeout_s: float, lease_s: float = 0.0,
@@ -53,27 +47,18 @@ class BufferClient:
             raise status.from_rpc_error(exc, what="buffer.StreamBatch") from exc
 
     async def ack(self, batch_id: str) -> int:
-        try:
-            reply = await self._stub.Ack(buffer_pb2.AckRequest(batch_id=batch_id))
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="buffer.Ack") from exc
+        reply = await status.unary(
+            self._stub.Ack(buffer_pb2.AckRequest(batch_id=batch_id)), what="buffer.Ack"
+        )
         return int(reply.trajectories)
 
     async def await_update(self, *, agent: str, timeout_s: float) -> buffer_pb2.UnifiedUpdate:
         """Block until every agent is through the pipeline step (FlexMARL's unified update)."""
         req = buffer_pb2.AwaitUpdateRequest(agent=agent, timeout_s=timeout_s)
-        try:
-            reply: buffer_pb2.UnifiedUpdate = await self._stub.AwaitUpdate(req)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="buffer.AwaitUpdate") from exc
-        return reply
+        return await status.unary(self._stub.AwaitUpdate(req), what="buffer.AwaitUpdate")
 
     async def stats(self) -> buffer_pb2.BufferStats:
-        try:
-            reply: buffer_pb2.BufferStats = await self._stub.Stats(buffer_pb2.BufferStatsRequest())
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="buffer.Stats") from exc
-        return reply
+        return await status.unary(self._stub.Stats(buffer_pb2.BufferStatsRequest()), what="buffer.Stats")
 
     async def aclose(self) -> None:
         await self._channel.close()

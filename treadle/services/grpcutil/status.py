@@ -1,17 +1,21 @@
 """One mapping between ``treadle.errors`` and gRPC status codes, used by every server and client.
 
 Servers call ``to_status`` from the interceptor in ``treadle.services.grpcutil.server`` so servicers
-just raise; clients call ``from_rpc_error`` so callers see the same exceptions whether a service runs
-in-process or behind gRPC.
+just raise; clients await calls through ``unary`` (streams: ``from_rpc_error``) so callers see the
+same exceptions whether a service runs in-process or behind gRPC.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import grpc
 
 from treadle import errors
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+T = TypeVar("T")
 
 
 def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -50,6 +54,14 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, *, what: str) -> errors.TreadleErr
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return TimeoutError(message)
     return errors.Unavailable(f"{message} ({code.name})")
+
+
+async def unary(call: Awaitable[T], *, what: str) -> T:
+    """Await one unary call; a gRPC error comes out as the ``treadle.errors`` it stands for."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc, what=what) from exc
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:

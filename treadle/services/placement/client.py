@@ -17,53 +17,29 @@ class PlacementClient:
         self._stub = placement_pb2_grpc.PlacementStub(self._channel)
 
     async def register_worker(self, worker: placement_pb2.Worker) -> placement_pb2.Worker:
-        try:
-            reply: placement_pb2.Worker = await self._stub.RegisterWorker(worker)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.RegisterWorker") from exc
-        return reply
+        return await status.unary(self._stub.RegisterWorker(worker), what="placement.RegisterWorker")
 
     async def report_load(self, load: placement_pb2.WorkerLoad) -> None:
-        try:
-            await self._stub.ReportLoad(load)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.ReportLoad") from exc
+        await status.unary(self._stub.ReportLoad(load), what="placement.ReportLoad")
 
     async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
-        try:
-            reply: placement_pb2.Assignment = await self._stub.Assign(req)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.Assign") from exc
-        return reply
+        return await status.unary(self._stub.Assign(req), what="placement.Assign")
 
     async def release(self, req: placement_pb2.ReleaseRequest) -> None:
-        try:
-            await self._stub.Release(req)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.Release") from exc
+        await status.unary(self._stub.Release(req), what="placement.Release")
 
     async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
-        try:
-            reply: placement_pb2.PlaceBatchResponse = await self._stub.PlaceBatch(req)
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.PlaceBatch") from exc
-        return reply
+        return await status.unary(self._stub.PlaceBatch(req), what="placement.PlaceBatch")
 
     async def migrate(self, from_worker_id: str) -> int:
-        try:
-            reply = await self._stub.Migrate(placement_pb2.MigrateRequest(from_worker_id=from_worker_id))
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.Migrate") from exc
+        req = placement_pb2.MigrateRequest(from_worker_id=from_worker_id)
+        reply = await status.unary(self._stub.Migrate(req), what="placement.Migrate")
         return int(reply.moved)
 
     async def pool_state(self) -> placement_pb2.PoolStateResponse:
-        try:
-            reply: placement_pb2.PoolStateResponse = await self._stub.PoolState(
-                placement_pb2.PoolStateRequest()
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="placement.PoolState") from exc
-        return reply
+        return await status.unary(
+            self._stub.PoolState(placement_pb2.PoolStateRequest()), what="placement.PoolState"
+        )
 
     async def aclose(self) -> None:
         await self._channel.close()

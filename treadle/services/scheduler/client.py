@@ -19,13 +19,9 @@ class SchedulerClient:
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
     async def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> scheduler_pb2.SubmitResponse:
-        try:
-            reply: scheduler_pb2.SubmitResponse = await self._stub.Submit(
-                scheduler_pb2.SubmitRequest(groups=groups)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="scheduler.Submit") from exc
-        return reply
+        return await status.unary(
+            self._stub.Submit(scheduler_pb2.SubmitRequest(groups=groups)), what="scheduler.Submit"
+        )
 
     async def results(self) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
         try:
@@ -35,45 +31,29 @@ class SchedulerClient:
             raise status.from_rpc_error(exc, what="scheduler.StreamResults") from exc
 
     async def commit_version(self, version: int) -> scheduler_pb2.CommitVersionResponse:
-        try:
-            reply: scheduler_pb2.CommitVersionResponse = await self._stub.CommitVersion(
-                scheduler_pb2.CommitVersionRequest(version=version)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="scheduler.CommitVersion") from exc
-        return reply
+        return await status.unary(
+            self._stub.CommitVersion(scheduler_pb2.CommitVersionRequest(version=version)),
+            what="scheduler.CommitVersion",
+        )
 
     async def suspend(self) -> scheduler_pb2.SchedulerStats:
-        try:
-            reply: scheduler_pb2.SchedulerStats = await self._stub.Suspend(scheduler_pb2.SuspendRequest())
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="scheduler.Suspend") from exc
-        return reply
+        return await status.unary(
+            self._stub.Suspend(scheduler_pb2.SuspendRequest()), what="scheduler.Suspend"
+        )
 
     async def resume(self) -> scheduler_pb2.SchedulerStats:
-        try:
-            reply: scheduler_pb2.SchedulerStats = await self._stub.Resume(scheduler_pb2.ResumeRequest())
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="scheduler.Resume") from exc
-        return reply
+        return await status.unary(self._stub.Resume(scheduler_pb2.ResumeRequest()), what="scheduler.Resume")
 
     async def stats(self) -> scheduler_pb2.SchedulerStats:
-        try:
-            reply: scheduler_pb2.SchedulerStats = await self._stub.Stats(
-                scheduler_pb2.SchedulerStatsRequest()
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="scheduler.Stats") from exc
-        return reply
+        return await status.unary(
+            self._stub.Stats(scheduler_pb2.SchedulerStatsRequest()), what="scheduler.Stats"
+        )
 
     async def list_trajectories(self, limit: int = 0) -> scheduler_pb2.ListTrajectoriesResponse:
-        try:
-            reply: scheduler_pb2.ListTrajectoriesResponse = await self._stub.ListTrajectories(
-                scheduler_pb2.ListTrajectoriesRequest(limit=limit)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise status.from_rpc_error(exc, what="scheduler.ListTrajectories") from exc
-        return reply
+        return await status.unary(
+            self._stub.ListTrajectories(scheduler_pb2.ListTrajectoriesRequest(limit=limit)),
+            what="scheduler.ListTrajectories",
+        )
 
     async def aclose(self) -> None:
         await self._channel.close()
