@@ -16,7 +16,6 @@ Run: ``python bench/dataplane_buffer_redis.py``; results in ``--out`` (config.js
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -25,6 +24,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import benchcli
 
 from treadle.services.buffer import redis_store, service
 from treadle.testing import redis_server as redis_server_mod
@@ -117,11 +118,7 @@ async def main(cfg: Config) -> dict[str, Any]:
 
 
 def parse() -> Config:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                       help=f.metadata["help"])  # fmt: skip
-    return Config(**vars(p.parse_args()))
+    return benchcli.parse(Config, __doc__)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ several layouts one after another (each in a fresh process) and prints them side
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import gc
@@ -53,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import prometheus_client
 
 from treadle.localmode import stack as stack_mod
@@ -448,11 +448,7 @@ async def main(cfg: Config) -> dict[str, Any]:
 
 
 def parse() -> Config:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                       help=f.metadata["help"])  # fmt: skip
-    return Config(**vars(p.parse_args()))
+    return benchcli.parse(Config, __doc__)
 
 
 def run_matrix(cfg: Config) -> None:

@@ -11,7 +11,6 @@ Run: ``python bench/edges_env_sessions.py``; results in ``--out`` (config.json, 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import httpx
 
 from treadle.services.httputil import client as http
@@ -108,12 +108,7 @@ def healthy(url: str) -> bool:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        p.add_argument(
-            f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=f.metadata["help"]
-        )
-    cfg = Config(**vars(p.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))

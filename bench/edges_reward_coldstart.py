@@ -10,7 +10,6 @@ Run: ``python bench/edges_reward_coldstart.py``; results in ``--out`` (config.js
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -19,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import benchcli
 import httpx
 
 from treadle.testing import procs
@@ -66,12 +66,7 @@ def trial(cfg: Config, i: int) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        p.add_argument(
-            f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=f.metadata["help"]
-        )
-    cfg = Config(**vars(p.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))

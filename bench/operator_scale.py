@@ -15,7 +15,6 @@ RSS is sampled from /proc every 0.5 s.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -31,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import yaml
 
 from treadle.devcluster import kwok, nodes
@@ -237,17 +237,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        text = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=text)
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=text)
-    args = parser.parse_args()
-    cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    cfg = benchcli.parse(Config, __doc__)
     results = run(cfg)
     print(json.dumps(results, indent=2))
     c, u, m = results["create"], results["update_scale_one_pool"], results["operator_rss_mib"]

@@ -9,7 +9,6 @@ model) and prints the paper's ablation sizes next to ours with the gap. Everythi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -19,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import yaml
 
 from treadle.policy import costmodel
@@ -97,12 +97,7 @@ def _pct(x: float, base: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    for f in dataclasses.fields(Config):
-        parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=f.metadata["help"])
-    cfg = Config(**vars(parser.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
     raw = yaml.safe_load(SCENARIO.read_text())
     sim = raw["simulation"]
     started = time.perf_counter()

@@ -9,7 +9,6 @@ services call) and prints the paper's numbers next to ours with the gap. Everyth
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -19,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import yaml
 
 from treadle.policy import costmodel
@@ -82,12 +82,7 @@ def _row(r: heddle.StepResult) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    for f in dataclasses.fields(Config):
-        parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=f.metadata["help"])
-    cfg = Config(**vars(parser.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
     raw = yaml.safe_load(SCENARIO.read_text())
     domains, sim = _configs(raw, cfg)
     started = time.perf_counter()

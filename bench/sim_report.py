@@ -10,7 +10,6 @@ split of the step time), which the section prints too. Everything here is simula
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -19,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import yaml
 
 from treadle.sim import engine, metrics, scenario
@@ -389,12 +389,7 @@ def render(sections: Sequence[Section], seconds: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    for f in dataclasses.fields(Config):
-        parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=f.metadata["help"])
-    cfg = Config(**vars(parser.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
     started = time.perf_counter()
     builders: list[Callable[[Config], Section]] = [
         headline,

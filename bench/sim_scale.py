@@ -9,12 +9,13 @@ machine: wall time there counts other processes' turns too.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import resource
 import time
 from pathlib import Path
+
+import benchcli
 
 from treadle.sim import engine, scenario
 
@@ -31,12 +32,7 @@ class Config:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    for f in dataclasses.fields(Config):
-        parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=f.metadata["help"])
-    cfg = Config(**vars(parser.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
 
     sc = scenario.load(cfg.scenario)
     run_cfg = sc.config(cfg.run, steps=cfg.steps, seed=cfg.seed)

@@ -23,7 +23,6 @@ which is why round 0 is reported apart from the warm ones.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -33,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import benchcli
 import numpy as np
 
 from treadle.testing import mooncake_master as mooncake_master_mod
@@ -226,17 +226,7 @@ def report(results: list[dict[str, Any]], cfg: Config) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    for f in dataclasses.fields(Config):
-        default = f.default_factory() if callable(f.default_factory) else f.default
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(default, list):
-            parser.add_argument(flag, type=float, nargs="+", default=default, help=f.metadata["help"])
-        else:
-            parser.add_argument(flag, type=type(default), default=default, help=f.metadata["help"])
-    cfg = Config(**vars(parser.parse_args()))
+    cfg = benchcli.parse(Config, __doc__)
     out = Path(cfg.out) / time.strftime("%Y%m%dT%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
