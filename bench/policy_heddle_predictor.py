@@ -9,6 +9,9 @@ paper's Heddle-1 and Heddle-2), knowing the siblings that finished first (tokens
 as if all decoded at one rate). Prints MAE, median ratio error, Pearson r and long-tail recall (top
 10 %) per step. The paper's Fig. 13 numbers were lost from the text; it reports only that Heddle-2
 beats Heddle-1 beats the history- and model-based baselines. Nothing is asserted.
+
+Also times ``learn`` as the scheduler calls it: a batch of ``LEARN_EVERY`` (8) finished trajectories
+of this task into a model whose window (2,048, the default) is full, so as many fall out as enter.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import dataclasses
 import json
 import pathlib
 import random
+import statistics
+import time
 
 from treadle.policy.heddle import predictor
 
@@ -81,10 +86,32 @@ def main() -> None:
             f"{label:22} {acc.n:5d} {acc.mae:9.0f} {acc.median_ratio_error:10.2f} "
             f"{acc.pearson:8.3f} {acc.long_tail_recall:12.2f}"
         )
+    results["learn_ms"] = learn_ms(rng)
+    print(
+        "learn, a batch of 8 into a full 2,048 window: median {median:.3f} ms, p90 {p90:.3f} ms "
+        "({n} batches)".format(**results["learn_ms"])
+    )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+def learn_ms(rng: random.Random, batches: int = 200) -> dict[str, float]:
+    """Wall time of one ``learn`` call once the default window is full, in ms."""
+    finished = [
+        predictor.Finished("t", group, sum(t), tuple(t))
+        for group, trajs in task(rng, "w", 200, 16)
+        for t in trajs
+    ]
+    window = predictor.HistoryModel().window
+    model = predictor.learn(predictor.HistoryModel(), finished[:window])
+    times = []
+    for i in range(window, window + 8 * batches, 8):
+        began = time.perf_counter()
+        model = predictor.learn(model, finished[i : i + 8])
+        times.append((time.perf_counter() - began) * 1e3)
+    return {"median": statistics.median(times), "p90": statistics.quantiles(times, n=10)[-1], "n": len(times)}
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ Choices of ours (the paper is silent): the window keeps the latest ``window`` tr
 task, so the estimate follows policy drift; a trajectory already longer than every finished one
 is predicted to run as long again (``x``), the heavy-tail (Lindy) guess, which keeps it at the
 front of an LPT queue; with no history at all the prediction is ``prior``. Cost per prediction:
-two binary searches, ``O(log window)``; ``learn`` re-sorts the task's window per step count.
+two binary searches, ``O(log window)``; ``learn`` splices the batch into the task's sorted indexes
+(what entered and what fell out of the window) instead of re-sorting them.
 
 Known limit (measured in the unit test on a synthetic task): siblings finished so far are the
 group's short ones, so once a trajectory has outrun them the group term falls back to the task,
@@ -42,7 +43,8 @@ import bisect
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
@@ -76,85 +78,133 @@ class Predictor(Protocol):
     def predict(self, obs: Observation) -> float: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class _Lengths:
-    """Finished lengths sorted, with suffix sums for the mean residual life."""
+_SORT_SHARE = 4
+"""A batch adding more than 1/``_SORT_SHARE`` of an index's size re-sorts it, not inserting one by one."""
 
-    recent: tuple[int, ...]
-    """In arrival order (the window)."""
-    ordered: tuple[int, ...]
-    suffix: tuple[int, ...]
-    """``suffix[i] = sum(ordered[i:])``."""
+
+@dataclasses.dataclass(frozen=True)
+class _Index:
+    """(key, value) pairs in sorted order, as parallel tuples, with prefix sums of the values.
+
+    The lengths of finished trajectories are indexed with key = value = total tokens; the trajectories
+    past step ``s`` with key = tokens after ``s`` steps, value = the tokens that followed.
+    """
+
+    keys: tuple[int, ...] = ()
+    values: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = (0,)
+    """``prefix[i] = sum(values[:i])``. Ints: exact, so a prefix patched from index ``i`` on equals a
+    rebuilt one, and sums of token counts stay far below where floats would round."""
 
     @staticmethod
-    def of(recent: Sequence[int]) -> _Lengths:
-        ordered = sorted(recent)
-        suffix = [0] * (len(ordered) + 1)
-        for i in range(len(ordered) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + ordered[i]
-        return _Lengths(recent=tuple(recent), ordered=tuple(ordered), suffix=tuple(suffix))
+    def of(pairs: Iterable[tuple[int, int]]) -> _Index:
+        ordered = sorted(pairs)
+        values = tuple(map(operator.itemgetter(1), ordered))
+        return _Index(
+            keys=tuple(map(operator.itemgetter(0), ordered)),
+            values=values,
+            prefix=tuple(itertools.accumulate(values, initial=0)),
+        )
+
+    def changed(self, added: Sequence[tuple[int, int]], removed: Sequence[tuple[int, int]]) -> _Index:
+        """A new index without ``removed`` (each present) and with ``added``; this one stays as it is.
+
+        Splices the few changed pairs into copies (memory moves, no re-sort) and recomputes the prefix
+        sums only from the first changed position on: ``learn`` runs on the scheduler's event loop.
+        """
+        if not added and not removed:
+            return self
+        keys, values = list(self.keys), list(self.values)
+        low = len(keys)
+        for pair in removed:
+            i = _position(keys, values, pair)
+            del keys[i], values[i]
+            low = min(low, i)
+        if len(added) * _SORT_SHARE > len(keys):
+            return _Index.of(itertools.chain(zip(keys, values, strict=True), added))
+        for pair in added:
+            i = _position(keys, values, pair)
+            keys.insert(i, pair[0])
+            values.insert(i, pair[1])
+            low = min(low, i)
+        tail = itertools.accumulate(itertools.islice(values, low, None), initial=self.prefix[low])
+        return _Index(keys=tuple(keys), values=tuple(values), prefix=self.prefix[:low] + tuple(tail))
 
     def residual(self, x: int) -> tuple[float, int]:
-        """(mean of ``T - x`` over ``T > x``, how many ``T > x``)."""
-        i = bisect.bisect_right(self.ordered, x)
-        above = len(self.ordered) - i
+        """(mean of ``value - x`` over ``key > x``, how many ``key > x``); with key = value the mean
+        residual life."""
+        i = bisect.bisect_right(self.keys, x)
+        above = len(self.keys) - i
         if above == 0:
             return 0.0, 0
-        return self.suffix[i] / above - x, above
-
-
-@dataclasses.dataclass(frozen=True)
-class _StepIndex:
-    """Finished trajectories past step ``s``: their tokens after ``s`` steps (sorted) and what followed."""
-
-    done: tuple[int, ...]
-    prefix: tuple[float, ...]
-    """``prefix[i]``: sum of the remaining tokens of the first ``i`` entries (same order as ``done``)."""
+        return (self.prefix[-1] - self.prefix[i]) / above - x, above
 
     def neighbours(self, x: int, k: int) -> float:
-        """Mean remaining tokens of the ``k`` entries whose progress is closest to ``x``."""
-        done = self.done
-        k = min(k, len(done))
+        """Mean value of the ``k`` entries whose keys are closest to ``x``."""
+        keys = self.keys
+        k = min(k, len(keys))
         # the k closest form a window [lo, lo + k); binary search its start (ties to the left)
-        lo, hi = 0, len(done) - k
+        lo, hi = 0, len(keys) - k
         while lo < hi:
             mid = (lo + hi) // 2
-            if x - done[mid] > done[mid + k] - x:
+            if x - keys[mid] > keys[mid + k] - x:
                 lo = mid + 1
             else:
                 hi = mid
         return (self.prefix[lo + k] - self.prefix[lo]) / k
 
 
+def _position(keys: list[int], values: list[int], pair: tuple[int, int]) -> int:
+    """Where ``pair`` is, or would go, in the pairs sorted as ``(key, value)``."""
+    lo = bisect.bisect_left(keys, pair[0])
+    return bisect.bisect_left(values, pair[1], lo, bisect.bisect_right(keys, pair[0], lo))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Task:
     recent: tuple[Finished, ...]
-    lengths: _Lengths
-    by_step: tuple[_StepIndex, ...]
+    """The window, in arrival order."""
+    lengths: _Index
+    by_step: tuple[_Index, ...]
     """``by_step[s - 1]`` conditions on ``s`` steps done, ``s = 1..max_steps``."""
 
     @staticmethod
-    def of(recent: Sequence[Finished], max_steps: int) -> _Task:
-        progress = [(f.total_tokens, list(itertools.accumulate(f.step_tokens))) for f in recent]
+    def empty(max_steps: int) -> _Task:
+        return _Task(recent=(), lengths=_Index(), by_step=(_Index(),) * max_steps)
+
+    def changed(
+        self, recent: tuple[Finished, ...], entered: Sequence[Finished], left: Sequence[Finished]
+    ) -> _Task:
+        """The task with window ``recent``: ``entered`` joined it and ``left`` fell out of it."""
         by_step = []
-        for s in range(1, max_steps + 1):
-            pairs = sorted((cum[s - 1], total - cum[s - 1]) for total, cum in progress if len(cum) > s)
-            prefix = [0.0]
-            for _, rest in pairs:
-                prefix.append(prefix[-1] + rest)
-            by_step.append(_StepIndex(done=tuple(d for d, _ in pairs), prefix=tuple(prefix)))
+        for s, index in enumerate(self.by_step, start=1):
+            by_step.append(index.changed(_past_step(entered, s), _past_step(left, s)))
         return _Task(
-            recent=tuple(recent),
-            lengths=_Lengths.of([f.total_tokens for f in recent]),
+            recent=recent,
+            lengths=self.lengths.changed(_totals(entered), _totals(left)),
             by_step=tuple(by_step),
         )
+
+
+def _totals(finished: Sequence[Finished]) -> list[tuple[int, int]]:
+    return [(f.total_tokens, f.total_tokens) for f in finished]
+
+
+def _past_step(finished: Sequence[Finished], s: int) -> list[tuple[int, int]]:
+    """(tokens after ``s`` steps, tokens after that) of those that went past step ``s``."""
+    out = []
+    for f in finished:
+        if len(f.step_tokens) > s:
+            done = sum(f.step_tokens[:s])
+            out.append((done, f.total_tokens - done))
+    return out
 
 
 def _no_tasks() -> Mapping[str, _Task]:
     return MappingProxyType({})
 
 
-def _empty() -> Mapping[str, _Lengths]:
+def _empty() -> Mapping[str, _Index]:
     return MappingProxyType({})
 
 
@@ -175,7 +225,8 @@ class HistoryModel:
     max_steps: int = 16
     """Step counts conditioned on; later steps use this one."""
     tasks: Mapping[str, _Task] = dataclasses.field(default_factory=_no_tasks)
-    groups: Mapping[str, _Lengths] = dataclasses.field(default_factory=_empty)
+    groups: Mapping[str, _Index] = dataclasses.field(default_factory=_empty)
+    """Per group, its finished siblings' lengths (key = value = total tokens)."""
 
     def __post_init__(self) -> None:
         for name in ("window", "groups_kept", "neighbours", "max_steps"):
@@ -194,7 +245,7 @@ class HistoryModel:
             return self.prior
         step = min(obs.steps_done, self.max_steps)
         index = history.by_step[step - 1] if step >= 1 else None
-        if index is not None and len(index.done) >= self.neighbours:
+        if index is not None and len(index.keys) >= self.neighbours:
             r_task = index.neighbours(x, self.neighbours)
         else:
             r_task, above = history.lengths.residual(x)
@@ -226,18 +277,16 @@ def learn(model: HistoryModel, finished: Sequence[Finished]) -> HistoryModel:
         by_task.setdefault(f.task, []).append(f)
         by_group.setdefault(f.group_id, []).append(f.total_tokens)
     for task, new in by_task.items():
-        old = tasks[task].recent if task in tasks else ()
-        merged = old + tuple(new)
-        recent = merged[-model.window :]
-        changed = merged[: len(merged) - len(recent)] + tuple(new)
-        if task in tasks and not any(f.step_tokens for f in changed):
-            # no trajectory with steps entered or left the window: the step indexes stand as they are
-            tasks[task] = _Task(recent, _Lengths.of([f.total_tokens for f in recent]), tasks[task].by_step)
-        else:
-            tasks[task] = _Task.of(recent, model.max_steps)
+        before = tasks.get(task) or _Task.empty(model.max_steps)
+        entered = tuple(new)[-model.window :]
+        recent = (before.recent + entered)[-model.window :]
+        kept = len(recent) - len(entered)
+        tasks[task] = before.changed(recent, entered, before.recent[: len(before.recent) - kept])
     for group, totals in by_group.items():
-        before = groups.pop(group).recent if group in groups else ()
-        groups[group] = _Lengths.of(before + tuple(totals))  # re-inserted: dicts keep insertion order
+        siblings = groups.pop(group, _Index())
+        groups[group] = siblings.changed(
+            [(t, t) for t in totals], ()
+        )  # re-inserted: dicts keep insertion order
     for stale in list(groups)[: max(0, len(groups) - model.groups_kept)]:
         del groups[stale]
     return dataclasses.replace(model, tasks=MappingProxyType(tasks), groups=MappingProxyType(groups))

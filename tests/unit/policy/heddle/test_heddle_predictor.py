@@ -138,3 +138,31 @@ def test_bad_input_names_the_field(build: object, field: str) -> None:
     with pytest.raises(SpecError) as err:
         build()  # type: ignore[operator]
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("window", [64, 300])
+def test_incremental_learns_predict_exactly_as_a_rebuild(window: int) -> None:
+    # learn splices each batch into its sorted indexes; a model learned in one call sorts them whole
+    rng = random.Random(7)
+    params = {"window": window, "neighbours": 8, "max_steps": 5}
+    model, finished = predictor.HistoryModel(**params), []
+    first = model
+    for n in range(120):
+        batch = []
+        for _ in range(rng.choice([1, 3, 8, 8, 8, 40])):  # small batches splice, large ones re-sort
+            steps = tuple(rng.randint(0, 30) for _ in range(rng.choice([0, 1, 2, 4, 7])))  # ties, no steps
+            total = sum(steps) if steps else rng.randint(0, 200)
+            batch.append(F(rng.choice(["code", "math"]), f"g{rng.randrange(50)}", total, steps))
+        model, finished = predictor.learn(model, batch), finished + batch
+        if n % 20 == 19:
+            rebuilt = predictor.learn(predictor.HistoryModel(**params), finished)
+            for _ in range(300):
+                obs = Obs(
+                    rng.choice(["code", "math"]),
+                    f"g{rng.randrange(60)}",
+                    rng.randint(0, 220),
+                    rng.randint(0, 7),
+                )
+                assert model.predict(obs) == rebuilt.predict(obs), obs
+    assert len(finished) > 2 * window  # both tasks' windows have been evicting
+    assert first.predict(Obs("code", "g1", 10)) == 0.0  # learn never mutates a model
