@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from treadle import errors
+from treadle.services.reward import __main__ as reward_main
 from treadle.services.reward import functions, protocol
 
 RES = functions.Resources(user_prefixes=("treadle.services.reward.examples",))
@@ -84,3 +85,36 @@ def test_resolve_refuses(name: str) -> None:
     with pytest.raises(errors.SpecError) as exc:
         functions.resolve(name, RES)
     assert exc.value.field == "reward_fn"
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "expected"),
+    [
+        ((None, None), {}, (None, None)),
+        (
+            (None, None),
+            {"TREADLE_REWARD_TYPE": "rule", "TREADLE_REWARD_EXTERNAL_URL": "http://x"},
+            (None, None),
+        ),
+        (
+            (None, None),
+            {"TREADLE_REWARD_TYPE": "llm-judge", "TREADLE_REWARD_EXTERNAL_URL": "http://j"},
+            ("http://j", None),
+        ),
+        (
+            (None, None),
+            {"TREADLE_REWARD_TYPE": "external", "TREADLE_REWARD_EXTERNAL_URL": "http://e"},
+            (None, "http://e"),
+        ),
+        (
+            ("http://f", "http://g"),
+            {"TREADLE_REWARD_TYPE": "external", "TREADLE_REWARD_EXTERNAL_URL": "http://e"},
+            ("http://f", "http://g"),
+        ),
+    ],
+    ids=["nothing", "rule-ignores-url", "judge", "external", "flags-win"],
+)
+def test_the_job_url_goes_to_the_function_its_type_names(
+    flags: tuple[str | None, str | None], environ: dict[str, str], expected: tuple[str | None, str | None]
+) -> None:
+    assert reward_main.endpoints(*flags, environ) == expected

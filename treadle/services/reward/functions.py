@@ -5,6 +5,11 @@ Names: ``math`` (answer extraction + exact or numeric comparison), ``exact``, ``
 reference is test code, run with the response's code in ``treadle.sandbox``), ``llm-judge`` (any
 OpenAI-compatible endpoint), ``env`` (the environment's own reward from ``metadata.env_reward``), and
 ``py:<module>:<function>`` for a user function importable under an allowed module prefix.
+
+A gateway started for a job whose ``spec.reward.type`` is ``external`` forwards every request,
+whatever its function name, to the job's ``spec.reward.url`` (``score_external``): the external
+service owns the names and the scoring, the gateway keeps its idempotency, concurrency limit and
+timeout in front of it.
 """
 
 from __future__ import annotations
@@ -32,11 +37,21 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
 @dataclasses.dataclass(frozen=True)
+class External:
+    """The scoring endpoint of a job with ``spec.reward.type: external``."""
+
+    client: httpx.AsyncClient
+    url: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Resources:
     sandbox: runner.Sandbox | None = None
     judge: httpx.AsyncClient | None = None
     judge_model: str | None = None
     user_prefixes: tuple[str, ...] = ()
+    external: External | None = None
+    """Set for a job with ``spec.reward.type: external``: every request is forwarded to its url."""
 
 
 Fn = Callable[[protocol.ScoreRequest, Resources], Awaitable[Scored]]
@@ -150,6 +165,43 @@ async def score_env(req: protocol.ScoreRequest, res: Resources) -> Scored:
     return float(value), {"source": "env"}
 
 
+async def score_external(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    """POST the request to the external service; it answers ``{"reward": number, "details": {...}}``.
+
+    Its 4xx answers are the caller's bad input (not retried); anything else that is not a valid
+    score is ``Unavailable``, which the scheduler retries with backoff.
+    """
+    if res.external is None:
+        raise errors.Unavailable("this gateway was started without an external reward url")
+    try:
+        response = await res.external.client.post(res.external.url, json=req.model_dump())
+    except httpx.HTTPError as exc:
+        raise errors.Unavailable(f"external reward unreachable: {type(exc).__name__}: {exc}") from exc
+    if 400 <= response.status_code < 500:
+        raise errors.SpecError(
+            f"the external reward service refused the request: HTTP {response.status_code}: "
+            f"{response.text[:200]}",
+            field="reward_fn",
+        )
+    if response.status_code != 200:
+        raise errors.Unavailable(
+            f"external reward answered HTTP {response.status_code}: {response.text[:200]}"
+        )
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    reward = body.get("reward") if isinstance(body, dict) else None
+    details = body.get("details", {}) if isinstance(body, dict) else None
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise errors.Unavailable(
+            f"external reward answered without a finite number in `reward`: {response.text[:200]}"
+        )
+    if not isinstance(details, dict):
+        raise errors.Unavailable(f"external reward answered a non-object `details`: {response.text[:200]}")
+    return float(reward), {**details, "source": "external"}
+
+
 BUILTIN: dict[str, tuple[Fn, str]] = {
     "math": (score_math, "math answer: <answer>/\\boxed/last number vs reference, exact or numeric"),
     "exact": (score_exact, "normalized string equality with the reference"),
@@ -160,7 +212,12 @@ BUILTIN: dict[str, tuple[Fn, str]] = {
 
 
 def resolve(name: str, res: Resources) -> Fn:
-    """The function for ``name``: a built-in, or ``py:module:function`` under an allowed prefix."""
+    """The function for ``name``: a built-in, or ``py:module:function`` under an allowed prefix.
+
+    With an external service configured, every name is the external service's to judge.
+    """
+    if res.external is not None:
+        return score_external
     if name in BUILTIN:
         return BUILTIN[name][0]
     if not name.startswith("py:"):

@@ -20,6 +20,7 @@ def build_app(
     registry: prometheus_client.CollectorRegistry | None = None,
     judge_url: str | None = None,
     judge_model: str | None = None,
+    external_url: str | None = None,
     user_prefixes: tuple[str, ...] = (),
     max_concurrency: int = 64,
     timeout_s: float = 30.0,
@@ -27,9 +28,12 @@ def build_app(
 ) -> fastapi.FastAPI:
     registry = registry or http_app.registry()
     judge = httpx.AsyncClient(base_url=judge_url, timeout=timeout_s) if judge_url else None
+    external = (
+        functions.External(httpx.AsyncClient(timeout=timeout_s), external_url) if external_url else None
+    )
     resources = functions.Resources(
         sandbox=runner.Sandbox(concurrency=sandbox_concurrency), judge=judge, judge_model=judge_model,
-        user_prefixes=user_prefixes,
+        user_prefixes=user_prefixes, external=external,
     )  # fmt: skip
     svc = service.RewardService(
         registry=registry, resources=resources, max_concurrency=max_concurrency, timeout_s=timeout_s
@@ -40,8 +44,9 @@ def build_app(
         try:
             yield
         finally:
-            if judge is not None:
-                await judge.aclose()
+            for client in (judge, external.client if external else None):
+                if client is not None:
+                    await client.aclose()
 
     app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan)
     app.state.svc = svc
@@ -52,6 +57,8 @@ def build_app(
 
     @app.get("/v1/functions", tags=["reward"])
     async def list_functions() -> list[protocol.RewardFnInfo]:
+        if external is not None:
+            return [protocol.RewardFnInfo(name="*", description=f"every name is forwarded to {external_url}")]
         return [protocol.RewardFnInfo(name=n, description=d) for n, (_, d) in functions.BUILTIN.items()]
 
     return app
