@@ -12,7 +12,7 @@ Field docstrings become the CRD's ``description``s. Each cross-field rule is dec
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from treadle import errors
+from treadle.policy import baselines, registry
 
 GROUP = "treadle.dev"
 VERSION = "v1alpha1"
@@ -198,6 +199,11 @@ class Reward(_Model):
     """Scale the gateway to zero replicas when no trajectory is being scored."""
 
 
+def _enum(names: Iterable[str]) -> dict[str, pydantic.JsonValue]:
+    """The CRD's enum for a name the model checks itself (``Literal`` would not take a context)."""
+    return {"enum": list[pydantic.JsonValue](sorted(names))}
+
+
 class Rollout(_Model):
     """How trajectories are admitted, scheduled and placed."""
 
@@ -205,10 +211,30 @@ class Rollout(_Model):
     """Trajectories per training batch."""
     staleness: int = Field(default=1, ge=0, le=64)
     """Staleness bound alpha: a trajectory may be at most this many policy versions behind."""
-    scheduling_policy: str = Field(default="progressive-priority", max_length=63, pattern=DNS_LABEL)
+    scheduling_policy: str = Field(
+        default=registry.DEFAULT_SCHEDULING, json_schema_extra=_enum(registry.SCHEDULING_POLICIES)
+    )
     """Name of the turn scheduling policy in ``treadle.policy.registry``."""
-    placement_policy: str = Field(default="sticky-least-loaded", max_length=63, pattern=DNS_LABEL)
+    placement_policy: str = Field(
+        default=registry.DEFAULT_PLACEMENT, json_schema_extra=_enum(registry.PLACEMENT_POLICIES)
+    )
     """Name of the worker placement policy in ``treadle.policy.registry``."""
+
+    @pydantic.field_validator("scheduling_policy", "placement_policy")
+    @classmethod
+    def _served(cls, name: str, info: pydantic.ValidationInfo) -> str:
+        """The names the live services serve (the CRD's enum); a simulation also takes the baselines.
+
+        The simulator replays the papers' baselines (``treadle.policy.baselines``), which no live
+        service serves, so ``parse_job(..., simulation=True)`` accepts them and nothing else does.
+        """
+        placement = info.field_name == "placement_policy"
+        known = set(registry.PLACEMENT_POLICIES if placement else registry.SCHEDULING_POLICIES)
+        if placement and info.context and info.context.get(SIMULATION):
+            known |= set(baselines.PLACEMENT_POLICIES)
+        if name not in known:
+            raise ValueError(f"Unsupported value: {name!r}: supported values: {sorted(known)}")
+        return name
 
 
 class Weights(_Model):
@@ -451,14 +477,19 @@ def _duplicates(names: list[str]) -> list[str]:
     return sorted({n for n in names if names.count(n) > 1})
 
 
-def parse_spec(raw: Mapping[str, Any]) -> RolloutJobSpec:
+SIMULATION = "simulation"
+"""Validation context key: the job is simulated, so the simulator's baseline policies are allowed."""
+
+
+def parse_spec(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJobSpec:
     """Validate a ``spec`` mapping (camelCase, as stored) into the typed spec.
 
     Raises ``SpecError`` whose ``field`` is the dotted path from ``spec``; the same inputs the API
     server rejects through the CRD schema and its CEL rules are rejected here with the same message.
+    ``simulation`` also accepts the simulator's baseline placement policies.
     """
     try:
-        spec = RolloutJobSpec.model_validate(raw)
+        spec = RolloutJobSpec.model_validate(raw, context={SIMULATION: simulation})
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         field = _dotted(("spec", *first["loc"]))
@@ -491,7 +522,7 @@ class RolloutJob(_Model):
         return str(self.metadata.get("namespace", "default"))
 
 
-def parse_job(raw: Mapping[str, Any]) -> RolloutJob:
+def parse_job(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJob:
     """Validate a whole RolloutJob object; ``SpecError.field`` is rooted at the object."""
     if raw.get("apiVersion") != API_VERSION or raw.get("kind") != KIND:
         raise errors.SpecError(
@@ -507,6 +538,6 @@ def parse_job(raw: Mapping[str, Any]) -> RolloutJob:
             field="metadata.name",
             value=name,
         )
-    spec = parse_spec(raw.get("spec") or {})
+    spec = parse_spec(raw.get("spec") or {}, simulation=simulation)
     status = RolloutJobStatus.model_validate(raw.get("status") or {})
     return RolloutJob(metadata=metadata, spec=spec, status=status)

@@ -129,7 +129,7 @@ def _config(scenario: Scenario, run: str, changes: Mapping[str, Any]) -> RunConf
     hardware = (sim.get("hardware") or {}).get(run, {})
     if "pools" in hardware:
         spec["pools"] = copy.deepcopy(hardware["pools"])
-    job = api.parse_job(raw_job)
+    job = api.parse_job(raw_job, simulation=True)
 
     agents = {a.name: a for a in job.spec.agents}
     declared_models = sim.get("models") or {}

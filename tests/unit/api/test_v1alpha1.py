@@ -139,3 +139,16 @@ def test_cross_field_rules(mutate: Any, field: str) -> None:
     with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_spec(spec)
     assert info.value.field == field
+
+
+def test_the_simulators_baseline_policies_are_accepted_only_in_a_simulation() -> None:
+    doc = _doc(EXAMPLES[0])
+    doc["spec"]["rollout"] = {"placementPolicy": "pinned", "schedulingPolicy": "fifo"}
+    assert v1alpha1.parse_job(doc, simulation=True).spec.rollout.placement_policy == "pinned"
+    with pytest.raises(errors.SpecError) as info:
+        v1alpha1.parse_job(doc)
+    assert info.value.field == "spec.rollout.placementPolicy" and "sticky-least-loaded" in str(info.value)
+    doc["spec"]["rollout"] = {"schedulingPolicy": "pinned"}
+    with pytest.raises(errors.SpecError) as info:
+        v1alpha1.parse_job(doc, simulation=True)
+    assert info.value.field == "spec.rollout.schedulingPolicy"
