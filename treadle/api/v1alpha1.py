@@ -28,6 +28,8 @@ VERSION = "v1alpha1"
 API_VERSION: Final = "treadle.dev/v1alpha1"
 KIND: Final = "RolloutJob"
 PLURAL = "rolloutjobs"
+REWARD_DEMAND_ANNOTATION = "treadle.dev/reward-demand"
+"""Scoring requests waiting or in flight, written on the job by its scheduler; sizes the reward gateway."""
 SINGULAR = "rolloutjob"
 SHORT_NAMES = ("rj",)
 # Children are named ``<job>-<component>`` and ``<job>-pool-<pool>``; Service names must stay

@@ -26,9 +26,9 @@ from typing import Any
 import kopf
 import kubernetes
 
-from treadle import errors
+from treadle import errors, kubeapi
 from treadle.api import v1alpha1
-from treadle.operator import diff, kube, reasons, render, runtime, status
+from treadle.operator import diff, reasons, render, runtime, status
 
 JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
 KOPF_PREFIX = "kopf.treadle.dev"
@@ -111,7 +111,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: runtime.Runtime, **_: An
 def login(*, memo: runtime.Runtime, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches use exactly the credentials of our own client (a kubeconfig or the pod's
     ServiceAccount), re-read on every login so a rotated token is picked up."""
-    c = kube.load_configuration(memo.kubeconfig)
+    c = kubeapi.load_configuration(memo.kubeconfig)
     keys = c.api_key or {}
     # The client files a kubeconfig/ServiceAccount token under "BearerToken" (older: "authorization").
     auth = keys.get("BearerToken") or keys.get("authorization") or ""

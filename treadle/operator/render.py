@@ -44,8 +44,6 @@ HASH_ANNOTATION = "treadle.dev/spec-hash"
 JOB_LABEL = "treadle.dev/job"
 COMPONENT_LABEL = "treadle.dev/component"
 POOL_LABEL = nodes.POOL_LABEL
-REWARD_DEMAND_ANNOTATION = "treadle.dev/reward-demand"
-"""Scoring requests waiting or in flight, written on the job by the scheduler; drives the gateway."""
 REWARD_REQUESTS_PER_REPLICA = 32
 CONFIG_MOUNT = "/etc/treadle"
 FIELD_MANAGER = "treadle-operator"
@@ -383,7 +381,7 @@ def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> 
 def reward_replicas(job: v1alpha1.RolloutJob) -> int:
     """Gateway replicas for the current demand: 0 when idle and scale-to-zero, up to maxReplicas."""
     reward = job.spec.reward
-    raw = str(job.metadata.get("annotations", {}).get(REWARD_DEMAND_ANNOTATION, "0"))
+    raw = str(job.metadata.get("annotations", {}).get(v1alpha1.REWARD_DEMAND_ANNOTATION, "0"))
     demand = int(raw) if raw.isdigit() else 0
     idle = reward.min_replicas if reward.scale_to_zero else max(reward.min_replicas, 1)
     if demand == 0:

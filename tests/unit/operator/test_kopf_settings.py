@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 
 from treadle.api import v1alpha1
-from treadle.operator import config, handlers, metrics, render, runtime
+from treadle.operator import config, handlers, metrics, runtime
 
 
 def _settings() -> kopf.OperatorSettings:
@@ -37,9 +37,9 @@ def test_reward_demand_is_part_of_the_diff_that_triggers_a_reconcile() -> None:
     prefix ``treadle.dev`` the scheduler's demand annotation never reached the update handler."""
     storage = _settings().persistence.diffbase_storage
     managed = f"{handlers.KOPF_PREFIX}/kopf-managed"  # what kopf stamps on every object it handles
-    idle = storage.build(body=_job({managed: "yes", render.REWARD_DEMAND_ANNOTATION: "0"}))
-    busy = storage.build(body=_job({managed: "yes", render.REWARD_DEMAND_ANNOTATION: "40"}))
-    assert busy["metadata"]["annotations"] == {render.REWARD_DEMAND_ANNOTATION: "40"}
+    idle = storage.build(body=_job({managed: "yes", v1alpha1.REWARD_DEMAND_ANNOTATION: "0"}))
+    busy = storage.build(body=_job({managed: "yes", v1alpha1.REWARD_DEMAND_ANNOTATION: "40"}))
+    assert busy["metadata"]["annotations"] == {v1alpha1.REWARD_DEMAND_ANNOTATION: "40"}
     assert idle != busy
 
 

@@ -119,7 +119,7 @@ def test_reward_replicas_follow_demand(
     reward = math_job.spec.reward.model_copy(
         update={"scale_to_zero": scale_to_zero, "min_replicas": min_replicas}
     )
-    annotations = {} if demand is None else {render.REWARD_DEMAND_ANNOTATION: demand}
+    annotations = {} if demand is None else {v1alpha1.REWARD_DEMAND_ANNOTATION: demand}
     job = math_job.model_copy(
         update={
             "spec": math_job.spec.model_copy(update={"reward": reward}),

@@ -14,12 +14,12 @@ import kubernetes
 import pytest
 
 from treadle import errors
-from treadle.operator import render
+from treadle.api import v1alpha1
 from treadle.services.scheduler import demand
 
 
 class RecordingKube:
-    """Stands in for ``kube.Kube`` where only ``annotate_job`` and ``close`` are called."""
+    """Stands in for ``kubeapi.Client`` where only ``annotate_job`` and ``close`` are called."""
 
     def __init__(self, fail: int = 0) -> None:
         self.calls: list[tuple[str, str, dict[str, str]]] = []
@@ -74,7 +74,7 @@ async def test_patches_only_when_the_value_changes() -> None:
     reporter = _reporter(kube)
     for pending in (40, 40, 0, 0, 3):
         await reporter.report(pending)
-    assert [c[2][render.REWARD_DEMAND_ANNOTATION] for c in kube.calls] == ["40", "0", "3"]
+    assert [c[2][v1alpha1.REWARD_DEMAND_ANNOTATION] for c in kube.calls] == ["40", "0", "3"]
     assert {c[:2] for c in kube.calls} == {("team-a", "math")}
     assert reporter.patches == 3 and reporter.errors == 0
     await reporter.aclose()
@@ -87,7 +87,7 @@ async def test_api_errors_are_counted_and_the_value_retried() -> None:
     await reporter.report(7)  # 403: logged and counted, not raised
     assert reporter.errors == 1 and kube.calls == []
     await reporter.report(7)  # not recorded as written, so the same value is tried again
-    assert [c[2][render.REWARD_DEMAND_ANNOTATION] for c in kube.calls] == ["7"]
+    assert [c[2][v1alpha1.REWARD_DEMAND_ANNOTATION] for c in kube.calls] == ["7"]
 
 
 async def test_negative_demand_names_the_field() -> None:

@@ -23,8 +23,9 @@ from collections.abc import Mapping
 import kubernetes
 import urllib3
 
+from treadle import kubeapi
+from treadle.api import v1alpha1
 from treadle.errors import SpecError
-from treadle.operator import kube, render
 from treadle.services import podenv
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 class RewardDemandReporter:
     """Writes the pending scoring requests onto the job; one request at a time, only on change."""
 
-    def __init__(self, client: kube.Kube, *, namespace: str, job: str) -> None:
+    def __init__(self, client: kubeapi.Client, *, namespace: str, job: str) -> None:
         self._kube = client
         self.namespace = namespace
         self.job = job
@@ -51,7 +52,7 @@ class RewardDemandReporter:
         if not job or not namespace:
             return None
         try:
-            client = kube.Kube.from_environment(pool_size=1, environ=environ)
+            client = kubeapi.Client.from_environment(pool_size=1, environ=environ)
         except (kubernetes.config.ConfigException, OSError) as exc:
             log.info("no Kubernetes credentials (%s): reward demand is not reported", exc)
             return None
@@ -64,7 +65,7 @@ class RewardDemandReporter:
         async with self._lock:
             if pending == self._reported:
                 return
-            annotations = {render.REWARD_DEMAND_ANNOTATION: str(pending)}
+            annotations = {v1alpha1.REWARD_DEMAND_ANNOTATION: str(pending)}
             try:
                 await asyncio.to_thread(self._kube.annotate_job, self.namespace, self.job, annotations)
             except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
