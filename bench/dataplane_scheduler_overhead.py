@@ -56,6 +56,7 @@ import benchcli
 import prometheus_client
 
 from treadle.localmode import stack as stack_mod
+from treadle.services import runtime
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import protocol as agent_protocol
 from treadle.services.agent import service as agent_service
@@ -77,7 +78,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "pods-http": {"engines": "8", "agent-hop": "http"},
     "pods-http-uvloop": {"engines": "8", "agent-hop": "http", "loop": "uvloop"},
     "pods-http-pinned": {"engines": "8", "agent-hop": "http", "pin": "split"},
-    "pods-http-gc-frozen": {"engines": "8", "agent-hop": "http", "gc": "frozen"},
+    "pods-http-gc-cpython": {"engines": "8", "agent-hop": "http", "gc": "cpython"},
     "scheduler-alone": {"agent": "none"},
 }
 """``--matrix`` layouts: the flags each sets over the command line's."""
@@ -123,11 +124,11 @@ class Config:
         default="asyncio", metadata={"help": "event loop of this process: asyncio or uvloop"}
     )
     gc: str = dataclasses.field(
-        default="default",
+        default="service",
         metadata={
-            "help": "default: CPython's collector as is; frozen: gc.freeze() after setup and full "
-            "collections 100x rarer (thresholds 700, 10, 1000) in this process -- an experiment for the "
-            "scheduler's __main__, which does neither today"
+            "help": "service: this process settles its heap after setup as the scheduler's __main__ does "
+            "(treadle.services.runtime.settle_heap: gc.freeze, full collections rarer); cpython: the "
+            "collector as CPython sets it, for comparison"
         },
     )
     matrix: str = dataclasses.field(
@@ -369,10 +370,9 @@ async def main(cfg: Config) -> dict[str, Any]:
             for pid in pids["agent"] + pids["engine"]:
                 os.sched_setaffinity(pid, cores[1:])
         cpu_before = {role: sum(map(cpu_s, ps)) for role, ps in pids.items()}
-        if cfg.gc == "frozen":
-            gc.collect()
-            gc.freeze()  # imports, stubs, the stack: nothing the run creates, never collectable
-            gc.set_threshold(700, 10, 1000)  # young generations as CPython's default
+        if cfg.gc == "service":
+            runtime.settle_heap()
+        frozen = gc.get_freeze_count()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with GcPauses() as gc_pauses:
             await sched.submit(groups)
@@ -384,6 +384,7 @@ async def main(cfg: Config) -> dict[str, Any]:
                 if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
                     break
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        tracked = len(gc.get_objects())
         cpu_of = {role: sum(map(cpu_s, ps)) - cpu_before[role] for role, ps in pids.items()}
         stats = sched.stats()
         await sched.aclose()
@@ -415,6 +416,8 @@ async def main(cfg: Config) -> dict[str, Any]:
         "engine_processes_cpu_ms_per_turn": 1000 * cpu_of["engine"] / max(1, stats.turns),
         "load_avg_1m_end": os.getloadavg()[0],
         "gc_pauses_this_process": gc_pauses.summary(),
+        "gc_objects_frozen": frozen,
+        "gc_objects_tracked_at_end": tracked,
         "targets_ms": {"median": TARGET_MEDIAN_MS, "p99": TARGET_P99_MS},
     }
     print(
@@ -442,7 +445,8 @@ async def main(cfg: Config) -> dict[str, Any]:
         f"GC pauses of this process: gen2 {gcs['gen2']['count']:.0f} x, max {gcs['gen2']['max_ms']:.1f} ms, "
         f"total {gcs['gen2']['total_ms']:.0f} ms; gen0+1 total "
         f"{gcs['gen0']['total_ms'] + gcs['gen1']['total_ms']:.0f} ms, max "
-        f"{max(gcs['gen0']['max_ms'], gcs['gen1']['max_ms']):.1f} ms"
+        f"{max(gcs['gen0']['max_ms'], gcs['gen1']['max_ms']):.1f} ms; objects frozen {frozen}, "
+        f"tracked at the end {tracked}"
     )
     return result
 

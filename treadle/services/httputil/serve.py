@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 import fastapi
 import uvicorn
 
+from treadle.services import runtime
+
 
 def config(app: fastapi.FastAPI, host: str, port: int) -> uvicorn.Config:
     # Access logs cost ~10 % of a small request's time; the metrics middleware counts requests.
@@ -20,7 +22,9 @@ def config(app: fastapi.FastAPI, host: str, port: int) -> uvicorn.Config:
 
 
 def run(app: fastapi.FastAPI, *, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn drains in-flight requests first)."""
+    """Serve until SIGINT/SIGTERM (uvicorn drains in-flight requests first); the process's own heap
+    is settled first (``runtime.settle_heap``): everything is imported and the app built."""
+    runtime.settle_heap()
     uvicorn.Server(config(app, host, port)).run()
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import prometheus_client as prom
 
-from treadle.services import podenv
+from treadle.services import podenv, runtime
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.env import client as env_client
@@ -131,6 +131,7 @@ async def main(cfg: Config) -> None:
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    runtime.settle_heap()
     logging.info("scheduler serving on %s:%d (%d env servers)", cfg.host, served.port, len(envs))
 
     async def close() -> None:
