@@ -55,6 +55,8 @@ SCHED_PREEMPTIONS_TOTAL = f"{PREFIX}_scheduler_preemptions_total"
 PLACEMENT_ASSIGNMENTS_TOTAL = f"{PREFIX}_placement_assignments_total"
 PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"
 PLACEMENT_MIGRATIONS_TOTAL = f"{PREFIX}_placement_migrations_total"
+PLACEMENT_REBALANCE_MOVES_TOTAL = f"{PREFIX}_placement_rebalance_moves_total"
+PLACEMENT_AGENT_QUEUE = f"{PREFIX}_placement_agent_queue_turns"
 # Buffer (treadle.services.buffer).
 BUFFER_STORED = f"{PREFIX}_buffer_stored_trajectories"
 BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"

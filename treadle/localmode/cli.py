@@ -28,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--env-servers", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per turn at most")
     p.add_argument("--max-in-flight", type=int, default=256)
+    p.add_argument(
+        "--max-num-seqs", type=int, default=256, help="sequences each simulated engine runs at once"
+    )
+    p.add_argument("--engine-step-ms", type=float, default=0.0, help="simulated time per decode step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redis", default="", help="Redis URL for the buffer (default: embedded memory store)")
     p.add_argument(
@@ -45,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
         options = plan.Options(
             trajectories=args.trajectories, max_workers_per_pool=args.workers_per_pool,
             env_servers=args.env_servers, max_tokens=args.max_tokens, max_in_flight=args.max_in_flight,
-            seed=args.seed,
+            max_num_seqs=args.max_num_seqs, engine_step_ms=args.engine_step_ms, seed=args.seed,
         )  # fmt: skip
         run_dir = args.run_dir or run.default_run_dir(job.name)
         summary = asyncio.run(

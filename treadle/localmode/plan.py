@@ -32,6 +32,8 @@ class Options:
     max_in_flight: int = 256
     max_num_seqs: int = 256
     """Sequences each simulated engine runs at once."""
+    engine_step_ms: float = 0.0
+    """Simulated time per decode step (0: as fast as the machine goes)."""
     seed: int = 0
 
 
@@ -58,6 +60,10 @@ class JobConfig:
     agents: list[str]
     """Agents the buffer's micro-batch pipeline updates together: every policy of a multi-agent job
     (FlexMARL), none for a single policy (the barrier then spans whoever streams)."""
+    pool_agents: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Pool -> the agent it serves (placement's per-agent turns and inter-agent rebalancing)."""
+    pool_shapes: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Pool -> instance shape (model, TP, accelerator): rebalancing moves workers only within one."""
 
 
 def job_config(
@@ -69,9 +75,11 @@ def job_config(
     the operator from the job's ConfigMap); the three counts are what only the caller knows.
     """
     spec = job.spec
+    models = {a.name: a.model for a in spec.agents}
     tasks = [
         scheduler_protocol.TaskConfig(
-            name=t.name, env=t.environment, agent=t.agents[0], reward_fn=t.reward, group_size=t.group_size,
+            name=t.name, env=t.environment, agent=t.agents[0],
+            agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
             redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=max_tokens,
         )
         for t in spec.tasks
@@ -98,6 +106,10 @@ def job_config(
         alpha=spec.rollout.staleness,
         placement_policy=spec.rollout.placement_policy,
         agents=[a.name for a in spec.agents] if len(spec.agents) > 1 else [],
+        pool_agents={p.name: p.agent for p in spec.pools},
+        pool_shapes={
+            p.name: f"{models[p.agent]}/tp{p.tensor_parallel_size}/{p.accelerator}" for p in spec.pools
+        },
     )
 
 
@@ -124,9 +136,13 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
     ]
     if not workers:
         raise SpecError("every pool has 0 replicas: nothing can generate", field="spec.pools")
+    # One scheduler gate as large as every engine together holds turns back in one queue shared by all
+    # agents; with several agents, turns must wait in their own agent's engines, where placement
+    # measures each agent's queue for rebalancing (FlexMARL's per-agent request queues).
+    gate = options.max_in_flight if len(job.spec.agents) > 1 else len(workers) * options.max_num_seqs
     cfg = job_config(
         job, max_tokens=options.max_tokens, max_in_flight=options.max_in_flight,
-        max_concurrent_generations=len(workers) * options.max_num_seqs,
+        max_concurrent_generations=gate,
     )  # fmt: skip
     # Whole groups, tasks taken in proportion to their weights (largest share first, then by name).
     members = {t.name: t.members for t in cfg.tasks}

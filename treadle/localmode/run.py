@@ -39,6 +39,7 @@ from treadle.localmode import stack as stack_mod
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
+from treadle.services.placement import rebalance
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import procs
 from treadle.v1 import placement_pb2, scheduler_pb2
@@ -67,9 +68,18 @@ def _json(value: Any) -> str:
 
 
 async def start_services(
-    stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
+    stack: stack_mod.Stack,
+    plan: plan_mod.Plan,
+    options: plan_mod.Options,
+    *,
+    redis_url: str = "",
+    rebalance_interval_s: float = 0.5,
 ) -> Services:
-    """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
+    """Start every process of ``plan`` on ``stack`` and register the workers with placement.
+
+    A job with several agents has placement rebalance workers between them every
+    ``rebalance_interval_s`` (0: never).
+    """
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
     await _check_reward_functions(reward, plan)
@@ -78,7 +88,8 @@ async def start_services(
     for w in plan.workers:
         eng = await stack.start(
             f"engine-{w.worker_id}", "treadle.services.fakevllm",
-            ["--max-num-seqs", str(options.max_num_seqs), "--max-model-len", str(plan.max_model_len)],
+            ["--max-num-seqs", str(options.max_num_seqs), "--max-model-len", str(plan.max_model_len),
+             "--step-ms", str(options.engine_step_ms)],
             kind="http", health_path="/health",
         )  # fmt: skip
         engines[w.worker_id] = eng.url
@@ -94,14 +105,16 @@ async def start_services(
     metrics: dict[str, str] = {}
     cfg = plan.config
     buffer_args = ["--alpha", str(cfg.alpha), "--task-weights", _json(cfg.task_weights)]
-    buffer_args += ["--namespace", cfg.job]
+    buffer_args += ["--namespace", cfg.job, "--agents", _json(cfg.agents)]
     if redis_url:
         buffer_args += ["--redis", redis_url]
     buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics)
     tasks = {name: {"affinity": t.affinity, "pools": list(t.pools)} for name, t in cfg.task_placement.items()}
     placement = await _start_grpc(
         stack, "placement", "treadle.services.placement",
-        ["--pools", _json(cfg.pools), "--tasks", _json(tasks), "--policy", cfg.placement_policy], metrics,
+        ["--pools", _json(cfg.pools), "--tasks", _json(tasks), "--policy", cfg.placement_policy,
+         "--pool-agents", _json(cfg.pool_agents), "--pool-shapes", _json(cfg.pool_shapes),
+         "--rebalance-interval-s", str(rebalance_interval_s)], metrics,
     )  # fmt: skip
     sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in cfg.tasks])]
     sched_args += ["--settings", _json(dataclasses.asdict(cfg.settings)), "--reward-url", reward]
@@ -113,7 +126,12 @@ async def start_services(
     try:
         for w in plan.workers:
             await client.register_worker(
-                placement_pb2.Worker(worker_id=w.worker_id, pool=w.pool, address=agents[w.worker_id])
+                placement_pb2.Worker(
+                    worker_id=w.worker_id,
+                    pool=w.pool,
+                    address=agents[w.worker_id],
+                    engine_address=engines[w.worker_id],
+                )
             )
     finally:
         await client.aclose()
@@ -175,10 +193,18 @@ class TrainerLog:
     staleness: list[int] = dataclasses.field(default_factory=list)
 
 
-async def simulated_trainer(services: Services, *, batch_size: int, out: TrainerLog) -> None:
-    """RollArt's per-iteration protocol without a gradient step, until cancelled."""
+async def simulated_trainer(
+    services: Services, *, batch_size: int, out: TrainerLog, multi_agent: bool = False
+) -> None:
+    """RollArt's per-iteration protocol without a gradient step, until cancelled.
+
+    ``multi_agent``: FlexMARL's unified update moves every agent to the next version together; each
+    engine's label names the agent it serves now (``rebalance.label``), as placement lists it. A worker
+    placement is moving is skipped: its move labels it with its new agent's version when it lands.
+    """
     buffer = buffer_client.BufferClient(services.buffer)
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
+    placement = placement_client.PlacementClient(services.placement)
     try:
         async with httpx.AsyncClient(timeout=10.0) as http:
             while True:
@@ -188,8 +214,16 @@ async def simulated_trainer(services: Services, *, batch_size: int, out: Trainer
                     continue
                 await scheduler.suspend()
                 out.version += 1
-                for url in services.engines.values():
-                    await http.post(url + "/update_weight_version", json={"new_version": str(out.version)})
+                labels = {wid: str(out.version) for wid in services.engines}
+                if multi_agent:
+                    state = await placement.pool_state()
+                    labels = {
+                        w.worker.worker_id: rebalance.label(w.agent, out.version)
+                        for w in state.workers if not w.moving_to
+                    }  # fmt: skip
+                for wid, version_label in labels.items():
+                    url = services.engines[wid]
+                    await http.post(url + "/update_weight_version", json={"new_version": version_label})
                 await scheduler.commit_version(out.version)
                 await scheduler.resume()
                 await buffer.ack(batch.batch_id)
@@ -200,6 +234,7 @@ async def simulated_trainer(services: Services, *, batch_size: int, out: Trainer
     finally:
         await buffer.aclose()
         await scheduler.aclose()
+        await placement.aclose()
 
 
 def progress_line(
@@ -258,6 +293,7 @@ async def drive(
     """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored."""
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
     buffer = buffer_client.BufferClient(services.buffer)
+    placement = placement_client.PlacementClient(services.placement)
     trainer = TrainerLog()
     rewards: list[float] = []
     results: list[scheduler_pb2.TrajectoryResult] = []
@@ -271,7 +307,10 @@ async def drive(
     background = [
         asyncio.create_task(report_loads(services), name="load reporter"),
         asyncio.create_task(
-            simulated_trainer(services, batch_size=plan.config.batch_size, out=trainer), name="trainer"
+            simulated_trainer(
+                services, batch_size=plan.config.batch_size, out=trainer, multi_agent=bool(plan.config.agents)
+            ),
+            name="trainer",
         ),
         asyncio.create_task(collect(), name="results"),
     ]
@@ -295,13 +334,15 @@ async def drive(
         elapsed = time.monotonic() - began
         stats = await scheduler.stats()
         buffer_stats = await buffer.stats()
+        pools = await placement.pool_state()
     finally:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await scheduler.aclose()
         await buffer.aclose()
-    return summarize(stats, buffer_stats, trainer, results, elapsed=elapsed)
+        await placement.aclose()
+    return summarize(stats, buffer_stats, trainer, results, elapsed=elapsed, pools=pools)
 
 
 def summarize(
@@ -311,8 +352,10 @@ def summarize(
     results: list[scheduler_pb2.TrajectoryResult],
     *,
     elapsed: float,
+    pools: placement_pb2.PoolStateResponse | None = None,
 ) -> dict[str, Any]:
     done = stats.completed + stats.failed + stats.aborted
+    agents = list(pools.agents) if pools is not None else []
     completed = [r for r in results if r.status == "completed"]
     stage = dict(stats.stage_seconds)
     return {
@@ -355,12 +398,21 @@ def summarize(
             }
             for t in stats.tasks
         },
+        "turns_by_agent": dict(sorted(stats.turns_by_agent.items())),
+        "rebalance_moves": pools.rebalance_moves if pools is not None else 0,
+        "agents": {
+            a.agent: {"instances": a.instances, "moved_in": a.moved_in, "moved_out": a.moved_out}
+            for a in agents
+        }
+        if len(agents) > 1
+        else {},
     }
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
     spent = sum(s["stage_seconds"].values()) or 1.0
     split = ", ".join(f"{k} {v:.1f}s ({100 * v / spent:.0f}%)" for k, v in s["stage_seconds"].items())
+    rows = "rows (one per agent and trajectory)" if s.get("agents") else "trajectories"
     lines = [
         f"[{LABEL}] ===== summary (rewards and tokens come from a simulated engine) =====",
         f"[{LABEL}] trajectories: {s['submitted']} submitted, {s['completed']} completed, "
@@ -372,11 +424,19 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"[{LABEL}] mean reward {s['mean_reward']}; mean trajectory time {s['mean_trajectory_seconds']}s",
         f"[{LABEL}] time per stage (summed over trajectories): {split}",
         f"[{LABEL}] simulated trainer: {s['batches_trained']} batches, "
-        f"{s['trajectories_trained']} trajectories, {s['versions_committed']} versions committed, "
+        f"{s['trajectories_trained']} {rows}, "
+        f"{s['versions_committed']} versions committed, "
         f"{s['evicted_groups']} groups evicted, "
         f"max staleness {s['staleness_max']}",
         f"[{LABEL}] buffer: {s['buffer']}; env retries {s['env_retries']}",
     ]
+    if s.get("agents"):
+        per_agent = ", ".join(
+            f"{name} {s['turns_by_agent'].get(name, 0)} turns, {a['instances']} workers at the end "
+            f"(+{a['moved_in']}/-{a['moved_out']})"
+            for name, a in s["agents"].items()
+        )
+        lines.append(f"[{LABEL}] agents: {per_agent}; {s['rebalance_moves']} workers moved between agents")
     if s["failed_by_reason"]:
         lines.append(f"[{LABEL}] failures by reason: {s['failed_by_reason']}")
         lines += [f"[{LABEL}]   e.g. {reason}" for reason in s["failure_examples"]]

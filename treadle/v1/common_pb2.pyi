@@ -52,12 +52,17 @@ class Turn(_message.Message):
     OBSERVATION_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     observation: _builtins.str
     """The environment's observation after the action of this turn."""
     text: _builtins.str
     """The generated text (the action sent to the environment)."""
     worker_id: _builtins.str
     """Inference worker that generated this turn."""
+    agent: _builtins.str
+    """Agent (policy) whose pool served this turn; with output_versions it says which weights produced
+    the tokens. Multi-agent tasks take turns in the task's agent order (FlexMARL).
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -80,10 +85,11 @@ class Turn(_message.Message):
         observation: _builtins.str = ...,
         text: _builtins.str = ...,
         worker_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["observation", b"observation", "output_logprobs", b"output_logprobs", "output_token_ids", b"output_token_ids", "output_versions", b"output_versions", "prompt_token_ids", b"prompt_token_ids", "text", b"text", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "observation", b"observation", "output_logprobs", b"output_logprobs", "output_token_ids", b"output_token_ids", "output_versions", b"output_versions", "prompt_token_ids", b"prompt_token_ids", "text", b"text", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

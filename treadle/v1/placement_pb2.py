@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atreadle/v1/placement.proto\x12\ntreadle.v1\":\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"\x82\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0f\n\x07waiting\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\"\x14\n\x12ReportLoadResponse\"B\n\rAssignRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04turn\x18\x03 \x01(\x05\"\\\n\nAssignment\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04work\x18\x05 \x01(\t\"\xfd\x01\n\x0eReleaseRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x15\n\rturn_finished\x18\x08 \x01(\x08\x12 \n\x13predicted_remaining\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x63ontext_tokens\x18\n \x01(\x05\x42\x16\n\x14_predicted_remaining\"R\n\x0ePlaceCandidate\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x1b\n\x13predicted_remaining\x18\x03 \x01(\x01\"[\n\x11PlaceBatchRequest\x12\x30\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1a.treadle.v1.PlaceCandidate\x12\x14\n\x0cworker_slots\x18\x02 \x01(\x05\"$\n\x12PlaceBatchResponse\x12\x0e\n\x06placed\x18\x01 \x01(\x05\"\x11\n\x0fReleaseResponse\"(\n\x0eMigrateRequest\x12\x16\n\x0e\x66rom_worker_id\x18\x01 \x01(\t\" \n\x0fMigrateResponse\x12\r\n\x05moved\x18\x01 \x01(\x05\"\x12\n\x10PoolStateRequest\"\x89\x01\n\x0bWorkerState\x12\"\n\x06worker\x18\x01 \x01(\x0b\x32\x12.treadle.v1.Worker\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.treadle.v1.WorkerLoad\x12\x13\n\x0boutstanding\x18\x03 \x01(\x05\x12\x1b\n\x13sticky_trajectories\x18\x04 \x01(\x05\"\x9b\x01\n\tTaskState\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63lared\x18\x02 \x01(\t\x12\x0c\n\x04work\x18\x03 \x01(\t\x12\x14\n\x0ctrajectories\x18\x04 \x01(\x03\x12\x12\n\nmean_turns\x18\x05 \x01(\x01\x12\x1a\n\x12mean_prompt_tokens\x18\x06 \x01(\x01\x12\x1a\n\x12mean_output_tokens\x18\x07 \x01(\x01\"w\n\x11PoolStateResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.treadle.v1.WorkerState\x12$\n\x05tasks\x18\x02 \x03(\x0b\x32\x15.treadle.v1.TaskState\x12\x12\n\nmigrations\x18\x03 \x01(\x03\x32\xe7\x03\n\tPlacement\x12\x38\n\x0eRegisterWorker\x12\x12.treadle.v1.Worker\x1a\x12.treadle.v1.Worker\x12\x44\n\nReportLoad\x12\x16.treadle.v1.WorkerLoad\x1a\x1e.treadle.v1.ReportLoadResponse\x12;\n\x06\x41ssign\x12\x19.treadle.v1.AssignRequest\x1a\x16.treadle.v1.Assignment\x12\x42\n\x07Release\x12\x1a.treadle.v1.ReleaseRequest\x1a\x1b.treadle.v1.ReleaseResponse\x12\x42\n\x07Migrate\x12\x1a.treadle.v1.MigrateRequest\x1a\x1b.treadle.v1.MigrateResponse\x12H\n\tPoolState\x12\x1c.treadle.v1.PoolStateRequest\x1a\x1d.treadle.v1.PoolStateResponse\x12K\n\nPlaceBatch\x12\x1d.treadle.v1.PlaceBatchRequest\x1a\x1e.treadle.v1.PlaceBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atreadle/v1/placement.proto\x12\ntreadle.v1\"R\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0e\x65ngine_address\x18\x04 \x01(\t\"\x82\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0f\n\x07waiting\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\"\x14\n\x12ReportLoadResponse\"Q\n\rAssignRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04turn\x18\x03 \x01(\x05\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"k\n\nAssignment\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04work\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\"\xfd\x01\n\x0eReleaseRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x15\n\rturn_finished\x18\x08 \x01(\x08\x12 \n\x13predicted_remaining\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x63ontext_tokens\x18\n \x01(\x05\x42\x16\n\x14_predicted_remaining\"R\n\x0ePlaceCandidate\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x1b\n\x13predicted_remaining\x18\x03 \x01(\x01\"[\n\x11PlaceBatchRequest\x12\x30\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1a.treadle.v1.PlaceCandidate\x12\x14\n\x0cworker_slots\x18\x02 \x01(\x05\"$\n\x12PlaceBatchResponse\x12\x0e\n\x06placed\x18\x01 \x01(\x05\"\x11\n\x0fReleaseResponse\"(\n\x0eMigrateRequest\x12\x16\n\x0e\x66rom_worker_id\x18\x01 \x01(\t\" \n\x0fMigrateResponse\x12\r\n\x05moved\x18\x01 \x01(\x05\"\x12\n\x10PoolStateRequest\"\xab\x01\n\x0bWorkerState\x12\"\n\x06worker\x18\x01 \x01(\x0b\x32\x12.treadle.v1.Worker\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.treadle.v1.WorkerLoad\x12\x13\n\x0boutstanding\x18\x03 \x01(\x05\x12\x1b\n\x13sticky_trajectories\x18\x04 \x01(\x05\x12\r\n\x05\x61gent\x18\x05 \x01(\t\x12\x11\n\tmoving_to\x18\x06 \x01(\t\"~\n\nAgentState\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tinstances\x18\x02 \x01(\x05\x12\x11\n\tqueue_len\x18\x03 \x01(\x05\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x10\n\x08moved_in\x18\x05 \x01(\x03\x12\x11\n\tmoved_out\x18\x06 \x01(\x03\"\x9b\x01\n\tTaskState\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63lared\x18\x02 \x01(\t\x12\x0c\n\x04work\x18\x03 \x01(\t\x12\x14\n\x0ctrajectories\x18\x04 \x01(\x03\x12\x12\n\nmean_turns\x18\x05 \x01(\x01\x12\x1a\n\x12mean_prompt_tokens\x18\x06 \x01(\x01\x12\x1a\n\x12mean_output_tokens\x18\x07 \x01(\x01\"\xb8\x01\n\x11PoolStateResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.treadle.v1.WorkerState\x12$\n\x05tasks\x18\x02 \x03(\x0b\x32\x15.treadle.v1.TaskState\x12\x12\n\nmigrations\x18\x03 \x01(\x03\x12&\n\x06\x61gents\x18\x04 \x03(\x0b\x32\x16.treadle.v1.AgentState\x12\x17\n\x0frebalance_moves\x18\x05 \x01(\x03\x32\xe7\x03\n\tPlacement\x12\x38\n\x0eRegisterWorker\x12\x12.treadle.v1.Worker\x1a\x12.treadle.v1.Worker\x12\x44\n\nReportLoad\x12\x16.treadle.v1.WorkerLoad\x1a\x1e.treadle.v1.ReportLoadResponse\x12;\n\x06\x41ssign\x12\x19.treadle.v1.AssignRequest\x1a\x16.treadle.v1.Assignment\x12\x42\n\x07Release\x12\x1a.treadle.v1.ReleaseRequest\x1a\x1b.treadle.v1.ReleaseResponse\x12\x42\n\x07Migrate\x12\x1a.treadle.v1.MigrateRequest\x1a\x1b.treadle.v1.MigrateResponse\x12H\n\tPoolState\x12\x1c.treadle.v1.PoolStateRequest\x1a\x1d.treadle.v1.PoolStateResponse\x12K\n\nPlaceBatch\x12\x1d.treadle.v1.PlaceBatchRequest\x1a\x1e.treadle.v1.PlaceBatchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,37 +32,39 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'treadle.v1.placement_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKER']._serialized_start=42
-  _globals['_WORKER']._serialized_end=100
-  _globals['_WORKERLOAD']._serialized_start=103
-  _globals['_WORKERLOAD']._serialized_end=233
-  _globals['_REPORTLOADRESPONSE']._serialized_start=235
-  _globals['_REPORTLOADRESPONSE']._serialized_end=255
-  _globals['_ASSIGNREQUEST']._serialized_start=257
-  _globals['_ASSIGNREQUEST']._serialized_end=323
-  _globals['_ASSIGNMENT']._serialized_start=325
-  _globals['_ASSIGNMENT']._serialized_end=417
-  _globals['_RELEASEREQUEST']._serialized_start=420
-  _globals['_RELEASEREQUEST']._serialized_end=673
-  _globals['_PLACECANDIDATE']._serialized_start=675
-  _globals['_PLACECANDIDATE']._serialized_end=757
-  _globals['_PLACEBATCHREQUEST']._serialized_start=759
-  _globals['_PLACEBATCHREQUEST']._serialized_end=850
-  _globals['_PLACEBATCHRESPONSE']._serialized_start=852
-  _globals['_PLACEBATCHRESPONSE']._serialized_end=888
-  _globals['_RELEASERESPONSE']._serialized_start=890
-  _globals['_RELEASERESPONSE']._serialized_end=907
-  _globals['_MIGRATEREQUEST']._serialized_start=909
-  _globals['_MIGRATEREQUEST']._serialized_end=949
-  _globals['_MIGRATERESPONSE']._serialized_start=951
-  _globals['_MIGRATERESPONSE']._serialized_end=983
-  _globals['_POOLSTATEREQUEST']._serialized_start=985
-  _globals['_POOLSTATEREQUEST']._serialized_end=1003
-  _globals['_WORKERSTATE']._serialized_start=1006
-  _globals['_WORKERSTATE']._serialized_end=1143
-  _globals['_TASKSTATE']._serialized_start=1146
-  _globals['_TASKSTATE']._serialized_end=1301
-  _globals['_POOLSTATERESPONSE']._serialized_start=1303
-  _globals['_POOLSTATERESPONSE']._serialized_end=1422
-  _globals['_PLACEMENT']._serialized_start=1425
-  _globals['_PLACEMENT']._serialized_end=1912
+  _globals['_WORKER']._serialized_end=124
+  _globals['_WORKERLOAD']._serialized_start=127
+  _globals['_WORKERLOAD']._serialized_end=257
+  _globals['_REPORTLOADRESPONSE']._serialized_start=259
+  _globals['_REPORTLOADRESPONSE']._serialized_end=279
+  _globals['_ASSIGNREQUEST']._serialized_start=281
+  _globals['_ASSIGNREQUEST']._serialized_end=362
+  _globals['_ASSIGNMENT']._serialized_start=364
+  _globals['_ASSIGNMENT']._serialized_end=471
+  _globals['_RELEASEREQUEST']._serialized_start=474
+  _globals['_RELEASEREQUEST']._serialized_end=727
+  _globals['_PLACECANDIDATE']._serialized_start=729
+  _globals['_PLACECANDIDATE']._serialized_end=811
+  _globals['_PLACEBATCHREQUEST']._serialized_start=813
+  _globals['_PLACEBATCHREQUEST']._serialized_end=904
+  _globals['_PLACEBATCHRESPONSE']._serialized_start=906
+  _globals['_PLACEBATCHRESPONSE']._serialized_end=942
+  _globals['_RELEASERESPONSE']._serialized_start=944
+  _globals['_RELEASERESPONSE']._serialized_end=961
+  _globals['_MIGRATEREQUEST']._serialized_start=963
+  _globals['_MIGRATEREQUEST']._serialized_end=1003
+  _globals['_MIGRATERESPONSE']._serialized_start=1005
+  _globals['_MIGRATERESPONSE']._serialized_end=1037
+  _globals['_POOLSTATEREQUEST']._serialized_start=1039
+  _globals['_POOLSTATEREQUEST']._serialized_end=1057
+  _globals['_WORKERSTATE']._serialized_start=1060
+  _globals['_WORKERSTATE']._serialized_end=1231
+  _globals['_AGENTSTATE']._serialized_start=1233
+  _globals['_AGENTSTATE']._serialized_end=1359
+  _globals['_TASKSTATE']._serialized_start=1362
+  _globals['_TASKSTATE']._serialized_end=1517
+  _globals['_POOLSTATERESPONSE']._serialized_start=1520
+  _globals['_POOLSTATERESPONSE']._serialized_end=1704
+  _globals['_PLACEMENT']._serialized_start=1707
+  _globals['_PLACEMENT']._serialized_end=2194
 # @@protoc_insertion_point(module_scope)

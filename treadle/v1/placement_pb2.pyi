@@ -27,19 +27,25 @@ class Worker(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    ENGINE_ADDRESS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     pool: _builtins.str
     address: _builtins.str
+    engine_address: _builtins.str
+    """The worker's engine (vLLM HTTP): inter-agent rebalancing sets its weight-version label there.
+    Empty: the worker is never moved to another agent.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         pool: _builtins.str = ...,
         address: _builtins.str = ...,
+        engine_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "pool", b"pool", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "engine_address", b"engine_address", "pool", b"pool", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -101,19 +107,25 @@ class AssignRequest(_message.Message):
     TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     task: _builtins.str
     turn: _builtins.int
+    agent: _builtins.str
+    """The agent whose turn this is (multi-agent tasks): only workers of a pool serving it qualify.
+    Empty: any pool of the task.
+    """
     def __init__(
         self,
         *,
         trajectory_id: _builtins.str = ...,
         task: _builtins.str = ...,
         turn: _builtins.int = ...,
+        agent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task", "trajectory_id", b"trajectory_id", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "task", b"task", "trajectory_id", b"trajectory_id", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -128,6 +140,7 @@ class Assignment(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     WORK_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     address: _builtins.str
     pool: _builtins.str
@@ -135,6 +148,8 @@ class Assignment(_message.Message):
     """"sticky" or "least-loaded"."""
     work: _builtins.str
     """"prefill-heavy" or "decode-heavy", as resolved for the task."""
+    agent: _builtins.str
+    """The agent the worker's pool serves (empty when placement knows no pool agents)."""
     def __init__(
         self,
         *,
@@ -143,10 +158,11 @@ class Assignment(_message.Message):
         pool: _builtins.str = ...,
         reason: _builtins.str = ...,
         work: _builtins.str = ...,
+        agent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "pool", b"pool", "reason", b"reason", "work", b"work", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent", b"agent", "pool", b"pool", "reason", b"reason", "work", b"work", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -355,9 +371,15 @@ class WorkerState(_message.Message):
     LOAD_FIELD_NUMBER: _builtins.int
     OUTSTANDING_FIELD_NUMBER: _builtins.int
     STICKY_TRAJECTORIES_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    MOVING_TO_FIELD_NUMBER: _builtins.int
     outstanding: _builtins.int
     """Turns assigned and not yet released."""
     sticky_trajectories: _builtins.int
+    agent: _builtins.str
+    """The agent the worker serves now (its pool's)."""
+    moving_to: _builtins.str
+    """Set while an inter-agent rebalance drains and swaps the worker: the agent it moves to."""
     @_builtins.property
     def worker(self) -> Global___Worker: ...
     @_builtins.property
@@ -369,14 +391,56 @@ class WorkerState(_message.Message):
         load: Global___WorkerLoad | None = ...,
         outstanding: _builtins.int = ...,
         sticky_trajectories: _builtins.int = ...,
+        agent: _builtins.str = ...,
+        moving_to: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["load", b"load", "outstanding", b"outstanding", "sticky_trajectories", b"sticky_trajectories", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "load", b"load", "moving_to", b"moving_to", "outstanding", b"outstanding", "sticky_trajectories", b"sticky_trajectories", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerState: _TypeAlias = WorkerState  # noqa: Y015
+
+@_typing.final
+class AgentState(_message.Message):
+    """One agent's rollout side, as inter-agent rebalancing (FlexMARL) sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    QUEUE_LEN_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    MOVED_IN_FIELD_NUMBER: _builtins.int
+    MOVED_OUT_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    instances: _builtins.int
+    """Workers serving it now (a moving worker counts for neither side)."""
+    queue_len: _builtins.int
+    """Turns assigned to its workers and not running there (waiting in the engines' queues)."""
+    weight_version: _builtins.int
+    """Highest policy version its workers report."""
+    moved_in: _builtins.int
+    """Instances moved to and away from it so far."""
+    moved_out: _builtins.int
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        instances: _builtins.int = ...,
+        queue_len: _builtins.int = ...,
+        weight_version: _builtins.int = ...,
+        moved_in: _builtins.int = ...,
+        moved_out: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "instances", b"instances", "moved_in", b"moved_in", "moved_out", b"moved_out", "queue_len", b"queue_len", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentState: _TypeAlias = AgentState  # noqa: Y015
 
 @_typing.final
 class TaskState(_message.Message):
@@ -422,22 +486,30 @@ class PoolStateResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     MIGRATIONS_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
+    REBALANCE_MOVES_FIELD_NUMBER: _builtins.int
     migrations: _builtins.int
     """Trajectories migrated to another worker while waiting on a tool call (batch-level policies)."""
+    rebalance_moves: _builtins.int
+    """Instances moved between agents by inter-agent rebalancing, completed."""
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerState]: ...
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskState]: ...
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentState]: ...
     def __init__(
         self,
         *,
         workers: _abc.Iterable[Global___WorkerState] | None = ...,
         tasks: _abc.Iterable[Global___TaskState] | None = ...,
         migrations: _builtins.int = ...,
+        agents: _abc.Iterable[Global___AgentState] | None = ...,
+        rebalance_moves: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["migrations", b"migrations", "tasks", b"tasks", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "migrations", b"migrations", "rebalance_moves", b"rebalance_moves", "tasks", b"tasks", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

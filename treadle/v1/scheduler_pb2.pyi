@@ -324,6 +324,26 @@ class SchedulerStats(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TurnsByAgentEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
     SUBMITTED_FIELD_NUMBER: _builtins.int
@@ -339,6 +359,7 @@ class SchedulerStats(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     STAGE_SECONDS_FIELD_NUMBER: _builtins.int
     PREEMPTIONS_FIELD_NUMBER: _builtins.int
+    TURNS_BY_AGENT_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     suspended: _builtins.bool
     submitted: _builtins.int
@@ -362,6 +383,10 @@ class SchedulerStats(_message.Message):
     def stage_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Seconds spent per stage, summed over trajectories: generation, environment, reward, waiting."""
 
+    @_builtins.property
+    def turns_by_agent(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Turns generated per agent, for multi-agent tasks (FlexMARL turn order); empty otherwise."""
+
     def __init__(
         self,
         *,
@@ -380,10 +405,11 @@ class SchedulerStats(_message.Message):
         tasks: _abc.Iterable[Global___TaskStats] | None = ...,
         stage_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         preemptions: _builtins.int = ...,
+        turns_by_agent: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "completed", b"completed", "env_retries", b"env_retries", "failed", b"failed", "failed_by_reason", b"failed_by_reason", "in_flight", b"in_flight", "pending", b"pending", "preemptions", b"preemptions", "stage_seconds", b"stage_seconds", "submitted", b"submitted", "suspended", b"suspended", "tasks", b"tasks", "turns", b"turns", "unsaved", b"unsaved", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "completed", b"completed", "env_retries", b"env_retries", "failed", b"failed", "failed_by_reason", b"failed_by_reason", "in_flight", b"in_flight", "pending", b"pending", "preemptions", b"preemptions", "stage_seconds", b"stage_seconds", "submitted", b"submitted", "suspended", b"suspended", "tasks", b"tasks", "turns", b"turns", "turns_by_agent", b"turns_by_agent", "unsaved", b"unsaved", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,7 +1,8 @@
 """``python -m treadle.services.placement``: run placement for a job's pools and tasks.
 
 Flags override; a pod started by the operator takes pools, tasks and the policy from the job's
-config and ``TREADLE_PLACEMENT_POLICY`` (``treadle.services.podenv``).
+config and ``TREADLE_PLACEMENT_POLICY`` (``treadle.services.podenv``). A job with several agents
+runs inter-agent rebalancing (``rebalance.Rebalancer``) every ``--rebalance-interval-s``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from collections.abc import Mapping
 import prometheus_client as prom
 
 from treadle.policy import registry
+from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv
 from treadle.services.grpcutil import server as grpcutil_server
-from treadle.services.placement import grpc_server, service
+from treadle.services.placement import grpc_server, rebalance, service
 
 PROG = "python -m treadle.services.placement"
 
@@ -32,6 +34,12 @@ class Config:
     pools: dict[str, str]
     tasks: dict[str, service.TaskPlacement]
     policy: str
+    pool_agents: dict[str, str]
+    pool_shapes: dict[str, str]
+    rebalance_interval_s: float
+    rebalance_delta: float
+    rebalance_settle_polls: int
+    rebalance_rule: load_balance.Rule
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -42,6 +50,18 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--pools", help='JSON object pool -> preferred work, e.g. {"decode": "decode-heavy"}')
     p.add_argument("--tasks", help='JSON object task -> {"affinity": "auto", "pools": []}, e.g. {"math": {}}')
     p.add_argument("--policy", help="placement policy (treadle.policy.registry)")
+    p.add_argument("--pool-agents", help="JSON object pool -> agent it serves (the job's)")
+    p.add_argument("--pool-shapes", help="JSON object pool -> instance shape; moves stay within a shape")
+    p.add_argument(
+        "--rebalance-interval-s", type=float, default=1.0,
+        help="seconds between inter-agent rebalance polls (several agents only; 0: never)",
+    )  # fmt: skip
+    p.add_argument("--rebalance-delta", type=float, default=load_balance.DEFAULT_DELTA)
+    p.add_argument(
+        "--rebalance-settle-polls", type=int, default=rebalance.DEFAULT_SETTLE_POLLS,
+        help="polls skipped after a move, while the queues it changes drain",
+    )  # fmt: skip
+    p.add_argument("--rebalance-rule", choices=["literal", "per-instance"], default="per-instance")
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
@@ -54,19 +74,42 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         # Without a job (a bare process in a test), the registry's default policy.
         policy = a.policy or (job.config.placement_policy if job.present else registry.DEFAULT_PLACEMENT)
         pools = json.loads(a.pools) if a.pools else job.config.pools
+        pool_agents = json.loads(a.pool_agents) if a.pool_agents else (
+            job.config.pool_agents if job.present else {}
+        )  # fmt: skip
+        pool_shapes = json.loads(a.pool_shapes) if a.pool_shapes else (
+            job.config.pool_shapes if job.present else {}
+        )  # fmt: skip
         return Config(host=a.host, port=a.port, metrics_port=a.metrics_port, pools=pools, tasks=tasks,
-                      policy=policy)  # fmt: skip
+                      policy=policy, pool_agents=pool_agents, pool_shapes=pool_shapes,
+                      rebalance_interval_s=a.rebalance_interval_s, rebalance_delta=a.rebalance_delta,
+                      rebalance_settle_polls=a.rebalance_settle_polls,
+                      rebalance_rule=a.rebalance_rule)  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
 
 async def main(cfg: Config) -> None:
-    svc = service.PlacementService(pools=cfg.pools, tasks=cfg.tasks, policy=cfg.policy)
+    svc = service.PlacementService(
+        pools=cfg.pools, tasks=cfg.tasks, policy=cfg.policy, pool_agents=cfg.pool_agents,
+        pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
+    )  # fmt: skip
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
     logging.info("placement serving on %s:%d", cfg.host, served.port)
-    await grpcutil_server.serve_forever(served)
+    loop: asyncio.Task[None] | None = None
+    if cfg.rebalance_interval_s > 0 and len(set(cfg.pool_agents.values())) > 1:
+        rebalancer = rebalance.Rebalancer(
+            svc, rebalance.HttpSwapper(), interval_s=cfg.rebalance_interval_s,
+            settle_polls=cfg.rebalance_settle_polls,
+        )  # fmt: skip
+        loop = asyncio.create_task(rebalancer.run_forever(), name="rebalancer")
+    try:
+        await grpcutil_server.serve_forever(served)
+    finally:
+        if loop is not None:
+            loop.cancel()
 
 
 if __name__ == "__main__":

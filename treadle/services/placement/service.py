@@ -9,10 +9,19 @@ A worker's load is the larger of what it last reported (running + waiting) and t
 service assigned to it and has not seen released: reports lag, assignments do not. ``auto``
 affinity uses the task profile measured from released turns once ``min_profile_samples``
 trajectories of the task have finished, and is re-resolved whenever another one finishes.
+
+Multi-agent jobs (FlexMARL): ``pool_agents`` names the agent each pool serves. A turn's
+``AssignRequest.agent`` restricts it to workers of that agent's pools (affinity then chooses among
+those), and stickiness is per (trajectory, agent). Inter-agent rebalancing is split in two: the
+synchronous half here (``plan_rebalance`` measures every agent's queue and instances and asks
+``treadle.policy.flexmarl.load_balance.rebalance`` for a move; the moved workers are drained at once;
+``finish_move`` re-homes a worker to the receiver's pool), the asynchronous half (waiting for the
+drain, the weight swap through the worker's agent and engine) in ``rebalance.Rebalancer``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -21,6 +30,7 @@ import prometheus_client as prom
 
 from treadle import errors, metrics
 from treadle.policy import affinity, heddle_live, placement, registry
+from treadle.policy.flexmarl import load_balance
 from treadle.v1 import placement_pb2
 
 
@@ -54,6 +64,8 @@ class _Worker:
     load: placement_pb2.WorkerLoad
     outstanding: int = 0
     draining: bool = False
+    moving_to: str = ""
+    """The receiving agent while an inter-agent rebalance drains and swaps this worker."""
 
 
 class PlacementService:
@@ -65,10 +77,34 @@ class PlacementService:
         policy: str = registry.DEFAULT_PLACEMENT,
         slack: int = placement.DEFAULT_SLACK,
         min_profile_samples: int = 8,
+        pool_agents: Mapping[str, str] | None = None,
+        pool_shapes: Mapping[str, str] | None = None,
+        rebalance_delta: float = load_balance.DEFAULT_DELTA,
+        rebalance_rule: load_balance.Rule = "per-instance",
         registry_: prom.CollectorRegistry | None = None,
     ) -> None:
         if not pools:
             raise errors.SpecError("at least one pool is required", field="pools")
+        for name, mapping in (("pool_agents", pool_agents or {}), ("pool_shapes", pool_shapes or {})):
+            for pool in mapping:
+                if pool not in pools:
+                    raise errors.SpecError(f"unknown pool {pool!r}", field=f"{name}.{pool}", value=pool)
+        if pool_agents and set(pool_agents) != set(pools):
+            missing = sorted(set(pools) - set(pool_agents))
+            raise errors.SpecError("every pool needs its agent", field="pool_agents", value=missing)
+        if rebalance_delta < 0:
+            raise errors.SpecError("must be >= 0", field="rebalance_delta", value=rebalance_delta)
+        if rebalance_rule not in ("literal", "per-instance"):
+            raise errors.SpecError(
+                "must be 'literal' or 'per-instance'", field="rebalance_rule", value=rebalance_rule
+            )
+        self.pool_agents = dict(pool_agents or {})
+        self.pool_shapes = dict(pool_shapes or {})
+        self.rebalance_delta = rebalance_delta
+        self.rebalance_rule: load_balance.Rule = rebalance_rule
+        self._moves = 0
+        self._moved_in: collections.Counter[str] = collections.Counter()
+        self._moved_out: collections.Counter[str] = collections.Counter()
         for name, task in tasks.items():
             affinity.resolve(task.affinity, None)  # rejects an unknown declaration now
             for pool in task.pools:
@@ -104,6 +140,16 @@ class PlacementService:
             "Trajectories moved to another worker during a tool call (re-route + re-prefill on vLLM)",
             registry=self.registry,
         )
+        self._rebalanced = prom.Counter(
+            metrics.PLACEMENT_REBALANCE_MOVES_TOTAL,
+            "Workers moved between agents by inter-agent rebalancing (FlexMARL), by donor and receiver",
+            ["donor", "receiver"], registry=self.registry,
+        )  # fmt: skip
+        self._agent_queue = prom.Gauge(
+            metrics.PLACEMENT_AGENT_QUEUE,
+            "Turns assigned to an agent's workers and not running there, at the last rebalance poll",
+            ["agent"], registry=self.registry,
+        )  # fmt: skip
 
     def _resolve(self, task: str) -> str:
         profile = self._profiles[task]
@@ -125,7 +171,7 @@ class PlacementService:
             self._workers[worker.worker_id] = _Worker(info=worker, load=load)
         else:
             known.info = worker
-            known.draining = False
+            known.draining = bool(known.moving_to)  # a worker being moved stays drained
         return worker
 
     def report_load(self, load: placement_pb2.WorkerLoad) -> None:
@@ -141,17 +187,23 @@ class PlacementService:
             raise errors.SpecError("must not be empty", field="trajectory_id")
         if req.task not in self.tasks:
             raise errors.SpecError(f"unknown task; known: {sorted(self.tasks)}", field="task", value=req.task)
+        if req.agent and self.pool_agents and req.agent not in self.pool_agents.values():
+            raise errors.SpecError(
+                f"no pool serves this agent; pools serve {sorted(set(self.pool_agents.values()))}",
+                field="agent", value=req.agent,
+            )  # fmt: skip
         work = self._work[req.task]
-        eligible, states = self._candidates(req.task)
+        eligible, states = self._candidates(req.task, req.agent)
         decision = self._routed(req.trajectory_id, req.task, states, eligible) if self.batch else None
+        sticky = _sticky_key(req.trajectory_id, req.agent)
         if decision is None:
-            previous = self._sticky.get(req.trajectory_id)
+            previous = self._sticky.get(sticky)
             decision = self.policy(states, eligible_pools=eligible, previous=previous, slack=self.slack)
         if decision is None:
             raise errors.Unavailable(f"no healthy worker in pools {eligible} for task {req.task!r} ({work})")
         w = self._workers[decision.worker_id]
         w.outstanding += 1
-        self._sticky[req.trajectory_id] = decision.worker_id
+        self._sticky[sticky] = decision.worker_id
         self._assigned.labels(w.info.pool, decision.reason).inc()
         self._outstanding.labels(decision.worker_id).set(w.outstanding)
         return placement_pb2.Assignment(
@@ -160,6 +212,7 @@ class PlacementService:
             pool=w.info.pool,
             reason=decision.reason,
             work=work,
+            agent=self.pool_agents.get(w.info.pool, ""),
         )
 
     def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
@@ -193,16 +246,22 @@ class PlacementService:
                 placed += len(new)
         return placement_pb2.PlaceBatchResponse(placed=placed)
 
-    def _candidates(self, task: str) -> tuple[list[str], list[placement.WorkerState]]:
+    def _candidates(self, task: str, agent: str = "") -> tuple[list[str], list[placement.WorkerState]]:
         work = self._work[task]
         restrict = self.tasks[task].pools
         pools = {p: pref for p, pref in self.pools.items() if not restrict or p in restrict}
+        if agent and self.pool_agents:
+            # The agent's own pools first: affinity then chooses among them (a turn never goes to
+            # another agent's weights, whatever the work it prefers).
+            pools = {p: pref for p, pref in pools.items() if self.pool_agents[p] == agent} or {
+                p: pref for p, pref in self.pools.items() if self.pool_agents[p] == agent
+            }
         eligible = affinity.eligible_pools(work, pools)
         states = [
             placement.WorkerState(
                 worker_id=wid,
                 pool=w.info.pool,
-                load=max(w.outstanding, w.load.running + w.load.waiting),
+                load=_load(w),
                 kv_cache_usage=w.load.kv_cache_usage,
                 healthy=w.load.healthy and not w.draining,
             )
@@ -258,6 +317,8 @@ class PlacementService:
             if self.batch:
                 self._live[req.task] = heddle_live.finish(self._live[req.task], req.trajectory_id)
             self._sticky.pop(req.trajectory_id, None)
+            for agent in set(self.pool_agents.values()):
+                self._sticky.pop(_sticky_key(req.trajectory_id, agent), None)
             first_prompt = self._first_prompt.pop(req.trajectory_id, None)
             if req.turns > 0 and first_prompt is not None:
                 profile.trajectories += 1
@@ -305,6 +366,8 @@ class PlacementService:
                 load=load,
                 outstanding=w.outstanding,
                 sticky_trajectories=sticky_counts.get(wid, 0),
+                agent=self.pool_agents.get(w.info.pool, ""),
+                moving_to=w.moving_to,
             )
         for name, task in sorted(self.tasks.items()):
             p = self._profiles[name]
@@ -315,7 +378,94 @@ class PlacementService:
                 mean_output_tokens=p.output_tokens / max(1, p.released_turns),
             )  # fmt: skip
         out.migrations = self._migrations
+        for a in self.agent_loads():
+            out.agents.add(
+                agent=a.agent_id, instances=len(a.instances), queue_len=a.queue_len,
+                weight_version=a.weight_version, moved_in=self._moved_in[a.agent_id],
+                moved_out=self._moved_out[a.agent_id],
+            )  # fmt: skip
+        out.rebalance_moves = self._moves
         return out
+
+    # --- inter-agent rebalancing (FlexMARL §5.2) ------------------------------------------------
+
+    def _agent_of(self, w: _Worker) -> str:
+        return self.pool_agents.get(w.info.pool, "")
+
+    def agent_loads(self) -> list[load_balance.AgentLoad]:
+        """Every agent's queue, serving instances and weight version (none without pool agents).
+
+        An agent's queue is the turns assigned to its workers and not running there: per worker the
+        larger of the waiting requests it reports and its outstanding turns less those it reports
+        running (reports lag assignments). Workers being moved, draining or unhealthy serve no one.
+        """
+        out = []
+        for agent in sorted(set(self.pool_agents.values())):
+            serving = sorted((wid, w) for wid, w in self._workers.items() if self._agent_of(w) == agent)
+            live = [(wid, w) for wid, w in serving if not w.draining and w.load.healthy]
+            queue = sum(max(w.load.waiting, w.outstanding - w.load.running) for _, w in serving)
+            first_pool = min(p for p, a in self.pool_agents.items() if a == agent)
+            out.append(
+                load_balance.AgentLoad(
+                    agent_id=agent, queue_len=max(0, queue),
+                    instances=tuple(load_balance.Instance(wid, _load(w)) for wid, w in live),
+                    shape=self.pool_shapes.get(first_pool, ""),
+                    weight_version=max((w.load.policy_version for _, w in live), default=0),
+                )
+            )  # fmt: skip
+        return out
+
+    def plan_rebalance(self) -> load_balance.Rebalance | None:
+        """One poll of the inter-agent level; the moved workers are drained at once.
+
+        ``None`` while a move is in progress (one at a time, so the queues it changes are measured
+        again before the next), with fewer than two agents, when an agent has no serving worker,
+        when a chosen worker has no engine address, or when the policy moves nothing.
+        """
+        if any(w.moving_to for w in self._workers.values()):
+            return None
+        agents = self.agent_loads()
+        for a in agents:
+            self._agent_queue.labels(a.agent_id).set(a.queue_len)
+        if len(agents) < 2 or any(not a.instances for a in agents):
+            return None
+        move = load_balance.rebalance(agents, delta=self.rebalance_delta, rule=self.rebalance_rule)
+        if move is None or any(not self._workers[wid].info.engine_address for wid in move.instance_ids):
+            return None
+        for wid in move.instance_ids:
+            self.migrate(wid)  # no new turn; its sticky trajectories go elsewhere on their next turn
+            self._workers[wid].moving_to = move.receiver
+        return move
+
+    def outstanding(self, worker_id: str) -> int:
+        return self._worker(worker_id, field="worker_id").outstanding
+
+    def worker_info(self, worker_id: str) -> placement_pb2.Worker:
+        info = placement_pb2.Worker()
+        info.CopyFrom(self._worker(worker_id, field="worker_id").info)
+        return info
+
+    def agent_version(self, agent: str) -> int:
+        """The highest policy version the agent's serving workers report (what a moved worker loads)."""
+        return next((a.weight_version for a in self.agent_loads() if a.agent_id == agent), 0)
+
+    def finish_move(self, worker_id: str, *, swapped: bool) -> None:
+        """End a worker's move: re-homed to the receiver's pool if ``swapped``, else back to its donor."""
+        w = self._worker(worker_id, field="worker_id")
+        if not w.moving_to:
+            raise errors.Conflict(f"worker {worker_id!r} is not being moved")
+        if swapped:
+            donor = self._agent_of(w)
+            donor_shape = self.pool_shapes.get(w.info.pool, "")
+            pools = sorted(p for p, a in self.pool_agents.items() if a == w.moving_to)
+            same_shape = [p for p in pools if self.pool_shapes.get(p, "") == donor_shape]
+            w.info.pool = (same_shape or pools)[0]
+            self._moves += 1
+            self._moved_out[donor] += 1
+            self._moved_in[w.moving_to] += 1
+            self._rebalanced.labels(donor, w.moving_to).inc()
+        w.moving_to = ""
+        w.draining = False
 
     def _worker(self, worker_id: str, *, field: str) -> _Worker:
         if not worker_id:
@@ -324,6 +474,15 @@ class PlacementService:
         if w is None:
             raise errors.NotFound(f"unknown worker {worker_id!r}")
         return w
+
+
+def _sticky_key(trajectory_id: str, agent: str) -> str:
+    """Stickiness is per (trajectory, agent): each agent's worker holds that agent's prefix cache."""
+    return f"{trajectory_id}\x00{agent}" if agent else trajectory_id
+
+
+def _load(w: _Worker) -> int:
+    return max(w.outstanding, w.load.running + w.load.waiting)
 
 
 class InProcess:

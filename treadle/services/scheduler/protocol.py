@@ -32,6 +32,11 @@ class TaskConfig:
     name: str
     env: str
     agent: str = "default"
+    """The agent of a single-agent task; its first agent otherwise (the trajectory's record agent)."""
+    agents: tuple[str, ...] = ()
+    """Several agents in turn order (FlexMARL): turn k is ``agents[k % len(agents)]``'s, served by
+    a worker of that agent's pools and stored in that agent's experience table. Empty: every turn is
+    ``agent``'s (placement and the buffer see no agent per turn)."""
     reward_fn: str = ""
     """Reward function; empty takes the one the environment names in ``info["reward_fn"]``."""
     group_size: int = 8
@@ -43,9 +48,22 @@ class TaskConfig:
     temperature: float = 1.0
     system_prompt: str = ""
 
+    def __post_init__(self) -> None:
+        if len(self.agents) == 1 or len(set(self.agents)) != len(self.agents):
+            raise SpecError(
+                "several distinct agents, or none", field=f"tasks.{self.name}.agents", value=self.agents
+            )
+        if self.agents and self.agent != self.agents[0]:
+            raise SpecError("must be the first of agents", field=f"tasks.{self.name}.agent", value=self.agent)
+        object.__setattr__(self, "agents", tuple(self.agents))  # JSON (``--tasks``) gives a list
+
     @property
     def members(self) -> int:
         return self.group_size + int(self.redundancy * self.group_size + 0.999999)
+
+    def agent_of(self, turn: int) -> str:
+        """The agent acting at ``turn`` (0-based); empty for a single-agent task."""
+        return self.agents[turn % len(self.agents)] if self.agents else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,13 @@ own timeline, so a slow environment never blocks another)::
   gateway that scales to zero is waited for (``Settings.reward_unavailable_s``): its ``Unavailable``
   is retried for that long, however many attempts it takes. A
   generation aborted by the worker (pause with abort) is re-issued, as ROLL does after resume.
+* **Several agents** (FlexMARL, ``TaskConfig.agents``): turn k is ``agents[k % len(agents)]``'s.
+  Placement is asked for a worker of that agent (``AssignRequest.agent``); a worker of another agent
+  fails the trajectory rather than mixing policies. Each turn records the agent of the worker that
+  served it (``Turn.agent``; its tokens carry that worker's version), and the finished trajectory is
+  stored once per agent, in that agent's experience table: ``<id>@<agent>`` in group
+  ``<group>@<agent>``, holding only that agent's turns, with the trajectory's reward and status
+  (an agent with no turn in it still gets the record, so every table's group completes).
 * **Nothing is lost**: every admitted trajectory ends in exactly one of completed / failed /
   aborted and is put to the buffer (put is retried until the buffer takes it; until then it counts
   as ``unsaved``), so ``submitted == pending + in_flight + unsaved + completed + failed + aborted``.
@@ -337,6 +344,7 @@ class SchedulerService:
         self._per_task = {name: _TaskCounts() for name in tasks}
         self._finished = 0
         self._turns = 0
+        self._turns_by_agent: collections.Counter[str] = collections.Counter()
         self._env_retries = 0
         self._failed_by_reason: collections.Counter[str] = collections.Counter()
         self._stage_totals = dict.fromkeys(STAGES, 0.0)
@@ -409,6 +417,7 @@ class SchedulerService:
             failed_by_reason=dict(self._failed_by_reason),
             stage_seconds=self._stage_totals,
             preemptions=self._preemptions,
+            turns_by_agent=dict(self._turns_by_agent),
         )
         for name, c in sorted(self._per_task.items()):
             done = c.completed
@@ -532,9 +541,12 @@ class SchedulerService:
                     prompt_token_ids=result.prompt_token_ids, output_token_ids=result.output_token_ids,
                     output_logprobs=result.output_logprobs, output_versions=result.output_versions,
                     text=result.text, worker_id=t.worker.worker_id if t.worker else "",
+                    agent=t.worker.agent if t.worker and task.agents else "",
                 )  # fmt: skip
                 t.turns.append(turn)
                 self._turns += 1
+                if turn.agent:
+                    self._turns_by_agent[turn.agent] += 1
                 self.metrics.turns.labels(task.name).inc()
                 messages.append(agent_protocol.ChatMessage(role="assistant", content=result.text))
                 step = await self._retrying(
@@ -684,12 +696,26 @@ class SchedulerService:
             await asyncio.shield(releasing)  # a cancelled trajectory still releases its turn
 
     async def _assign(self, t: _Traj, turn: int) -> placement_pb2.Assignment:
+        agent = t.work.task.agent_of(turn)
         try:
-            return await self.placement.assign(
-                placement_pb2.AssignRequest(trajectory_id=t.tid, task=t.work.task.name, turn=turn)
+            assigned = await self.placement.assign(
+                placement_pb2.AssignRequest(
+                    trajectory_id=t.tid, task=t.work.task.name, turn=turn, agent=agent
+                )
             )
         except errors.TreadleError as exc:
             raise _Failed(f"placement: assign: {exc}") from exc
+        if agent and assigned.agent != agent:
+            # Its tokens would come from another policy's weights and poison both tables: stop here.
+            release = placement_pb2.ReleaseRequest(
+                trajectory_id=t.tid, worker_id=assigned.worker_id, task=t.work.task.name, turn_finished=True
+            )
+            await self._release(release)
+            raise _Failed(
+                f"placement: assign: turn {turn} of agent {agent!r} got worker {assigned.worker_id} "
+                f"of agent {assigned.agent!r}"
+            )
+        return assigned
 
     def _predict(self, t: _Traj) -> None:
         obs = predictor.Observation(
@@ -872,7 +898,7 @@ class SchedulerService:
             del self._unsaved[: len(chunk)]
             self._saving = len(chunk)
             try:
-                await self.buffer.put([traj for traj, _ in chunk])
+                await self.buffer.put([r for traj, _ in chunk for r in self._tables(traj)])
             except errors.SpecError as exc:
                 # The buffer refuses something in the chunk (too large, say): retrying it cannot help, so
                 # put one by one and store what is refused as a failed stub that says why.
@@ -880,7 +906,7 @@ class SchedulerService:
                 again = []
                 for traj, result in chunk:
                     try:
-                        await self.buffer.put([traj])
+                        await self.buffer.put(self._tables(traj))
                     except errors.SpecError as refused:
                         if traj.reason.startswith(REFUSED):
                             # Even the stub is refused: count it here, since storing it cannot succeed.
@@ -911,6 +937,11 @@ class SchedulerService:
             self._saving = 0
             for traj, result in chunk:
                 self._record(traj, result)
+
+    def _tables(self, traj: common_pb2.Trajectory) -> list[common_pb2.Trajectory]:
+        """What the buffer stores for ``traj``: itself, or one record per agent of a multi-agent task."""
+        agents = self.tasks[traj.task].agents
+        return [_agent_record(traj, a) for a in agents] if agents else [traj]
 
     def _record(self, traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult) -> None:
         counts = self._per_task[traj.task]
@@ -943,6 +974,22 @@ def _stub(
     stub.status, stub.reason = "failed", reason
     result.status, result.reason = "failed", reason
     return stub, result
+
+
+def _agent_record(traj: common_pb2.Trajectory, agent: str) -> common_pb2.Trajectory:
+    """``agent``'s row of a multi-agent trajectory: its own turns, the shared reward and status."""
+    out = common_pb2.Trajectory()
+    out.CopyFrom(traj)
+    out.trajectory_id, out.group_id, out.agent = (
+        f"{traj.trajectory_id}@{agent}",
+        f"{traj.group_id}@{agent}",
+        agent,
+    )
+    del out.turns[:]
+    out.turns.extend(turn for turn in traj.turns if turn.agent == agent)
+    versions = [v for turn in out.turns for v in turn.output_versions] or [traj.init_version]
+    out.min_version, out.max_version = min(versions), max(versions)
+    return out
 
 
 def _prompt_key(work: protocol.Work) -> str:

@@ -1,0 +1,56 @@
+"""Local mode's translation of multi-agent jobs: turn order, pool agents and instance shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from treadle.api import v1alpha1
+from treadle.localmode import plan, run
+from treadle.v1 import buffer_pb2, placement_pb2, scheduler_pb2
+
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
+
+
+def load(path: str) -> v1alpha1.RolloutJob:
+    return v1alpha1.parse_job(yaml.safe_load((MANIFESTS / path).read_text()))
+
+
+def test_two_agent_example_takes_turns_and_cannot_move_instances_across_shapes() -> None:
+    cfg = plan.make_plan(load("examples/two-agent-flexmarl.yaml"), plan.Options(trajectories=32)).config
+    (task,) = cfg.tasks
+    assert (task.agent, task.agents) == ("planner", ("planner", "executor"))
+    assert cfg.agents == ["planner", "executor"]
+    assert cfg.pool_agents == {"planner": "planner", "executor": "executor"}
+    # a 14B TP2 H800 planner instance is no 7B TP1 H20 executor instance: rebalancing never moves one
+    assert cfg.pool_shapes == {
+        "planner": "Qwen/Qwen2.5-14B-Instruct/tp2/H800",
+        "executor": "Qwen/Qwen2.5-7B-Instruct/tp1/H20",
+    }
+
+
+def test_rebalance_job_has_one_shape_and_a_skewed_start() -> None:
+    p = plan.make_plan(
+        load("local/two-agent-rebalance.yaml"), plan.Options(trajectories=64, max_workers_per_pool=3)
+    )
+    assert len(set(p.config.pool_shapes.values())) == 1
+    assert [w.pool for w in p.workers] == ["planner", "executor", "executor", "executor"]
+
+
+def test_single_agent_tasks_name_no_turn_agents() -> None:
+    cfg = plan.make_plan(load("examples/math-tool-h20.yaml"), plan.Options(trajectories=8)).config
+    assert all(t.agents == () and t.agent_of(1) == "" for t in cfg.tasks)
+    assert cfg.agents == []
+
+
+def test_summary_shows_turns_per_agent_and_moves() -> None:
+    stats = scheduler_pb2.SchedulerStats(submitted=2, completed=2, turns=5, turns_by_agent={"a": 3, "b": 2})
+    pools = placement_pb2.PoolStateResponse(rebalance_moves=1)
+    pools.agents.add(agent="a", instances=2, moved_in=1)
+    pools.agents.add(agent="b", instances=1, moved_out=1)
+    summary = run.summarize(stats, buffer_pb2.BufferStats(), run.TrainerLog(), [], elapsed=1.0, pools=pools)
+    assert summary["turns_by_agent"] == {"a": 3, "b": 2} and summary["rebalance_moves"] == 1
+    assert summary["agents"]["a"] == {"instances": 2, "moved_in": 1, "moved_out": 0}
+    line = next(x for x in run.summary_lines(summary) if "agents:" in x)
+    assert "a 3 turns, 2 workers at the end (+1/-0)" in line and "1 workers moved between agents" in line

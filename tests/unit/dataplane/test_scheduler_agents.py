@@ -1,0 +1,101 @@
+"""The scheduler with a multi-agent task (FlexMARL turn order): per-agent placement, tags and tables.
+
+In-process placement and buffer (memory store), fake env/agents/reward from ``dataplane_fakes``:
+each worker's fake agent tags tokens with its own version, so a turn served by the wrong worker shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import dataplane_fakes as fakes
+import pytest
+
+from treadle import errors
+from treadle.services.buffer import service as buffer_service
+from treadle.services.buffer import store
+from treadle.services.placement import service as placement_service
+from treadle.services.scheduler import protocol, service
+from treadle.v1 import placement_pb2, scheduler_pb2
+
+TASK = protocol.TaskConfig(
+    name="pe", env="math-tool", agent="planner", agents=("planner", "executor"), group_size=2, max_turns=5
+)
+VERSIONS = {"p0": 10, "e0": 20, "e1": 21}
+
+
+def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.BufferService]:
+    placement = placement_service.PlacementService(
+        pools={"plan": "any", "exec": "any"}, tasks={"pe": placement_service.TaskPlacement()},
+        pool_agents={"plan": "planner", "exec": "executor"},
+    )  # fmt: skip
+    for wid in VERSIONS:
+        pool = "plan" if wid.startswith("p") else "exec"
+        placement.register_worker(placement_pb2.Worker(worker_id=wid, pool=pool, address=wid))
+    agents = {wid: fakes.Agent(version=v) for wid, v in VERSIONS.items()}
+    buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1, agents=["planner", "executor"])
+    svc = service.SchedulerService(
+        tasks={"pe": TASK}, settings=protocol.Settings(alpha=1, batch_size=8, backoff_s=0.0),
+        envs=[fakes.Env(steps=steps)], agent_for=agents.__getitem__,
+        placement=placement_service.InProcess(placement), reward=fakes.Reward(), buffer=buffer,
+    )  # fmt: skip
+    return svc, buffer
+
+
+async def test_turns_alternate_agents_and_each_table_gets_its_own_turns() -> None:
+    svc, buffer = stack(steps=3)
+    results = svc.results()
+    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    async with asyncio.timeout(10):
+        done = [await anext(results) for _ in range(2)]
+    assert {r.status for r in done} == {"completed"}
+    stats = svc.stats()
+    assert stats.turns == 6 and dict(stats.turns_by_agent) == {"planner": 4, "executor": 2}
+    tables = {}
+    for agent in ("planner", "executor"):
+        batch = await buffer.get_batch(batch_size=2, version=0, timeout_s=0, agent=agent)
+        tables[agent] = {t.trajectory_id: t for t in batch.trajectories}
+    assert sorted(tables["planner"]) == ["g-0@planner", "g-1@planner"]
+    assert sorted(tables["executor"]) == ["g-0@executor", "g-1@executor"]
+    for agent, rows in tables.items():
+        for t in rows.values():
+            assert t.agent == agent and t.group_id == f"g@{agent}" and t.reward == 1.0
+            assert {turn.agent for turn in t.turns} == {agent}
+            # the tags are the serving worker's: planner turns on p0 (v10), executor on e0/e1
+            for turn in t.turns:
+                assert set(turn.output_versions) == {VERSIONS[turn.worker_id]}
+                assert turn.worker_id.startswith(agent[0])
+            assert (t.min_version, t.max_version) == (
+                min(VERSIONS[x.worker_id] for x in t.turns),
+                max(VERSIONS[x.worker_id] for x in t.turns),
+            )
+    # turn order: planner, executor, planner (3 env steps)
+    assert (
+        len(tables["planner"]["g-0@planner"].turns) == 2
+        and len(tables["executor"]["g-0@executor"].turns) == 1
+    )
+    await svc.aclose()
+
+
+async def test_an_agent_without_a_turn_still_gets_its_row_so_its_group_completes() -> None:
+    svc, buffer = stack(steps=1)  # done after the planner's first turn
+    results = svc.results()
+    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    async with asyncio.timeout(10):
+        for _ in range(2):
+            await anext(results)
+    batch = await buffer.get_batch(batch_size=2, version=0, timeout_s=0, agent="executor")
+    assert [len(t.turns) for t in batch.trajectories] == [0, 0]
+    assert all(t.status == "completed" for t in batch.trajectories)
+    await svc.aclose()
+
+
+def test_turn_order_and_bad_agent_lists() -> None:
+    assert [TASK.agent_of(k) for k in range(5)] == ["planner", "executor", "planner", "executor", "planner"]
+    assert protocol.TaskConfig(name="m", env="e").agent_of(3) == ""
+    with pytest.raises(errors.SpecError) as exc:
+        protocol.TaskConfig(name="m", env="e", agent="a", agents=("a", "a"))
+    assert exc.value.field == "tasks.m.agents"
+    with pytest.raises(errors.SpecError) as exc:
+        protocol.TaskConfig(name="m", env="e", agent="b", agents=("a", "b"))
+    assert exc.value.field == "tasks.m.agent"
