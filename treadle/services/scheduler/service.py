@@ -125,6 +125,11 @@ class SchedulerMetrics:
             "Running generations aborted and re-queued for a higher-ranked waiting turn",
             registry=registry_,
         )
+        # Children resolved once per label values: labels() locks and hashes on every call, and these
+        # run several times a turn. The label values are bounded (stages, configured tasks, statuses).
+        self.stage_of = functools.cache(self.stage.labels)
+        self.turns_of = functools.cache(self.turns.labels)
+        self.trajectories_of = functools.cache(self.trajectories.labels)
 
 
 @dataclasses.dataclass
@@ -547,7 +552,7 @@ class SchedulerService:
                 self._turns += 1
                 if turn.agent:
                     self._turns_by_agent[turn.agent] += 1
-                self.metrics.turns.labels(task.name).inc()
+                self.metrics.turns_of(task.name).inc()
                 messages.append(agent_protocol.ChatMessage(role="assistant", content=result.text))
                 step = await self._retrying(
                     t, "environment", "step", functools.partial(env.step, t.tid, result.text)
@@ -857,7 +862,7 @@ class SchedulerService:
     def _spent(self, t: _Traj, stage: str, began: float) -> None:
         seconds = self.clock() - began
         t.stage[stage] += seconds
-        self.metrics.stage.labels(stage).observe(seconds)
+        self.metrics.stage_of(stage).observe(seconds)
 
     # --- finishing --------------------------------------------------------------------------------
 
@@ -950,7 +955,7 @@ class SchedulerService:
             counts.reward_sum += traj.reward
         else:
             self._failed_by_reason[_reason_kind(traj.reason)] += 1
-        self.metrics.trajectories.labels(traj.task, traj.status).inc()
+        self.metrics.trajectories_of(traj.task, traj.status).inc()
         self.metrics.inflight.set(len(self._inflight))
         for q in list(self._subscribers):
             try:
