@@ -120,6 +120,13 @@ class SchedulerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )  # fmt: skip
         self.version = prom.Gauge(metrics.SCHED_POLICY_VERSION, "Policy version served", registry=registry_)
+        self.prediction_error = prom.Histogram(
+            metrics.SCHED_PREDICTION_ERROR_TOKENS,
+            "|predicted - actual| remaining output tokens of a completed trajectory, per prediction, by the"
+            " steps done when it was made (observed at the finish, when the actual is known)",
+            ["steps_done"], registry=registry_,
+            buckets=(16, 64, 256, 1024, 4096, 16384, 65536),
+        )  # fmt: skip
         self.preemptions = prom.Counter(
             metrics.SCHED_PREEMPTIONS_TOTAL,
             "Running generations aborted and re-queued for a higher-ranked waiting turn",
@@ -148,6 +155,8 @@ class _Traj:
     tokens_so_far: int = 0
     step_tokens: list[int] = dataclasses.field(default_factory=list)
     predicted_remaining: float = 0.0
+    predictions: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """(tokens so far, predicted remaining) of every prediction, scored when the trajectory completes."""
     preemptions: int = 0
     placed: asyncio.Task[None] | None = None
     """Batch placement of its admission round; its first turn waits for it."""
@@ -728,6 +737,7 @@ class SchedulerService:
             steps_done=len(t.step_tokens),
         )  # fmt: skip
         t.predicted_remaining = self.models[t.work.task.name].predict(obs)
+        t.predictions.append((t.tokens_so_far, t.predicted_remaining))
 
     def _queued(self, t: _Traj) -> registry.QueuedTurn:
         return registry.QueuedTurn(
@@ -745,6 +755,9 @@ class SchedulerService:
             step_tokens=(*t.step_tokens,),
         )
         batch.append(finished)
+        for steps, (so_far, predicted) in enumerate(t.predictions):
+            error = abs(predicted - (t.tokens_so_far - so_far))
+            self.metrics.prediction_error.labels("3+" if steps >= 3 else str(steps)).observe(error)
         if len(batch) >= LEARN_EVERY or name not in self.models[name].tasks:
             self._learn_pending()
 
