@@ -32,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-num-seqs", type=int, default=256, help="sequences each simulated engine runs at once"
     )
     p.add_argument("--engine-step-ms", type=float, default=0.0, help="simulated time per decode step")
+    p.add_argument(
+        "--rebalance-interval", type=float, default=0.5,
+        help="seconds between inter-agent rebalance polls (jobs with several agents; 0: never)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redis", default="", help="Redis URL for the buffer (default: embedded memory store)")
     p.add_argument(
@@ -49,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
         options = plan.Options(
             trajectories=args.trajectories, max_workers_per_pool=args.workers_per_pool,
             env_servers=args.env_servers, max_tokens=args.max_tokens, max_in_flight=args.max_in_flight,
-            max_num_seqs=args.max_num_seqs, engine_step_ms=args.engine_step_ms, seed=args.seed,
+            max_num_seqs=args.max_num_seqs, engine_step_ms=args.engine_step_ms,
+            rebalance_interval_s=args.rebalance_interval, seed=args.seed,
         )  # fmt: skip
         run_dir = args.run_dir or run.default_run_dir(job.name)
         summary = asyncio.run(

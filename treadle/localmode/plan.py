@@ -34,6 +34,8 @@ class Options:
     """Sequences each simulated engine runs at once."""
     engine_step_ms: float = 0.0
     """Simulated time per decode step (0: as fast as the machine goes)."""
+    rebalance_interval_s: float = 0.5
+    """Seconds between placement's inter-agent rebalance polls, for jobs with several agents (0: never)."""
     seed: int = 0
 
 

@@ -68,18 +68,9 @@ def _json(value: Any) -> str:
 
 
 async def start_services(
-    stack: stack_mod.Stack,
-    plan: plan_mod.Plan,
-    options: plan_mod.Options,
-    *,
-    redis_url: str = "",
-    rebalance_interval_s: float = 0.5,
+    stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
-    """Start every process of ``plan`` on ``stack`` and register the workers with placement.
-
-    A job with several agents has placement rebalance workers between them every
-    ``rebalance_interval_s`` (0: never).
-    """
+    """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
     await _check_reward_functions(reward, plan)
@@ -114,7 +105,7 @@ async def start_services(
         stack, "placement", "treadle.services.placement",
         ["--pools", _json(cfg.pools), "--tasks", _json(tasks), "--policy", cfg.placement_policy,
          "--pool-agents", _json(cfg.pool_agents), "--pool-shapes", _json(cfg.pool_shapes),
-         "--rebalance-interval-s", str(rebalance_interval_s)], metrics,
+         "--rebalance-interval-s", str(options.rebalance_interval_s)], metrics,
     )  # fmt: skip
     sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in cfg.tasks])]
     sched_args += ["--settings", _json(dataclasses.asdict(cfg.settings)), "--reward-url", reward]

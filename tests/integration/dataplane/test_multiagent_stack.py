@@ -65,9 +65,10 @@ async def test_two_agents_take_turns_and_a_busy_agent_receives_workers(stack: st
         max_tokens=24,
         max_num_seqs=2,
         engine_step_ms=2,
+        rebalance_interval_s=0.2,
     )
     plan = plan_mod.make_plan(job(), options)
-    services = await run_mod.start_services(stack, plan, options, rebalance_interval_s=0.2)
+    services = await run_mod.start_services(stack, plan, options)
     home = {w.worker_id: ("planner" if w.pool == "plan" else "executor") for w in plan.workers}
     async with httpx.AsyncClient(timeout=10) as http:
         for wid, url in services.engines.items():  # the trainer's part: each agent's weights loaded

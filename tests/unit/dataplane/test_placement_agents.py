@@ -22,11 +22,12 @@ SHAPE = {"plan": "7b/tp1/H20", "exec": "7b/tp1/H20"}
 
 
 def make(
-    workers: dict[str, str], *, shapes: dict[str, str] = SHAPE, rule: str = "per-instance"
+    workers: dict[str, str], *, shapes: dict[str, str] = SHAPE, rule: str = "per-instance", step: int = 0
 ) -> service.PlacementService:
+    """Placement with ``step`` 0 by default: the rule's own k, which these tables check."""
     svc = service.PlacementService(
         pools=POOLS, tasks={"pe": service.TaskPlacement()}, pool_agents=AGENTS, pool_shapes=shapes,
-        rebalance_rule=rule,  # type: ignore[arg-type]
+        rebalance_rule=rule, rebalance_step=step,  # type: ignore[arg-type]
     )  # fmt: skip
     for wid, pool in workers.items():
         svc.register_worker(
@@ -115,6 +116,21 @@ def test_a_busy_agent_receives_a_drained_worker_that_serves_it_after_the_move() 
     # the moved workers now take planner turns
     got = {assign(svc, f"z{i}", "planner").worker_id for i in range(6)}
     assert set(move.instance_ids) <= got
+
+
+def test_the_default_step_moves_one_worker_per_poll_the_least_loaded() -> None:
+    svc = service.PlacementService(
+        pools=POOLS, tasks={"pe": service.TaskPlacement()}, pool_agents=AGENTS, pool_shapes=SHAPE
+    )
+    for wid, pool in {"p0": "plan", "e0": "exec", "e1": "exec", "e2": "exec"}.items():
+        svc.register_worker(pb.Worker(worker_id=wid, pool=pool, address=wid, engine_address=wid))
+    load_planner(svc, 12)
+    busy = assign(svc, "x", "executor").worker_id
+    move = svc.plan_rebalance()  # the rule says 2 (see above); one moves, then the queues are measured again
+    assert move is not None and len(move.instance_ids) == 1 and move.instance_ids[0] != busy
+    with pytest.raises(errors.SpecError) as exc:
+        service.PlacementService(pools=POOLS, tasks={}, rebalance_step=-1)
+    assert exc.value.field == "rebalance_step"
 
 
 def test_no_move_from_an_agent_with_one_worker_nor_across_shapes() -> None:

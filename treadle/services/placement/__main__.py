@@ -40,6 +40,7 @@ class Config:
     rebalance_delta: float
     rebalance_settle_polls: int
     rebalance_rule: load_balance.Rule
+    rebalance_step: int
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         help="polls skipped after a move, while the queues it changes drain",
     )  # fmt: skip
     p.add_argument("--rebalance-rule", choices=["literal", "per-instance"], default="per-instance")
+    p.add_argument(
+        "--rebalance-step", type=int, default=1, help="workers moved per poll at most (0: the rule's k)"
+    )
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
@@ -84,7 +88,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       policy=policy, pool_agents=pool_agents, pool_shapes=pool_shapes,
                       rebalance_interval_s=a.rebalance_interval_s, rebalance_delta=a.rebalance_delta,
                       rebalance_settle_polls=a.rebalance_settle_polls,
-                      rebalance_rule=a.rebalance_rule)  # fmt: skip
+                      rebalance_rule=a.rebalance_rule, rebalance_step=a.rebalance_step)  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -93,6 +97,7 @@ async def main(cfg: Config) -> None:
     svc = service.PlacementService(
         pools=cfg.pools, tasks=cfg.tasks, policy=cfg.policy, pool_agents=cfg.pool_agents,
         pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
+        rebalance_step=cfg.rebalance_step,
     )  # fmt: skip
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)

@@ -81,6 +81,7 @@ class PlacementService:
         pool_shapes: Mapping[str, str] | None = None,
         rebalance_delta: float = load_balance.DEFAULT_DELTA,
         rebalance_rule: load_balance.Rule = "per-instance",
+        rebalance_step: int = 1,
         registry_: prom.CollectorRegistry | None = None,
     ) -> None:
         if not pools:
@@ -102,6 +103,9 @@ class PlacementService:
         self.pool_shapes = dict(pool_shapes or {})
         self.rebalance_delta = rebalance_delta
         self.rebalance_rule: load_balance.Rule = rebalance_rule
+        if rebalance_step < 0:
+            raise errors.SpecError("must be >= 0", field="rebalance_step", value=rebalance_step)
+        self.rebalance_step = rebalance_step
         self._moves = 0
         self._moved_in: collections.Counter[str] = collections.Counter()
         self._moved_out: collections.Counter[str] = collections.Counter()
@@ -430,6 +434,11 @@ class PlacementService:
         if len(agents) < 2 or any(not a.instances for a in agents):
             return None
         move = load_balance.rebalance(agents, delta=self.rebalance_delta, rule=self.rebalance_rule)
+        if move is not None and self.rebalance_step:
+            # Turns already queued on a worker stay there, so a move relieves the receiver only as new
+            # turns arrive: the rule's k, computed as if queues re-spread at once, overshoots and the
+            # next polls move workers back. Smaller steps, each measured again, approach the balance.
+            move = dataclasses.replace(move, instance_ids=move.instance_ids[: self.rebalance_step])
         if move is None or any(not self._workers[wid].info.engine_address for wid in move.instance_ids):
             return None
         for wid in move.instance_ids:
