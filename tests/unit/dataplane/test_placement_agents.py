@@ -98,7 +98,7 @@ def test_a_busy_agent_receives_a_drained_worker_that_serves_it_after_the_move() 
     # while moving, a worker serves no one: executor turns go to the one left
     assert {assign(svc, f"y{i}", "executor").worker_id for i in range(3)} == {busy}
     for wid in move.instance_ids:
-        svc.finish_move(wid, swapped=True)
+        svc.finish_move(wid, loaded=0)
     state = {w.worker.worker_id: w for w in svc.pool_state().workers}
     assert all((state[w].agent, state[w].worker.pool, state[w].moving_to) == ("planner", "plan", "")
                for w in move.instance_ids)  # fmt: skip
@@ -149,10 +149,10 @@ def test_a_move_that_failed_returns_the_worker_to_its_donor() -> None:
     load_planner(svc, 20)
     move = svc.plan_rebalance()
     assert move is not None and len(move.instance_ids) == 1
-    svc.finish_move(move.instance_ids[0], swapped=False)
+    svc.finish_move(move.instance_ids[0], loaded=None)
     assert agents_of(svc) == {"executor": 2, "planner": 1} and svc.pool_state().rebalance_moves == 0
     with pytest.raises(errors.Conflict):
-        svc.finish_move(move.instance_ids[0], swapped=True)
+        svc.finish_move(move.instance_ids[0], loaded=0)
 
 
 @pytest.mark.parametrize("rule", ["literal", "per-instance"])
@@ -178,7 +178,7 @@ def test_rebalancing_never_leaves_an_agent_without_a_worker(seed: int, rule: str
         assert min(serving.values()) >= 1, (step, serving)
         if move is not None:
             for wid in move.instance_ids:
-                svc.finish_move(wid, swapped=rng.random() < 0.8)
+                svc.finish_move(wid, loaded=0 if rng.random() < 0.8 else None)
         assert min(agents_of(svc).values()) >= 1
         assert sum(agents_of(svc).values()) == len(workers)
 
@@ -214,6 +214,8 @@ async def test_rebalancer_waits_for_the_drain_then_swaps_to_the_receivers_versio
     assert (agent, version) == ("planner", 7) and len(sleeps) >= 3  # swapped only once drained
     assert agents_of(svc) == {"executor": 1, "planner": 2}
     assert svc.worker_info(wid).pool == "plan"
+    # until its next report the moved worker counts with the version it loaded, not its donor's
+    assert {w.worker.worker_id: w.load.policy_version for w in svc.pool_state().workers}[wid] == 7
 
 
 async def test_rebalancer_abandons_a_move_that_does_not_drain_or_swap() -> None:

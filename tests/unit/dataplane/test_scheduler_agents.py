@@ -99,3 +99,39 @@ def test_turn_order_and_bad_agent_lists() -> None:
     with pytest.raises(errors.SpecError) as exc:
         protocol.TaskConfig(name="m", env="e", agent="b", agents=("a", "b"))
     assert exc.value.field == "tasks.m.agent"
+
+
+class WrongAgentPlacement:
+    """Answers every assign with the executor worker: the scheduler must not let it serve the planner."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
+        return placement_pb2.Assignment(worker_id="e0", address="e0", pool="exec", agent="executor")
+
+    async def release(self, req: placement_pb2.ReleaseRequest) -> None:
+        if req.turn_finished:
+            self.released.append(req.worker_id)
+
+    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
+        return placement_pb2.PlaceBatchResponse()
+
+
+async def test_a_worker_of_another_agent_fails_the_trajectory_and_is_released() -> None:
+    placement = WrongAgentPlacement()
+    agent = fakes.Agent()
+    buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1)
+    svc = service.SchedulerService(
+        tasks={"pe": TASK}, settings=protocol.Settings(alpha=1, batch_size=8, backoff_s=0.0),
+        envs=[fakes.Env(steps=3)], agent_for=lambda address: agent, placement=placement,
+        reward=fakes.Reward(), buffer=buffer,
+    )  # fmt: skip
+    results = svc.results()
+    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    async with asyncio.timeout(10):
+        done = [await anext(results) for _ in range(2)]
+    assert {r.status for r in done} == {"failed"} and agent.started == 0
+    assert all("turn 0 of agent 'planner' got worker e0 of agent 'executor'" in r.reason for r in done)
+    assert placement.released == ["e0", "e0"]  # the assigned turn does not stay outstanding
+    await svc.aclose()

@@ -7,8 +7,11 @@ worker serves, the turns assigned to it and not released, and the loads its work
 Every ``interval_s`` the loop asks ``PlacementService.plan_rebalance`` for a move (the policy is
 ``treadle.policy.flexmarl.load_balance.rebalance``, default ``delta=5`` as in FlexMARL §8.1 and our
 ``per-instance`` rule, which settles where the paper's literal rule flips instances back and forth;
-see ``bench/reports/flexmarl-analysis.md``). After a move the loop lets ``settle_polls`` polls pass
-before it measures again. One move at a time, each made safely:
+see ``bench/reports/flexmarl-analysis.md``). Placement moves at most ``rebalance_step`` workers per
+poll (1 by default) and the loop lets ``settle_polls`` polls pass after a move before it measures
+again: turns already queued on a worker stay there, so a move relieves the receiver only as new
+turns arrive, and the rule's k (computed as if queues re-spread at once) overshoots. One move at a
+time, each made safely:
 
 1. **Drain.** ``plan_rebalance`` already marked the worker draining: placement assigns it no new
    turn, and its sticky trajectories go elsewhere on their next turn. The loop waits until every
@@ -27,7 +30,9 @@ moves; it cannot load weights. With real vLLM the swap must pull the receiver's 
 weight store first (``treadle.trainer.engines.EngineSwapper``'s ``treadle_weights_apply`` RPC), which
 ``HttpSwapper`` does when built with ``apply_weights=True``; that path is not exercised by a test here.
 A trainer that swaps a moving worker itself races with the move; local mode's simulated trainer
-skips workers placement lists as moving (``WorkerState.moving_to``).
+skips workers placement lists as moving (``WorkerState.moving_to``), which leaves a window of a few
+milliseconds (it reads the list, then labels). In a cluster nothing yet registers a worker's engine
+address with placement (the agent's reporter does not know it), so no worker is ever moved there.
 """
 
 from __future__ import annotations
@@ -143,13 +148,13 @@ class Rebalancer:
         return done
 
     async def _move(self, worker_id: str, receiver: str) -> bool:
-        swapped = False
+        loaded: int | None = None
         try:
             if await self._drained(worker_id):
                 version = self.svc.agent_version(receiver)  # read now: the freshest the receiver serves
                 worker = self.svc.worker_info(worker_id)
                 await self.swapper.swap(worker, agent=receiver, version=version)
-                swapped = True
+                loaded = version
             else:
                 log.warning(
                     "rebalance: %s did not drain in %.0fs; move abandoned", worker_id, self.drain_timeout_s
@@ -157,10 +162,10 @@ class Rebalancer:
         except errors.TreadleError as exc:
             log.warning("rebalance: swap of %s to %s failed: %s", worker_id, receiver, exc)
         finally:
-            self.svc.finish_move(worker_id, swapped=swapped)
-        if not swapped:
+            self.svc.finish_move(worker_id, loaded=loaded)
+        if loaded is None:
             self.failed += 1
-        return swapped
+        return loaded is not None
 
     async def _drained(self, worker_id: str) -> bool:
         waited = 0.0

@@ -458,12 +458,15 @@ class PlacementService:
         """The highest policy version the agent's serving workers report (what a moved worker loads)."""
         return next((a.weight_version for a in self.agent_loads() if a.agent_id == agent), 0)
 
-    def finish_move(self, worker_id: str, *, swapped: bool) -> None:
-        """End a worker's move: re-homed to the receiver's pool if ``swapped``, else back to its donor."""
+    def finish_move(self, worker_id: str, *, loaded: int | None) -> None:
+        """End a worker's move: re-homed to the receiver's pool once it ``loaded`` the receiver's
+        weights at that version; back to its donor, untouched, when ``None`` (the swap failed)."""
         w = self._worker(worker_id, field="worker_id")
         if not w.moving_to:
             raise errors.Conflict(f"worker {worker_id!r} is not being moved")
-        if swapped:
+        if loaded is not None:
+            # Its last report still gives the donor's version: until the next one, what it loaded.
+            w.load.policy_version = loaded
             donor = self._agent_of(w)
             donor_shape = self.pool_shapes.get(w.info.pool, "")
             pools = sorted(p for p, a in self.pool_agents.items() if a == w.moving_to)
