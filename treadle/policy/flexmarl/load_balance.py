@@ -1,8 +1,10 @@
 """Hierarchical load balancing of multi-agent rollout (FlexMARL §5.2, Fig. 5).
 
-Called by the scheduler service (every request of an agent is dispatched with ``dispatch``; every
-poll runs ``expire`` and ``rebalance``), by the operator when a rebalance moves instances, and by
-the simulator.
+Called by the simulator (every level), and live by the placement service: every poll of
+``treadle.services.placement.rebalance.Rebalancer`` runs ``rebalance`` on the agents' measured
+queues (``PlacementService.plan_rebalance``). Live, a turn goes to a worker by placement's own
+sticky least-loaded policy within its agent's pools, not by ``dispatch``, and a lost turn is the
+scheduler's retry, not ``expire``.
 
 Level 1, intra-agent. Each agent's rollout manager keeps a min-heap of its instances' loads and
 sends a request to the least-loaded one. The load is the number of outstanding requests (ours; the
