@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from treadle.services.placement import client as placement_client
 from treadle.services.placement import rebalance
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import procs
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import buffer_pb2, placement_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
 LABEL = "SIMULATED ENGINE"
@@ -185,28 +185,35 @@ class TrainerLog:
 
 
 async def simulated_trainer(
-    services: Services, *, batch_size: int, out: TrainerLog, multi_agent: bool = False
+    services: Services, *, batch_size: int, out: TrainerLog, agents: Sequence[str] = ()
 ) -> None:
     """RollArt's per-iteration protocol without a gradient step, until cancelled.
 
-    ``multi_agent``: FlexMARL's unified update moves every agent to the next version together; each
-    engine's label names the agent it serves now (``rebalance.label``), as placement lists it. A worker
-    placement is moving is skipped: its move labels it with its new agent's version when it lands.
+    With several ``agents``, FlexMARL's unified update: each agent's trainer takes ``batch_size`` rows
+    from its own experience table, and once every agent has its batch all move to the next version
+    together. Each engine's label then names the agent it serves now (``rebalance.label``), as
+    placement lists it; a worker placement is moving is skipped: its move labels it with its new
+    agent's version when it lands.
     """
     buffer = buffer_client.BufferClient(services.buffer)
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
     placement = placement_client.PlacementClient(services.placement)
+    tables = list(agents) or [""]
     try:
         async with httpx.AsyncClient(timeout=10.0) as http:
             while True:
-                try:
-                    batch = await buffer.get_batch(batch_size=batch_size, version=out.version, timeout_s=1.0)
-                except TimeoutError:
-                    continue
+                got: dict[str, buffer_pb2.Batch] = {}
+                while len(got) < len(tables):
+                    for agent in tables:
+                        if agent not in got:
+                            with contextlib.suppress(TimeoutError):
+                                got[agent] = await buffer.get_batch(
+                                    batch_size=batch_size, version=out.version, timeout_s=1.0, agent=agent
+                                )
                 await scheduler.suspend()
                 out.version += 1
                 labels = {wid: str(out.version) for wid in services.engines}
-                if multi_agent:
+                if agents:
                     state = await placement.pool_state()
                     labels = {
                         w.worker.worker_id: rebalance.label(w.agent, out.version)
@@ -217,11 +224,12 @@ async def simulated_trainer(
                     await http.post(url + "/update_weight_version", json={"new_version": version_label})
                 await scheduler.commit_version(out.version)
                 await scheduler.resume()
-                await buffer.ack(batch.batch_id)
-                out.batches += 1
-                out.trajectories += len(batch.trajectories)
-                out.evicted_groups += batch.evicted_groups
-                out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
+                for batch in got.values():
+                    await buffer.ack(batch.batch_id)
+                    out.trajectories += len(batch.trajectories)
+                    out.evicted_groups += batch.evicted_groups
+                    out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
+                out.batches += len(got)
     finally:
         await buffer.aclose()
         await scheduler.aclose()
@@ -299,7 +307,7 @@ async def drive(
         asyncio.create_task(report_loads(services), name="load reporter"),
         asyncio.create_task(
             simulated_trainer(
-                services, batch_size=plan.config.batch_size, out=trainer, multi_agent=bool(plan.config.agents)
+                services, batch_size=plan.config.batch_size, out=trainer, agents=plan.config.agents
             ),
             name="trainer",
         ),
