@@ -14,22 +14,29 @@ returns the next one.
   cache is there); where the new plan disagrees, migration corrects them at their next tool call.
   Live engines give no profiled interference table, so ``I(s) = 1 + per_extra · (s - 1)`` (ours:
   monotone, as the paper's premise 3 requires) on identical workers.
-* **Slots** (ours): the paper's ``I(s)`` assumes a worker's whole group runs as one batch, but with
-  per-worker gates (``Settings.worker_slots``) at most ``c`` turns of a worker generate at once. A
-  group of ``s > c`` then runs ``c`` at a time in about ``s / c`` waves, so the table prices it
-  ``I_c(s) = I(min(s, c)) · max(1, s / c)`` (``slots``). Each wave is priced at the head's length,
-  an upper bound where the group's tail is short: the DP's cost is head × a function of size only,
-  so it cannot see a group's total work. A consequence: the wave price never moves long
-  trajectories *off* the first worker (splitting them gives the second group a long head, which
-  every one of its waves then pays); on skewed predictions it balances sizes and gives the first
-  worker *more* of the longest (128 log-normal predictions, c = 8: 23 instead of 16). Under a
-  global gate the service therefore passes no slots (a global gate may give all of them to one
-  worker's group): measured on ``bench/heddle_live.py`` with a global gate of 16 over 2 engines,
-  pricing an even share (c = 8) made full heddle ~3% slower.
+* **Slots** (ours): the paper's ``I(s)`` assumes a worker's whole group runs as one batch, but a
+  per-worker gate (``Settings.worker_slots`` = ``c``) runs at most ``c`` of it at once. A group of
+  ``s > c`` is priced ``I(c) · max(L_head, ΣL / c)`` (``presorted_dp.WorkerProfile.slots``): it
+  lasts at least its longest member and at least its total work spread over ``c`` slots. The
+  earlier price, ``s / c`` waves each as long as the head, charged a group of one long and many
+  short trajectories as if all were long. Under a global gate the scheduler passes no slots and
+  the group is priced as one batch (the paper's Eq. 2). Passing the whole gate ``G`` instead (any
+  one worker may get every slot) is the tighter bound and, on exact predictions, gives the first
+  worker of ``bench/heddle_live.py`` the 9 longest trajectories instead of 18; with the history
+  predictor's admission predictions, which shrink towards the task mean (1536 tokens predicted
+  674-889, 32 predicted 137-172), the work of the short ones looks 4-5x larger than it is and the
+  same price gives the first worker 43 of 128 (82 % of the turns), live 30-35 trajectories and
+  64-68 % of the turns, 12.3 turns running there against 3.5 on the other engine
+  (``bench/reports/heddle-live.md``). So a global gate keeps Eq. 2 until the predictor's spread
+  is right.
 * **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
   paper's Rust router).
 * **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if
-  the rank now falls in another worker's capacity interval, decides a move. The capacities come
+  the rank now falls in another worker's capacity interval, decides a move. The others'
+  predictions may be a turn older than this one, so peers up to this turn's context growth longer
+  count as possible ties (``migration.decide``'s ``stale_tokens``); without it equally long
+  trajectories slid one by one off their worker, each ranking last right after its own step (live:
+  the six longest all ended on one engine). The capacities come
   from the DP re-run over the active trajectories' latest predictions once every
   ``n_active / REPLAN_DIVISOR`` step boundaries (ours; the paper scales the admission-time sizes to
   avoid the DP's cost, and re-running it at every boundary costs ~15 ms at 1,024 trajectories, so
@@ -85,11 +92,10 @@ def profiles(
         raise SpecError("must be >= 0", field="per_extra", value=per_extra)
     if slots < 0:
         raise SpecError("must be >= 0", field="slots", value=slots)
-    c = slots or max(1, max_group)
-    table = tuple(
-        (1.0 + per_extra * (min(s, c) - 1)) * max(1.0, s / c) for s in range(1, max(1, max_group) + 1)
-    )
-    return [presorted_dp.WorkerProfile(worker_id=w, t_base=1.0, interference=table) for w in workers]
+    table = tuple(1.0 + per_extra * (s - 1) for s in range(1, max(1, max_group) + 1))
+    return [
+        presorted_dp.WorkerProfile(worker_id=w, t_base=1.0, interference=table, slots=slots) for w in workers
+    ]
 
 
 def place(
@@ -144,9 +150,11 @@ def on_step(
     if since >= max(1, len(state.entries) // REPLAN_DIVISOR):
         state, since = _replanned(state, trajectory_id, predicted_remaining, per_extra, slots), 0
     live = dataclasses.replace(live, since_plan=since)
+    # The others' predictions may be a turn older than this one: about what this turn added.
+    previous = state.entries[trajectory_id].context_tokens
     state, move = router.on_step(
         state, trajectory_id, predicted_remaining=predicted_remaining, context_tokens=context_tokens,
-        in_tool_call=True, cost=cost,
+        in_tool_call=True, cost=cost, stale_tokens=max(0, context_tokens - previous) if previous else 0,
     )  # fmt: skip
     state, _ = router.take_pending(state)
     if move is None:

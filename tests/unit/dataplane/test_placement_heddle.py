@@ -101,10 +101,10 @@ def test_unhealthy_routed_worker_falls_back_to_sticky_least_loaded() -> None:
     assert assign(svc, "t0") == ("w1", "least-loaded")
 
 
-@pytest.mark.parametrize(("worker_slots", "on_w0"), [(0, 1), (2, 2)], ids=["global-gate", "per-worker-slots"])
+@pytest.mark.parametrize(("worker_slots", "on_w0"), [(0, 1), (2, 3)], ids=["no-gate", "two-slots"])
 def test_dp_prices_the_per_worker_slots_the_scheduler_reports(worker_slots: int, on_w0: int) -> None:
     # the hand-checked case of tests/unit/policy/test_placement_heddle_slots.py: 2 slots per worker
-    # turn the slot-blind (1, 5) split into (2, 4)
+    # turn the slot-blind (1, 5) split into (3, 3)
     svc = make()
     place(svc, {"t0": 10.0, **{f"t{i}": 6.0 for i in range(1, 6)}}, worker_slots=worker_slots)
     workers = [assign(svc, f"t{i}")[0] for i in range(6)]

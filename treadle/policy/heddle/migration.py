@@ -120,10 +120,19 @@ def decide(
     cost: MigrationCost,
     predict_seconds: float = 0.0,
     max_exposed_s: float = math.inf,
+    stale_tokens: float = 0.0,
 ) -> Migration | None:
     """Whether ``trajectory_id`` should move now; ``None`` to stay.
 
     ``workers`` and ``capacities`` are the placement's groups in order (``Placement.groups``).
+
+    ``stale_tokens`` (ours; 0: the paper's rule): how far ahead the other trajectories' predictions
+    may be only because they were made up to a turn ago. The moving trajectory was just re-predicted,
+    so its remaining length has just dropped by a turn while its peers' have not yet; among equally
+    long trajectories it ranks last every time, and one by one they all slide out of the first
+    worker's interval (measured live: the six longest all ended on one worker). A peer predicted at
+    most ``stale_tokens`` longer is counted as possibly tied, and the trajectory stays if its worker's
+    interval has a rank for each of the tied ones already on that worker.
     """
     by_id = {a.trajectory_id: a for a in active}
     if trajectory_id not in by_id:
@@ -131,11 +140,26 @@ def decide(
     me = by_id[trajectory_id]
     if not me.in_tool_call:
         return None
+    if stale_tokens < 0:
+        raise SpecError("must be >= 0", field="stale_tokens", value=stale_tokens)
     ordered = sorted(active, key=lambda a: (-a.predicted_remaining, a.trajectory_id))
     rank = next(i for i, a in enumerate(ordered) if a.trajectory_id == trajectory_id)
-    target = target_worker(rank, workers, scaled_capacities(capacities, len(active)))
+    scaled = scaled_capacities(capacities, len(active))
+    target = target_worker(rank, workers, scaled)
     if target == me.worker_id:
         return None
+    if stale_tokens > 0 and me.worker_id in workers:
+        # The possible ties: at least as long, at most ``stale_tokens`` longer. They hold the ranks from
+        # ``best`` on, in some order; it stays if its worker's interval has a rank for each of them
+        # already there, so equally long trajectories still split the way the plan asks.
+        mine = me.predicted_remaining
+        best = sum(a.predicted_remaining > mine + stale_tokens for a in active)
+        tied = [a for a in active if mine <= a.predicted_remaining <= mine + stale_tokens]
+        j = list(workers).index(me.worker_id)
+        start = sum(scaled[:j])
+        room = max(0, min(start + scaled[j], best + len(tied)) - max(start, best))
+        if sum(a.worker_id == me.worker_id for a in tied) <= room:
+            return None
     exposed = cost.exposed_seconds(
         me.context_tokens, tool_seconds=me.expected_tool_seconds, predict_seconds=predict_seconds
     )

@@ -34,6 +34,14 @@ bound) many partitions tie, including one that packs everything onto the first w
 therefore places by ``balanced``: at the optimal bound, each worker takes an even share of what is
 left, clamped to what fits and to what the later workers cannot absorb (ours).
 
+Slots (ours): a worker behind a gate of ``c`` slots (``WorkerProfile.slots``) runs at most ``c``
+of its group at once, so a group of ``s > c`` costs ``I(c) · t_base · max(L_head, ΣL / c)``: it
+lasts at least as long as its longest member and as its total work spread over the slots (a lower
+bound; list scheduling is within 4/3 of it). The cost still grows with the group's end and falls
+with its start, so the search below is unchanged and exact over contiguous partitions, but Lemma
+5.1 no longer holds (a long member can pay for short ones beside it), so contiguity is now our
+restriction, not the optimum's shape. ``slots = 0`` is Eq. (2) as written.
+
 ``I`` comes as a table per worker: ``interference_by_simulation`` follows the paper (simulate a
 group's continuous-batching execution from profiled step times); ``interference_from_step_times``
 is the crude closed form, an upper bound.
@@ -74,6 +82,8 @@ class WorkerProfile:
     interference: tuple[float, ...]
     """``I(s)`` for groups of ``s = 1..len`` trajectories, non-decreasing; larger groups do not fit."""
     tp: int = 1
+    slots: int = 0
+    """Trajectories the worker generates at once (its gate); 0: its whole group at once (Eq. 2)."""
 
     def __post_init__(self) -> None:
         # checked once here rather than on every plan: tables are long and plans are hot
@@ -86,6 +96,8 @@ class WorkerProfile:
             raise SpecError("must be non-decreasing in group size", field="interference", value=table)
         if self.tp < 1:
             raise SpecError("must be at least 1", field="tp", value=self.tp)
+        if self.slots < 0:
+            raise SpecError("must be >= 0", field="slots", value=self.slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,15 +236,16 @@ def plan(
     items = _items(ordered, merge)
     lengths = [ordered[first].predicted_length for first, _ in items]
     counts = [count for _, count in items]
-    optimum = (solve_dp if exact_dp else solve)(lengths, counts, ordered_workers).makespan
-    part = balanced(optimum, lengths, counts, ordered_workers)
+    totals = [math.fsum(t.predicted_length for t in ordered[first : first + count]) for first, count in items]
+    optimum = (solve_dp if exact_dp else solve)(lengths, counts, ordered_workers, totals=totals).makespan
+    part = balanced(optimum, lengths, counts, ordered_workers, totals=totals)
+    costs = group_costs(part, lengths, counts, ordered_workers, totals=totals)
     groups: list[Group] = []
     start = 0
-    for worker, end in zip(ordered_workers, part.ends, strict=True):
+    for worker, end, cost in zip(ordered_workers, part.ends, costs, strict=True):
         first = items[start][0] if start < len(items) else len(ordered)
         last = items[end][0] if end < len(items) else len(ordered)
         ids = tuple(map(_ID, ordered[first:last]))
-        cost = _cost(worker, ordered[first].predicted_length, last - first) if ids else 0.0
         groups.append(Group(worker_id=worker.worker_id, trajectory_ids=ids, cost=cost))
         start = end
     return Placement(groups=tuple(groups), makespan=part.makespan, order=tuple(map(_ID, ordered)))
@@ -253,13 +266,23 @@ def sort_workers(workers: Sequence[WorkerProfile]) -> list[WorkerProfile]:
     return sorted(workers, key=lambda w: (-w.tp, w.t_base, w.worker_id))
 
 
-def solve(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]) -> Partition:
-    """Optimal contiguous partition of items (sorted descending) by parametric search; see module doc."""
-    prefix = _prefix(counts)
-    ends, covered, _, high = _greedy(math.inf, lengths, prefix, workers)
+def solve(
+    lengths: Sequence[float],
+    counts: Sequence[int],
+    workers: Sequence[WorkerProfile],
+    *,
+    totals: Sequence[float] | None = None,
+) -> Partition:
+    """Optimal contiguous partition of items (sorted descending) by parametric search; see module doc.
+
+    ``totals``: each item's summed member lengths (a merged block's), priced by workers with
+    ``slots``; by default every member is taken as long as the item's head.
+    """
+    items = _Items.of(lengths, counts, totals)
+    ends, covered, _, high = _greedy(math.inf, items, workers)
     if not covered:
         raise SpecError(
-            f"{prefix[-1]} trajectories exceed the workers' largest groups",
+            f"{items.prefix[-1]} trajectories exceed the workers' largest groups",
             field="workers",
             value=len(workers),
         )
@@ -271,7 +294,7 @@ def solve(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[Wor
         if low >= high:
             break
         mid = (low + high) / 2
-        ends, covered, next_event, makespan = _greedy(mid, lengths, prefix, workers)
+        ends, covered, next_event, makespan = _greedy(mid, items, workers)
         if covered:
             high, best = makespan, ends
         else:
@@ -280,7 +303,12 @@ def solve(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[Wor
 
 
 def balanced(
-    bound: float, lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]
+    bound: float,
+    lengths: Sequence[float],
+    counts: Sequence[int],
+    workers: Sequence[WorkerProfile],
+    *,
+    totals: Sequence[float] | None = None,
 ) -> Partition:
     """Among the partitions whose every group costs at most ``bound``, the one with the most even sizes.
 
@@ -290,19 +318,20 @@ def balanced(
     to what fits under ``bound`` (the forward reach) and to what the later workers need taken off
     their hands (the backward greedy's minimal end), so feasibility is kept at every step.
     """
-    prefix = _prefix(counts)
+    items = _Items.of(lengths, counts, totals)
+    prefix = items.prefix
     n = len(lengths)
-    lows = _backward_lows(bound, lengths, prefix, workers)
+    lows = _backward_lows(bound, items, workers)
     ends: list[int] = []
     start = 0
     makespan = 0.0
     for j, worker in enumerate(workers):
-        reach = _reach(bound, worker, lengths, prefix, start)
+        reach = _reach(bound, worker, items, start)
         share = -(-(prefix[n] - prefix[start]) // (len(workers) - j))
         even = bisect.bisect_right(prefix, prefix[start] + share, start, n + 1) - 1
         end = max(lows[j], min(reach, even))
         if end > start:
-            makespan = max(makespan, _cost(worker, lengths[start], prefix[end] - prefix[start]))
+            makespan = max(makespan, items.cost(worker, start, end))
         ends.append(end)
         start = end
     if start < n:
@@ -311,34 +340,45 @@ def balanced(
 
 
 def group_costs(
-    partition: Partition, lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]
+    partition: Partition,
+    lengths: Sequence[float],
+    counts: Sequence[int],
+    workers: Sequence[WorkerProfile],
+    *,
+    totals: Sequence[float] | None = None,
 ) -> list[float]:
     """Predicted time of every worker's group under ``partition`` (0 for an empty one)."""
-    prefix = _prefix(counts)
+    items = _Items.of(lengths, counts, totals)
     out: list[float] = []
     start = 0
     for worker, end in zip(workers, partition.ends, strict=True):
-        out.append(_cost(worker, lengths[start], prefix[end] - prefix[start]) if end > start else 0.0)
+        out.append(items.cost(worker, start, end) if end > start else 0.0)
         start = end
     return out
 
 
-def solve_dp(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[WorkerProfile]) -> Partition:
+def solve_dp(
+    lengths: Sequence[float],
+    counts: Sequence[int],
+    workers: Sequence[WorkerProfile],
+    *,
+    totals: Sequence[float] | None = None,
+) -> Partition:
     """Eq. (3) with back-pointers, ``O(n · m · log n)``.
 
     ``D[k][j-1]`` grows with ``k`` and the new group's cost shrinks with ``k`` (a later head is
     shorter and the group smaller), so the best split sits where they cross: a binary search, not a
     scan over every ``k``.
     """
-    prefix = _prefix(counts)
+    items = _Items.of(lengths, counts, totals)
+    prefix = items.prefix
     n = len(lengths)
     previous = [0.0] + [math.inf] * n  # D[i][0]: nothing fits on zero workers
     splits: list[list[int]] = []
     for worker in workers:
 
         def group_cost(k: int, i: int, worker: WorkerProfile = worker) -> float:
-            size = prefix[i] - prefix[k]
-            return 0.0 if size == 0 else _cost(worker, lengths[k], size)
+            return 0.0 if k == i else items.cost(worker, k, i)
 
         current = [0.0] * (n + 1)
         back = [0] * (n + 1)
@@ -367,55 +407,70 @@ def solve_dp(lengths: Sequence[float], counts: Sequence[int], workers: Sequence[
 
 
 def _greedy(
-    bound: float, lengths: Sequence[float], prefix: Sequence[int], workers: Sequence[WorkerProfile]
+    bound: float, items: _Items, workers: Sequence[WorkerProfile]
 ) -> tuple[list[int], bool, float, float]:
     """Fill workers in order under ``bound``: (ends, all placed, next candidate bound, makespan)."""
-    n = len(lengths)
+    n = len(items.lengths)
+    prefix = items.prefix
     start = 0
     ends: list[int] = []
     next_event = math.inf
     makespan = 0.0
     for worker in workers:
-        end = _reach(bound, worker, lengths, prefix, start)
+        end = _reach(bound, worker, items, start)
         if start < n:
-            table = worker.interference
-            head = lengths[start] * worker.t_base
-            if end < n and prefix[end + 1] - prefix[start] <= len(table):
+            if end < n and prefix[end + 1] - prefix[start] <= len(worker.interference):
                 # the bound at which this worker could take one more item
-                next_event = min(next_event, head * table[prefix[end + 1] - prefix[start] - 1])
+                next_event = min(next_event, items.cost(worker, start, end + 1))
             if end > start:
-                makespan = max(makespan, head * table[prefix[end] - prefix[start] - 1])
+                makespan = max(makespan, items.cost(worker, start, end))
         ends.append(end)
         start = end
     return ends, start >= n, next_event, makespan
 
 
-def _reach(
-    bound: float, worker: WorkerProfile, lengths: Sequence[float], prefix: Sequence[int], start: int
-) -> int:
+def _reach(bound: float, worker: WorkerProfile, items: _Items, start: int) -> int:
     """The furthest item end a group starting at ``start`` on ``worker`` reaches under ``bound``."""
+    lengths, prefix = items.lengths, items.prefix
     n = len(lengths)
     if start >= n:
         return n
     table = worker.interference
     head = lengths[start] * worker.t_base
+    # sizes whose head term fits: I(min(s, c)) · head <= bound, so every size once I(c) · head does
+    running = min(worker.slots, len(table)) if worker.slots else len(table)
     if head <= 0:
-        fit = len(table)
+        fit = running
     else:
-        fit = bisect.bisect_right(table, bound / head)
+        fit = bisect.bisect_right(table, bound / head, 0, running)
         # the division can round either way; settle the boundary with the product itself
-        while fit < len(table) and head * table[fit] <= bound:
+        while fit < running and head * table[fit] <= bound:
             fit += 1
         while fit > 0 and head * table[fit - 1] > bound:
             fit -= 1
-    return bisect.bisect_right(prefix, prefix[start] + fit, start, n + 1) - 1
+    if fit < running:
+        return bisect.bisect_right(prefix, prefix[start] + fit, start, n + 1) - 1
+    end = bisect.bisect_right(prefix, prefix[start] + len(table), start, n + 1) - 1
+    if 0 < worker.slots < len(table) and end > start:
+        # and the waves term: I(c) · t_base · total / c <= bound
+        per_slot = bound * worker.slots / (table[running - 1] * worker.t_base)
+        end = min(
+            end, max(start, bisect.bisect_right(items.sums, items.sums[start] + per_slot, start, n + 1) - 1)
+        )
+        while end > start and items.cost(worker, start, end) > bound:
+            end -= 1
+        while (
+            end < n
+            and prefix[end + 1] - prefix[start] <= len(table)
+            and items.cost(worker, start, end + 1) <= bound
+        ):
+            end += 1
+    return end
 
 
-def _backward_lows(
-    bound: float, lengths: Sequence[float], prefix: Sequence[int], workers: Sequence[WorkerProfile]
-) -> list[int]:
+def _backward_lows(bound: float, items: _Items, workers: Sequence[WorkerProfile]) -> list[int]:
     """``lows[j]``: the smallest end of worker ``j`` that leaves the rest coverable by workers ``j+1..``."""
-    n = len(lengths)
+    n = len(items.lengths)
     lows = [n] * len(workers)
     end = n
     for j in range(len(workers) - 1, 0, -1):
@@ -423,7 +478,7 @@ def _backward_lows(
         lo, hi = 0, end  # smallest start a with cost(a, end) <= bound; cost falls as a grows
         while lo < hi:
             mid = (lo + hi) // 2
-            if _cost(worker, lengths[mid], prefix[end] - prefix[mid]) <= bound:
+            if items.cost(worker, mid, end) <= bound:
                 hi = mid
             else:
                 lo = mid + 1
@@ -432,10 +487,36 @@ def _backward_lows(
     return lows
 
 
-def _cost(worker: WorkerProfile, head_length: float, size: int) -> float:
-    if size > len(worker.interference):
+@dataclasses.dataclass(frozen=True)
+class _Items:
+    """The sorted items with running sums: member counts and summed member lengths."""
+
+    lengths: Sequence[float]
+    """Each item's head (longest member) length."""
+    prefix: list[int]
+    sums: list[float]
+
+    @staticmethod
+    def of(lengths: Sequence[float], counts: Sequence[int], totals: Sequence[float] | None) -> _Items:
+        if totals is None:
+            totals = [x * c for x, c in zip(lengths, counts, strict=True)]
+        return _Items(lengths, _prefix(counts), list(itertools.accumulate(totals, initial=0.0)))
+
+    def cost(self, worker: WorkerProfile, start: int, end: int) -> float:
+        """Predicted time of items ``start..end-1`` (at least one) as one group on ``worker``."""
+        size = self.prefix[end] - self.prefix[start]
+        return _cost(worker, self.lengths[start], size, self.sums[end] - self.sums[start])
+
+
+def _cost(worker: WorkerProfile, head_length: float, size: int, total_length: float) -> float:
+    """``I(s) · t_base · L_head``; past ``c`` slots ``I(c) · t_base · max(L_head, ΣL / c)`` (module doc)."""
+    table = worker.interference
+    if size > len(table):
         return math.inf
-    return head_length * worker.t_base * worker.interference[size - 1]
+    c = worker.slots
+    if c and size > c:
+        return worker.t_base * table[c - 1] * max(head_length, total_length / c)
+    return head_length * worker.t_base * table[size - 1]
 
 
 def _prefix(counts: Sequence[int]) -> list[int]:

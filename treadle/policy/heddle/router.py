@@ -95,8 +95,12 @@ def on_step(
     cost: migration.MigrationCost = migration.MigrationCost(),  # noqa: B008 - frozen, shared safely
     predict_seconds: float = 0.0,
     max_exposed_s: float = math.inf,
+    stale_tokens: float = 0.0,
 ) -> tuple[RouterState, migration.Migration | None]:
-    """Record a new prediction; the migration it triggers, if any (already reflected in the state)."""
+    """Record a new prediction; the migration it triggers, if any (already reflected in the state).
+
+    ``stale_tokens``: see ``migration.decide``.
+    """
     if not (predicted_remaining >= 0 and math.isfinite(predicted_remaining)):
         raise SpecError(
             "must be a finite number >= 0", field="predicted_remaining", value=predicted_remaining
@@ -125,6 +129,7 @@ def on_step(
         cost=cost,
         predict_seconds=predict_seconds,
         max_exposed_s=max_exposed_s,
+        stale_tokens=stale_tokens,
     )
     pending = state.pending
     if move is not None:

@@ -119,6 +119,33 @@ def test_decide_unknown_trajectory() -> None:
     assert err.value.field == "trajectory_id"
 
 
+def decide_two(me: str, active: list[migration.Active], caps: tuple[int, int], stale: float) -> str | None:
+    move = migration.decide(
+        me, active, workers=("w0", "w1"), capacities=caps, cost=migration.MigrationCost(), stale_tokens=stale
+    )
+    return None if move is None else move.target
+
+
+def test_a_fresh_prediction_does_not_slide_below_stale_equals() -> None:
+    # a was just re-predicted (100, a turn of 32 tokens less); c's 105 is a turn old. By rank a is
+    # third (b 120, c 105, a 100), outside w0's two ranks: the paper's rule moves it, and c moves
+    # back at its own next step, and so on. Counting c as a possible tie (100 <= 105 <= 132), the
+    # ranks 0..2 go to {a, b, c}, w0 has two of them and two of those ranks: a stays.
+    active = [A("a", "w0", 100, 0, True), A("b", "w0", 120, 0), A("c", "w1", 105, 0), A("d", "w1", 10, 0)]
+    assert decide_two("a", active, (2, 2), 0.0) == "w1"
+    assert decide_two("a", active, (2, 2), 32.0) is None
+
+
+def test_equally_long_trajectories_still_split_as_planned() -> None:
+    # four alike on w0, the plan gives each worker two: w0 holds four of the tied ranks, has room for
+    # two, so the one just re-predicted still moves.
+    active = [A("a", "w0", 90, 0, True), A("b", "w0", 100, 0), A("c", "w0", 100, 0), A("d", "w0", 100, 0)]
+    assert decide_two("a", active, (2, 2), 32.0) == "w1"
+    with pytest.raises(SpecError) as err:
+        decide_two("a", active, (2, 2), -1.0)
+    assert err.value.field == "stale_tokens"
+
+
 def mig(t: str, src: str, dst: str, length: float) -> migration.Migration:
     return M(t, src, dst, length, 0.1, 0.0)
 

@@ -154,6 +154,71 @@ def test_placement_invariants_with_merging(lengths: list[int], m: int, below: in
         assert len({by_worker[t] for t in order[start : start + block]}) == 1
 
 
+def slot_cost(group: list[float], w: dp.WorkerProfile) -> float:
+    """A group's time, written out: all at once up to ``c``, past it ``I(c) · max(L_head, ΣL / c)``."""
+    if len(group) > len(w.interference):
+        return math.inf
+    if w.slots and len(group) > w.slots:
+        return w.t_base * w.interference[w.slots - 1] * max(max(group), sum(group) / w.slots)
+    return max(group) * w.t_base * w.interference[len(group) - 1]
+
+
+def test_hand_checked_slots_price_a_group_by_its_total_work() -> None:
+    # I(s) = 1 + 0.1 (s - 1), 2 slots per worker; lengths 10, 10, 10 and eight 1s.
+    table = tuple(1.0 + 0.1 * s for s in range(11))
+    ws = [dp.WorkerProfile(f"w{j}", 1.0, table, slots=2) for j in range(2)]
+    ts = trajs(10, 10, 10, *[1] * 8)
+    # (2, 9): w0 {10, 10} = 10 · I(2) = 11; w1 {10, 1 x 8} = I(2) · max(10, 18 / 2) = 11: the 10 holds
+    # one slot while the 1s take turns in the other. (3, 8): w0 = 1.1 · max(10, 30 / 2) = 16.5.
+    # (1, 10): w1 = 1.1 · max(10, 28 / 2) = 15.4. Slot-blind, w1's ten would cost 10 · I(10) = 19.
+    for exact in (False, True):
+        placed = dp.plan(ts, ws, exact_dp=exact)
+        assert placed.capacities() == (2, 9)
+        assert placed.makespan == pytest.approx(11.0)
+        assert [g.cost for g in placed.groups] == pytest.approx([11.0, 11.0])
+    # a merged block counts its members' own lengths, not its head's times its size
+    merged = dp.plan(ts, ws, merge=dp.Merge(below=5, block=4))
+    assert merged.capacities() == (2, 9) and merged.makespan == pytest.approx(11.0)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 50), min_size=1, max_size=7),
+    specs=st.lists(
+        st.tuples(
+            st.sampled_from([0.5, 1.0]), st.integers(2, 7), st.sampled_from([0.1, 1.0]), st.integers(0, 3)
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_slots_equal_brute_force_over_contiguous_splits(
+    lengths: list[int], specs: list[tuple[float, int, float, int]]
+) -> None:
+    ws = [
+        dp.WorkerProfile(f"w{j}", t, tuple(1.0 + slope * s for s in range(size)), slots=c)
+        for j, (t, size, slope, c) in enumerate(specs)
+    ]
+    ordered = sorted((float(x) for x in lengths), reverse=True)
+    n, want = len(ordered), math.inf
+    for cuts in itertools.combinations_with_replacement(range(n + 1), len(ws) - 1):
+        bounds = list(itertools.pairwise([0, *cuts, n]))
+        want = min(
+            want,
+            max(slot_cost(ordered[a:b], w) if b > a else 0.0 for w, (a, b) in zip(ws, bounds, strict=True)),
+        )
+    ones = [1] * n
+    if math.isinf(want):
+        with pytest.raises(SpecError):
+            dp.solve(ordered, ones, ws)
+        return
+    got = dp.solve(ordered, ones, ws)
+    assert got.makespan == pytest.approx(want)
+    assert dp.solve_dp(ordered, ones, ws).makespan == pytest.approx(want)
+    part = dp.balanced(got.makespan, ordered, ones, ws)
+    assert max(dp.group_costs(part, ordered, ones, ws)) <= got.makespan * (1 + 1e-12)
+
+
 def test_interference_from_step_times() -> None:
     # steps 1.0, 1.2, 1.5 at batch 1..3; beyond B = 3 the head waits in waves: s / 3
     assert dp.interference_from_step_times([1.0, 1.2, 1.5], max_group=6) == pytest.approx(
