@@ -13,9 +13,11 @@ reason in its log instead of running half-configured.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import socket
 import sys
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -160,6 +162,30 @@ def advertised_host(bind_host: str) -> str:
         return bind_host
     # The kubelet writes the pod's IP for its hostname into /etc/hosts.
     return socket.gethostbyname(socket.gethostname())
+
+
+def peer_url(url: str, *, beside: str) -> str:
+    """``url`` as another pod dials it: a loopback host becomes the host of ``beside``.
+
+    The agent reaches its engine at ``127.0.0.1`` (both containers share the pod's network) but
+    placement, in another pod, must dial the pod's IP, which the agent already advertises in its
+    own URL (``beside``); vLLM binds ``0.0.0.0``, so the engine answers there too.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return url
+    peer = urllib.parse.urlsplit(beside).hostname or ""
+    if not peer:
+        raise errors.SpecError("must be an http(s)://host[:port] URL", field="beside", value=beside)
+    netloc = f"[{peer}]" if ":" in peer else peer
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def or_exit(build: Callable[[], T], *, prog: str) -> T:

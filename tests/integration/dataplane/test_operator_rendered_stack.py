@@ -5,7 +5,8 @@ ConfigMap's files are written to a directory standing in for ``/etc/treadle``, a
 cluster provides is rewritten: in-cluster addresses become free 127.0.0.1 ports, ``0.0.0.0``
 becomes 127.0.0.1, and ``python`` this interpreter. The vLLM container is replaced by the
 SIMULATED engine on the port the agent is told about. Trajectories must land in the real Redis
-under the job's key prefix, and the agent must have registered itself with placement.
+under the job's key prefix, and the agent must have registered itself with placement. A two-agent
+job, rendered and run the same way, must move a worker between agents (inter-agent rebalancing).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 import yaml
@@ -24,7 +26,9 @@ import yaml
 from treadle.api import v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config, render
+from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
+from treadle.services.placement import rebalance
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import procs
 from treadle.testing import redis_server as redis_server_mod
@@ -192,3 +196,148 @@ async def test_scheduler_without_its_config_fails_at_startup(tmp_path: Path, dro
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2
     assert f"configuration error: {field}: not set" in err.decode()
+
+
+VERSION = {"planner": 3, "executor": 5}
+"""Each agent's weights as the trainer labelled its engines (distinct, so a misplaced turn shows)."""
+
+
+def two_agent_job() -> v1alpha1.RolloutJob:
+    """One planner and two executor replicas of one instance shape, taking turns in one task."""
+    agent = {"model": "Qwen/Qwen2.5-7B-Instruct", "maxModelLen": 4096}
+    return v1alpha1.parse_job({
+        "apiVersion": "treadle.dev/v1alpha1", "kind": "RolloutJob",
+        "metadata": {"name": "marl", "namespace": NAMESPACE},
+        "spec": {
+            "agents": [{"name": "planner", **agent}, {"name": "executor", **agent}],
+            "pools": [
+                {"name": "plan", "agent": "planner", "accelerator": "H20", "replicas": 1},
+                {"name": "exec", "agent": "executor", "accelerator": "H20", "replicas": 2},
+            ],
+            "tasks": [{"name": "pe", "agents": ["planner", "executor"], "environment": "math-tool",
+                       "reward": "math", "groupSize": 4, "maxTurns": 6}],
+            "rollout": {"batchSize": 8, "staleness": 8},
+            "weights": {"store": "local", "replicas": 1},
+        },
+    })  # fmt: skip
+
+
+async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
+    tmp_path: Path, redis_server: redis_server_mod.RedisServer
+) -> None:
+    """Cluster-mode rebalancing: every worker registers itself (its agent's reporter, from the pod's
+    ``TREADLE_POOL`` and ``TREADLE_ENGINE_URL``), and placement, started from its rendered container
+    alone, moves an executor worker to the planner, whose one worker holds the longer queue."""
+    job = two_agent_job()
+    children = render.render_children(job, config.OperatorConfig(redis_url="redis://placeholder"))
+    config_dir = mount_configmap(children, tmp_path)
+    rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
+    by_name: dict[str, dict[str, Any]] = {}
+    pods: dict[str, dict[str, dict[str, Any]]] = {}
+    for child in children:
+        if child["kind"] == "Deployment":
+            named = {c["name"]: c for c in child["spec"]["template"]["spec"]["containers"]}
+            pods[child["metadata"]["name"]] = named
+            by_name |= named
+    redis = aioredis.Redis.from_url(redis_server.url, protocol=2)
+    prefix = f"{NAMESPACE}/{job.name}"
+    await redis.delete(*[k async for k in redis.scan_iter(f"treadle:buf:{{{prefix}}}:*")] or ["-"])
+
+    with stack_mod.Stack(tmp_path / "run") as stack:
+        for name in ("buffer", "placement", "env", "reward"):
+            argv, port = rw.command(by_name[name])
+            kind = "grpc" if name in render.COORDINATION else "http"
+            await stack.launch(name, argv, port=port, kind=kind, env=rw.env(by_name[name]))
+        # One pod per replica; each has its own loopback, so each engine and agent gets its own ports.
+        engines: dict[str, str] = {}
+        home: dict[str, str] = {}
+        for pool in job.spec.pools:
+            pod = pods[render.child_name(job, "pool", pool.name)]
+            for i in range(pool.replicas):
+                worker = f"{pool.name}-{i}"  # the pod's name, which the agent takes as its worker id
+                engine_port, agent_port = procs.free_port(), procs.free_port()
+                await stack.launch(
+                    f"engine-{worker}",
+                    [sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1",
+                     "--port", str(engine_port), "--max-model-len", "4096", "--max-num-seqs", "2",
+                     "--step-ms", "2"],
+                    port=engine_port, kind="http", health_path="/health",
+                )  # fmt: skip
+                argv, _ = rw.command(pod["agent"])
+                argv[argv.index("--port") + 1] = str(agent_port)
+                env = rw.env(pod["agent"])
+                assert env["TREADLE_POOL"] == pool.name
+                assert env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{rw.ports['vllm']}"
+                env["TREADLE_ENGINE_URL"] = f"http://127.0.0.1:{engine_port}"
+                await stack.launch(
+                    f"agent-{worker}", [*argv, "--worker-id", worker], port=agent_port, kind="http", env=env
+                )
+                engines[worker] = f"http://127.0.0.1:{engine_port}"
+                home[worker] = pool.agent
+        sched_argv, sched_port = rw.command(by_name["scheduler"])
+        await stack.launch(
+            "scheduler", sched_argv, port=sched_port, kind="grpc", env=rw.env(by_name["scheduler"])
+        )
+
+        placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}")
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
+        buffer = buffer_client.BufferClient(f"127.0.0.1:{rw.ports['buffer']}")
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                for worker, url in engines.items():  # the trainer's part: each agent's weights loaded
+                    label = rebalance.label(home[worker], VERSION[home[worker]])
+                    await http.post(url + "/update_weight_version", json={"new_version": label})
+            deadline = time.monotonic() + 30
+            while True:
+                state = await placement.pool_state()
+                if len(state.workers) == len(engines) and {a.weight_version for a in state.agents} == set(
+                    VERSION.values()
+                ):
+                    break
+                assert time.monotonic() < deadline, f"{state}\n{stack.procs['placement'].tail()}"
+                await asyncio.sleep(0.1)
+            # Each agent registered its engine at the address placement dials to swap its weights.
+            assert {w.worker.worker_id: w.worker.engine_address for w in state.workers} == engines
+
+            groups = 12
+            await scheduler.submit(
+                [scheduler_pb2.PromptGroup(group_id=f"g{i}", task="pe", seed=i) for i in range(groups)]
+            )
+            deadline = time.monotonic() + 240
+            while True:
+                stats = await scheduler.stats()
+                if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+                    break
+                assert time.monotonic() < deadline, f"{stats}\n{stack.procs['placement'].tail()}"
+                await asyncio.sleep(0.2)
+            assert stats.completed == stats.submitted == groups * 4, dict(stats.failed_by_reason)
+
+            pools = await placement.pool_state()
+            assert pools.rebalance_moves >= 1, stack.procs["placement"].tail()
+            assert {a.agent: a.moved_in for a in pools.agents}["planner"] >= 1
+            assert all(a.instances >= 1 for a in pools.agents)
+            now = {w.worker.worker_id: w.agent for w in pools.workers}
+            async with httpx.AsyncClient(timeout=10) as http:
+                labels = {w: (await http.get(url + "/weight_info")).json()["weight_version"]
+                          for w, url in engines.items()}  # fmt: skip
+            # Every engine carries the weights of the agent it serves now, moved or not.
+            assert labels == {w: rebalance.label(agent, VERSION[agent]) for w, agent in now.items()}
+            # A moved worker served its new agent's turns, tagged with that agent's version.
+            batch = await buffer.get_batch(
+                batch_size=stats.completed, version=0, timeout_s=10, agent="planner"
+            )
+            moved = {
+                x.worker_id
+                for t in batch.trajectories
+                for x in t.turns
+                if home[x.worker_id] != "planner" and set(x.output_versions) == {VERSION["planner"]}
+            }
+            assert moved, "no moved worker served the planner: the move proves nothing"
+            assert all(
+                set(x.output_versions) == {VERSION["planner"]} for t in batch.trajectories for x in t.turns
+            )
+        finally:
+            await placement.aclose()
+            await scheduler.aclose()
+            await buffer.aclose()
+    await redis.aclose()

@@ -37,6 +37,8 @@ async def test_register_report_and_register_again_after_a_placement_restart() ->
             3,
             True,
         )
+        # The engine beside the agent, at the pod's address: what rebalancing dials to swap weights.
+        assert state.worker.engine_address == "http://10.0.0.7:9"
         # Placement restarts on the same port with nothing registered.
         await served.stop(None)
         second = new_placement()

@@ -133,6 +133,21 @@ def test_a_bound_host_is_advertised_as_is() -> None:
     assert podenv.advertised_host("127.0.0.1") == "127.0.0.1"
 
 
+@pytest.mark.parametrize(
+    ("url", "beside", "want"),
+    [
+        ("http://127.0.0.1:8000", "http://10.1.2.3:8200", "http://10.1.2.3:8000"),
+        ("http://localhost:8000/", "http://10.1.2.3:8200", "http://10.1.2.3:8000/"),
+        ("http://[::1]:8000", "http://[fd00::7]:8200", "http://[fd00::7]:8000"),
+        ("http://engine.team-a.svc:8000", "http://10.1.2.3:8200", "http://engine.team-a.svc:8000"),
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8200", "http://127.0.0.1:8000"),
+    ],
+    ids=["pod-ip", "localhost", "ipv6", "not-loopback", "both-local"],
+)
+def test_a_loopback_engine_is_dialled_at_the_agents_host(url: str, beside: str, want: str) -> None:
+    assert podenv.peer_url(url, beside=beside) == want
+
+
 class Backlog:
     def __init__(self, values: list[int]) -> None:
         self.values = values

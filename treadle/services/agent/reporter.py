@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 from treadle import errors
+from treadle.services import podenv
 from treadle.services.agent import service
 from treadle.services.placement import client as placement_client
 from treadle.v1 import placement_pb2
@@ -26,7 +27,11 @@ class LoadReporter:
         self, *, svc: service.AgentService, placement: str, pool: str, address: str, interval_s: float
     ) -> None:
         self.svc = svc
-        self.worker = placement_pb2.Worker(worker_id=svc.worker_id, pool=pool, address=address)
+        # The engine's address lets placement move this worker to another agent (rebalancing).
+        engine = podenv.peer_url(svc.engine.base_url, beside=address)
+        self.worker = placement_pb2.Worker(
+            worker_id=svc.worker_id, pool=pool, address=address, engine_address=engine
+        )
         self.interval_s = interval_s
         self.placement = placement
         # A grpc.aio channel belongs to the loop it was made in: made on first use, inside the server's.

@@ -31,8 +31,9 @@ weight store first (``treadle.trainer.engines.EngineSwapper``'s ``treadle_weight
 ``HttpSwapper`` does when built with ``apply_weights=True``; that path is not exercised by a test here.
 A trainer that swaps a moving worker itself races with the move; local mode's simulated trainer
 skips workers placement lists as moving (``WorkerState.moving_to``), which leaves a window of a few
-milliseconds (it reads the list, then labels). In a cluster nothing yet registers a worker's engine
-address with placement (the agent's reporter does not know it), so no worker is ever moved there.
+milliseconds (it reads the list, then labels). In a cluster each agent registers its engine's
+address (``agent.reporter``: the pod's IP and vLLM's port); a worker registered without one is
+never moved.
 """
 
 from __future__ import annotations
