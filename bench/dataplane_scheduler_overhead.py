@@ -255,11 +255,13 @@ class Timed:
 
 
 class GcPauses:
-    """Cyclic-GC pauses of this process while installed (``gc.callbacks``), per generation."""
+    """Cyclic-GC pauses of this process while installed (``gc.callbacks``), per generation: wall time
+    (what a turn waits; it includes time the OS ran other processes) and this thread's CPU time."""
 
     def __init__(self) -> None:
         self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
-        self._began = 0.0
+        self.cpu_s = {0: 0.0, 1: 0.0, 2: 0.0}
+        self._began = self._began_cpu = 0.0
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self._callback)
@@ -270,13 +272,19 @@ class GcPauses:
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._began = time.perf_counter()
+            self._began, self._began_cpu = time.perf_counter(), time.thread_time()
         else:
             self.pauses[info["generation"]].append(time.perf_counter() - self._began)
+            self.cpu_s[info["generation"]] += time.thread_time() - self._began_cpu
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {
-            f"gen{g}": {"count": len(p), "total_ms": 1e3 * sum(p), "max_ms": 1e3 * max(p, default=0.0)}
+            f"gen{g}": {
+                "count": len(p),
+                "total_ms": 1e3 * sum(p),
+                "max_ms": 1e3 * max(p, default=0.0),
+                "cpu_ms": 1e3 * self.cpu_s[g],
+            }
             for g, p in self.pauses.items()
         }
 
@@ -445,7 +453,8 @@ async def main(cfg: Config) -> dict[str, Any]:
         f"GC pauses of this process: gen2 {gcs['gen2']['count']:.0f} x, max {gcs['gen2']['max_ms']:.1f} ms, "
         f"total {gcs['gen2']['total_ms']:.0f} ms; gen0+1 total "
         f"{gcs['gen0']['total_ms'] + gcs['gen1']['total_ms']:.0f} ms, max "
-        f"{max(gcs['gen0']['max_ms'], gcs['gen1']['max_ms']):.1f} ms; objects frozen {frozen}, "
+        f"{max(gcs['gen0']['max_ms'], gcs['gen1']['max_ms']):.1f} ms; CPU in GC "
+        f"{sum(g['cpu_ms'] for g in gcs.values()):.0f} ms of {1000 * cpu:.0f}; objects frozen {frozen}, "
         f"tracked at the end {tracked}"
     )
     return result

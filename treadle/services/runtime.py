@@ -22,5 +22,8 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+    # Young thresholds stay CPython's. 10x fewer generation-0 collections cut the scheduler's GC CPU
+    # by a third (1.7 -> 1.1 s a run, two interleaved rounds) but each pause grew 10x, to 15 ms
+    # (generation 0) and 76 ms (generation 1) of CPU, every turn in the loop's queue waiting behind it.
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
