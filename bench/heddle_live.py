@@ -41,14 +41,23 @@ finished trajectories); the step time is submit -> every trajectory stored. Prin
 time, the mean of steps 2.. per configuration, its speedup over the baseline, preemptions and
 migrations, and the load average (the machine is shared: figures move with it).
 
+Probes (``--probe-s``, every 0.1 s by default): the placement service's outstanding turns per
+worker, and ``ListTrajectories`` (worker, tokens so far, predicted remaining of every in-flight
+trajectory); the results stream gives each trajectory's finish time and length. Per warm step and
+configuration they print as: time-averaged outstanding turns per worker and their max - min gap,
+trajectories and turns per worker (each on the last worker it was seen on), how many of the six
+longest ended on the first worker, migrations, when half the trajectories had finished; and the
+live predictor's error, |predicted - actual| remaining tokens by turns done (median and MAPE).
+
 Run: ``PYTHONPATH=. python bench/heddle_live.py [--out DIR]``; results in ``DIR/results.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -58,6 +67,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import benchcli
 
 from treadle.localmode import stack as stack_mod
 from treadle.services.placement import client as placement_client
@@ -88,26 +99,153 @@ CONFIGS: dict[str, dict[str, str]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    groups: int = 32
-    group_size: int = 2
-    engines: int = 2
-    slots: int = 64
-    gate: int = 64
-    step_ms: float = 2.0
-    step_ms_per_seq: float = 0.2
-    tokens: int = 32
-    median_turns: float = 2.0
-    sigma: float = 1.3
-    max_turns: int = 48
-    steps: int = 3
-    seed: int = 0
-    step_timeout_s: float = 300.0
-    preemption_margin: float = 0.0
-    preemption_max_progress: float = 0.25
-    """``Settings.preemption_max_progress`` of the preemptive configurations but ``heddle-unbounded``."""
-    configs: str = ",".join(CONFIGS)
-    rounds: int = 1
-    """Each configuration runs once per round (fresh processes); the order alternates per round."""
+    groups: int = dataclasses.field(default=32, metadata={"help": "prompt groups per rollout step"})
+    group_size: int = dataclasses.field(default=2, metadata={"help": "trajectories per prompt group"})
+    engines: int = dataclasses.field(
+        default=2, metadata={"help": "simulated engines (fakevllm), one inference agent each"}
+    )
+    slots: int = dataclasses.field(
+        default=64, metadata={"help": "running sequences per engine (--max-num-seqs)"}
+    )
+    gate: int = dataclasses.field(
+        default=64,
+        metadata={"help": "turns generating at once over all workers (Settings.max_concurrent_generations)"},
+    )
+    step_ms: float = dataclasses.field(
+        default=2.0, metadata={"help": "decode step of an engine, milliseconds"}
+    )
+    step_ms_per_seq: float = dataclasses.field(
+        default=0.2,
+        metadata={"help": "added to a decode step per running sequence (batch interference), milliseconds"},
+    )
+    tokens: int = dataclasses.field(default=32, metadata={"help": "tokens every turn generates"})
+    median_turns: float = dataclasses.field(
+        default=2.0, metadata={"help": "median turns per group (lognormal)"}
+    )
+    sigma: float = dataclasses.field(default=1.3, metadata={"help": "sigma of the lognormal turns per group"})
+    max_turns: int = dataclasses.field(default=48, metadata={"help": "cap on turns per group"})
+    steps: int = dataclasses.field(
+        default=3, metadata={"help": "rollout steps per configuration (the first warms the predictor)"}
+    )
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the workload"})
+    step_timeout_s: float = dataclasses.field(
+        default=300.0, metadata={"help": "a step not done in this many seconds fails the run"}
+    )
+    preemption_margin: float = dataclasses.field(
+        default=0.0, metadata={"help": "Settings.preemption_margin of the preemptive configurations"}
+    )
+    preemption_max_progress: float = dataclasses.field(
+        default=0.25,
+        metadata={
+            "help": "Settings.preemption_max_progress of the preemptive configurations but heddle-unbounded"
+        },
+    )
+    configs: str = dataclasses.field(
+        default=",".join(CONFIGS),
+        metadata={"help": "comma-separated configurations to run (see the module doc)"},
+    )
+    rounds: int = dataclasses.field(
+        default=1,
+        metadata={
+            "help": "each configuration runs once per round (fresh processes); the order alternates per round"
+        },
+    )
+    probe_s: float = dataclasses.field(
+        default=0.1,
+        metadata={
+            "help": "sample per-worker load, predictions and workers this often during a step (0: not at all)"
+        },
+    )
+    out: str = dataclasses.field(
+        default="", metadata={"help": "directory for results.json (empty: a new temporary one)"}
+    )
+
+
+@dataclasses.dataclass
+class StepProbe:
+    """What one rollout step looked like from outside: sampled every ``--probe-s`` seconds."""
+
+    began: float
+    load: list[tuple[float, dict[str, int]]] = dataclasses.field(default_factory=list)
+    """(seconds into the step, turns outstanding per worker) from the placement service."""
+    predicted: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict)
+    """(trajectory, tokens so far) -> the scheduler's predicted remaining tokens at that point."""
+    workers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    """Trajectory -> the workers its turns were seen on, in order."""
+
+
+async def probe(pc: Any, sc: Any, p: StepProbe, every_s: float) -> None:
+    """Sample load, predictions and workers until cancelled."""
+    while True:
+        pool, listed = await asyncio.gather(pc.pool_state(), sc.list_trajectories(limit=1_000_000))
+        now = time.monotonic() - p.began
+        p.load.append((now, {w.worker.worker_id: w.outstanding for w in pool.workers}))
+        for t in listed.trajectories:
+            p.predicted.setdefault((t.trajectory_id, t.tokens_so_far), t.predicted_remaining)
+            seen = p.workers.setdefault(t.trajectory_id, [])
+            if t.worker_id and (not seen or seen[-1] != t.worker_id):
+                seen.append(t.worker_id)
+        await asyncio.sleep(every_s)
+
+
+async def collect(sc: Any, finished: dict[str, tuple[float, int, int]], stored: asyncio.Event) -> None:
+    """Every stored trajectory: id -> (monotonic time stored, output tokens, turns)."""
+    async for r in sc.results():
+        finished[r.trajectory_id] = (time.monotonic(), r.output_tokens, r.turns)
+        stored.set()
+
+
+def summarise(
+    p: StepProbe, finished: dict[str, tuple[float, int, int]], step: int, tokens: int
+) -> dict[str, Any]:
+    """One step's load per worker, completion profile, trajectories per worker and predictor error."""
+    mine = {tid: f for tid, f in finished.items() if tid.startswith(f"s{step}-")}
+    ends = sorted(at - p.began for at, _, _ in mine.values())
+    workers = sorted({w for _, load in p.load for w in load})
+    spans = [b[0] - a[0] for a, b in itertools.pairwise(p.load)]
+    span = sum(spans) or 1.0
+    mean_load = {
+        w: sum(d * a[1].get(w, 0) for d, a in zip(spans, p.load, strict=False)) / span for w in workers
+    }
+    gap = (
+        sum(d * (max(a[1].values()) - min(a[1].values())) for d, a in zip(spans, p.load, strict=False)) / span
+    )
+    by_worker: dict[str, dict[str, int]] = {w: {"trajectories": 0, "turns": 0, "moved": 0} for w in workers}
+    for tid, seen in p.workers.items():
+        if tid in mine and seen:
+            row = by_worker.setdefault(seen[-1], {"trajectories": 0, "turns": 0, "moved": 0})
+            row["trajectories"] += 1
+            row["turns"] += mine[tid][2]
+            row["moved"] += len(seen) > 1
+    longest = sorted(mine, key=lambda tid: -mine[tid][2])[:6]
+    errors: dict[int, list[tuple[float, float]]] = {}
+    for (tid, so_far), predicted in p.predicted.items():
+        if tid in mine:
+            errors.setdefault(so_far // tokens, []).append((predicted, mine[tid][1] - so_far))
+    return {
+        "load_mean": {w: round(x, 2) for w, x in mean_load.items()},
+        "load_gap_mean": round(gap, 2),
+        "done_at_s": {q: round(ends[min(len(ends) - 1, int(q / 100 * len(ends)))], 2) for q in (50, 90, 99)}
+        if ends
+        else {},
+        "last_s": round(ends[-1], 2) if ends else None,
+        "by_worker": by_worker,
+        "longest": {tid: {"turns": mine[tid][2], "workers": p.workers.get(tid, [])} for tid in longest},
+        "prediction_error": {k: _error(v) for k, v in sorted(errors.items())},
+    }
+
+
+def _error(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    """|predicted - actual| remaining tokens: median, mean, and MAPE where the actual is positive."""
+    absolute = [abs(pr - ac) for pr, ac in pairs]
+    relative = [abs(pr - ac) / ac for pr, ac in pairs if ac > 0]
+    return {
+        "n": len(pairs),
+        "median_abs": round(statistics.median(absolute), 1),
+        "mean_abs": round(statistics.mean(absolute), 1),
+        "mape": round(statistics.mean(relative), 3) if relative else math.nan,
+        "mean_actual": round(statistics.mean(ac for _, ac in pairs), 1),
+    }
 
 
 def workload(cfg: Config) -> list[int]:
@@ -182,6 +320,11 @@ async def run_config(
                 await pc.register_worker(placement_pb2.Worker(worker_id=wid, pool="decode", address=url))
             steps: list[float] = []
             listed: list[dict[str, Any]] = []
+            finished: dict[str, tuple[float, int, int]] = {}
+            stored = asyncio.Event()
+            collector = asyncio.create_task(collect(sc, finished, stored))
+            probes: list[dict[str, Any]] = []
+            migrations = 0
             for step in range(cfg.steps):
                 groups = [
                     scheduler_pb2.PromptGroup(
@@ -190,6 +333,10 @@ async def run_config(
                     for g, t in enumerate(turns)
                 ]
                 began = time.monotonic()
+                sampled = StepProbe(began)
+                sampler = (
+                    asyncio.create_task(probe(pc, sc, sampled, cfg.probe_s)) if cfg.probe_s > 0 else None
+                )
                 await sc.submit(groups)
                 target = members * (step + 1)
                 deadline = began + cfg.step_timeout_s
@@ -209,6 +356,22 @@ async def run_config(
                         ]  # fmt: skip
                     await asyncio.sleep(0.02)
                 steps.append(time.monotonic() - began)
+                if sampler is not None:
+                    sampler.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await sampler
+                    while True:  # the results stream may trail the stats by a message
+                        stored.clear()
+                        if sum(t.startswith(f"s{step}-") for t in finished) >= members:
+                            break
+                        await asyncio.wait_for(stored.wait(), timeout=10.0)
+                    summary = summarise(sampled, finished, step, cfg.tokens)
+                    now = (await pc.pool_state()).migrations
+                    summary["migrations"], migrations = now - migrations, now
+                    probes.append(summary)
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
             stats = await sc.stats()
             pool = await pc.pool_state()
         finally:
@@ -218,7 +381,7 @@ async def run_config(
         "placement": policy["placement"], "scheduling": policy["scheduling"], "step_s": steps,
         "completed": stats.completed, "failed": stats.failed, "aborted": stats.aborted, "turns": stats.turns,
         "preemptions": stats.preemptions, "migrations": pool.migrations, "top_ranked_at_submit": listed,
-        "failed_by_reason": dict(stats.failed_by_reason),
+        "failed_by_reason": dict(stats.failed_by_reason), "probes": probes,
     }  # fmt: skip
 
 
@@ -265,20 +428,47 @@ def report(results: dict[str, Any], load: str) -> None:
     for name, x in results["speedup"].items():
         if name != "baseline":
             print(f"speedup of {name} (baseline mean step time / its mean step time): {x:.2f}x")
+    report_probes(results)
 
 
-def parse_args() -> tuple[Config, Path]:
-    p = argparse.ArgumentParser(description=__doc__)
-    for field in dataclasses.fields(Config):
-        p.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    p.add_argument("--out", type=Path, default=None)
-    a = vars(p.parse_args())
-    out = a.pop("out") or Path(tempfile.mkdtemp(prefix="heddle-live-"))
-    return Config(**a), out
+def report_probes(results: dict[str, Any]) -> None:
+    """The warm steps' probes per configuration, then the predictor's error by turns done."""
+    errors: dict[int, list[dict[str, float]]] = {}
+    for name, runs in results["configs"].items():
+        probes = [p for r in runs for p in r.get("probes", [])[1:]]
+        if not probes:
+            continue
+        workers = sorted(probes[0]["load_mean"])
+        load = " / ".join(f"{statistics.mean(p['load_mean'][w] for p in probes):.1f}" for w in workers)
+        held = " / ".join(
+            f"{statistics.mean(p['by_worker'][w]['trajectories'] for p in probes):.0f}:"
+            f"{statistics.mean(p['by_worker'][w]['turns'] for p in probes):.0f}"
+            for w in workers
+        )
+        first = statistics.mean(
+            sum(v["workers"][-1:] == workers[:1] for v in p["longest"].values()) for p in probes
+        )
+        print(f"  {name:17s} outstanding {' / '.join(workers)} {load} (gap "
+              f"{statistics.mean(p['load_gap_mean'] for p in probes):.1f}); trajectories:turns {held}; "
+              f"longest 6 on {workers[0]} {first:.1f}; migrations/step "
+              f"{statistics.mean(p['migrations'] for p in probes):.0f}; half done at "
+              f"{statistics.mean(p['done_at_s']['50'] for p in probes):.2f} s")  # fmt: skip
+        for p in probes:
+            for k, e in p["prediction_error"].items():
+                errors.setdefault(int(k), []).append(e)
+    if errors:
+        print("predictor error, warm steps, |predicted - actual| remaining tokens by turns done k (some k):")
+        for k in sorted(k for k in errors if k <= 5 or k % 10 == 0):
+            es = errors[k]
+            mape = [e["mape"] for e in es if not math.isnan(e["mape"])]
+            print(f"  k {k:3d}: n {sum(int(e['n']) for e in es):5d}  median "
+                  f"{statistics.median(e['median_abs'] for e in es):7.1f}  MAPE "
+                  f"{statistics.median(mape) if mape else math.nan:5.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
-    config, out_dir = parse_args()
+    config = benchcli.parse(Config, __doc__)
+    out_dir = Path(config.out or tempfile.mkdtemp(prefix="heddle-live-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     load_avg = " ".join(f"{x:.2f}" for x in os.getloadavg())
     res = asyncio.run(main(config, out_dir))

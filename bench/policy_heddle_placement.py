@@ -10,7 +10,6 @@ Prints figures only; nothing is asserted. Writes ``config.json`` and ``results.j
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -18,6 +17,8 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+
+import benchcli
 
 from treadle.policy import costmodel
 from treadle.policy.heddle import presorted_dp
@@ -27,17 +28,21 @@ PAPER_MS = (36.0, 38.0)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    trajectories: int = 1024
-    """Trajectories in the batch."""
-    workers: int = 64
-    """Identical rollout workers (TP 1)."""
-    repeats: int = 50
-    """Timed runs per variant; the median is reported."""
-    context_tokens: int = 4096
-    """Mean context per running sequence when profiling decode steps."""
-    max_running: int = 100
-    """Running batch cap per worker (the paper's baselines use 100)."""
-    seed: int = 0
+    trajectories: int = dataclasses.field(default=1024, metadata={"help": "trajectories in the batch"})
+    workers: int = dataclasses.field(default=64, metadata={"help": "identical rollout workers (TP 1)"})
+    repeats: int = dataclasses.field(
+        default=50, metadata={"help": "timed runs per variant; the median is reported"}
+    )
+    context_tokens: int = dataclasses.field(
+        default=4096, metadata={"help": "mean context per running sequence when profiling decode steps"}
+    )
+    max_running: int = dataclasses.field(
+        default=100, metadata={"help": "running batch cap per worker (the paper's baselines use 100)"}
+    )
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the lognormal predicted lengths"})
+    out: str = dataclasses.field(
+        default="", metadata={"help": "directory for config.json and results.json (empty: write none)"}
+    )
 
 
 def profile(cfg: Config, shape: list[float]) -> tuple[float, tuple[float, ...]]:
@@ -62,14 +67,7 @@ def timed_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trajectories", type=int, default=Config.trajectories)
-    parser.add_argument("--workers", type=int, default=Config.workers)
-    parser.add_argument("--repeats", type=int, default=Config.repeats)
-    parser.add_argument("--seed", type=int, default=Config.seed)
-    parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = parser.parse_args()
-    cfg = Config(trajectories=args.trajectories, workers=args.workers, repeats=args.repeats, seed=args.seed)
+    cfg = benchcli.parse(Config, __doc__)
     rng = random.Random(cfg.seed)
     trajs = [presorted_dp.Trajectory(f"t{i}", rng.lognormvariate(8.0, 1.0)) for i in range(cfg.trajectories)]
     longest = max(t.predicted_length for t in trajs)
@@ -93,10 +91,11 @@ def main() -> None:
         makespan = fn().makespan
         results[name] = {"median_ms": med, "min_ms": best, "predicted_makespan_s": makespan}
         print(f"{name:40} {med:10.2f} {best:7.2f} {makespan:11.1f}")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    if cfg.out:
+        out = pathlib.Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        (out / "results.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ Prints figures only; nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
 import random
 import statistics
 import time
+
+import benchcli
 
 from treadle.policy.heddle import predictor, priority
 
@@ -25,25 +26,23 @@ TARGET_US = 50.0
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    waiting: int = 100
-    """Requests waiting at the worker."""
-    running: int = 100
-    """Requests running at the worker (all slots full, so a decision may preempt)."""
-    history: int = 2048
-    """Finished trajectories the predictor has learned."""
-    steps: int = 20_000
-    """Step updates timed."""
-    seed: int = 0
+    waiting: int = dataclasses.field(default=100, metadata={"help": "requests waiting at the worker"})
+    running: int = dataclasses.field(
+        default=100,
+        metadata={"help": "requests running at the worker (all slots full, so a decision may preempt)"},
+    )
+    history: int = dataclasses.field(
+        default=2048, metadata={"help": "finished trajectories the predictor has learned"}
+    )
+    steps: int = dataclasses.field(default=20_000, metadata={"help": "step updates timed"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic history and requests"})
+    out: str = dataclasses.field(
+        default="", metadata={"help": "directory for config.json and results.json (empty: write none)"}
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--waiting", type=int, default=Config.waiting)
-    parser.add_argument("--steps", type=int, default=Config.steps)
-    parser.add_argument("--seed", type=int, default=Config.seed)
-    parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = parser.parse_args()
-    cfg = Config(waiting=args.waiting, steps=args.steps, seed=args.seed)
+    cfg = benchcli.parse(Config, __doc__)
     rng = random.Random(cfg.seed)
     finished = [
         predictor.Finished("code", f"g{i // 16}", int(rng.lognormvariate(8, 1))) for i in range(cfg.history)
@@ -78,10 +77,11 @@ def main() -> None:
         med, p99 = statistics.median(samples), samples[int(0.99 * len(samples))]
         results[name] = {"median_us": med, "p99_us": p99}
         print(f"{name:10} {med:10.1f} {p99:9.1f}")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    if cfg.out:
+        out = pathlib.Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        (out / "results.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,14 @@ simulated from the step times: ``tp_planner``'s score), not the event simulator.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
 import pathlib
 import random
 import time
+
+import benchcli
 
 from treadle.policy import costmodel
 from treadle.policy.heddle import presorted_dp, tp_planner
@@ -29,17 +30,24 @@ PAPER_S = (4.97, 5.69)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    gpus: int = 64
-    """GPU budget split into workers."""
-    trajectories: int = 1024
-    """Trajectories in the batch whose predicted lengths drive the plan."""
-    seeds: int = 3
-    """Annealing seeds timed (0..seeds-1)."""
-    context_tokens: int = 4096
-    """Mean context per running sequence when profiling decode steps."""
-    max_running: int = 256
-    """Running batch cap per worker (vLLM's ``max_num_seqs``); KV capacity may bind first."""
-    workload_seed: int = 0
+    gpus: int = dataclasses.field(default=64, metadata={"help": "GPU budget split into workers"})
+    trajectories: int = dataclasses.field(
+        default=1024, metadata={"help": "trajectories in the batch whose predicted lengths drive the plan"}
+    )
+    seeds: int = dataclasses.field(default=3, metadata={"help": "annealing seeds timed (0..seeds-1)"})
+    context_tokens: int = dataclasses.field(
+        default=4096, metadata={"help": "mean context per running sequence when profiling decode steps"}
+    )
+    max_running: int = dataclasses.field(
+        default=256,
+        metadata={"help": "running batch cap per worker (vLLM's max_num_seqs); KV capacity may bind first"},
+    )
+    workload_seed: int = dataclasses.field(
+        default=0, metadata={"help": "seed of the lognormal predicted lengths"}
+    )
+    out: str = dataclasses.field(
+        default="", metadata={"help": "directory for config.json and results.json (empty: write none)"}
+    )
 
 
 def profiles(cfg: Config, shape: list[float]) -> list[tp_planner.DegreeProfile]:
@@ -60,13 +68,7 @@ def profiles(cfg: Config, shape: list[float]) -> list[tp_planner.DegreeProfile]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=Config.gpus)
-    parser.add_argument("--trajectories", type=int, default=Config.trajectories)
-    parser.add_argument("--seeds", type=int, default=Config.seeds)
-    parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = parser.parse_args()
-    cfg = Config(gpus=args.gpus, trajectories=args.trajectories, seeds=args.seeds)
+    cfg = benchcli.parse(Config, __doc__)
     rng = random.Random(cfg.workload_seed)
     lengths = [rng.lognormvariate(8.0, 1.0) for _ in range(cfg.trajectories)]
     profs = profiles(cfg, [x / max(lengths) for x in lengths])
@@ -94,10 +96,11 @@ def main() -> None:
         score = tp_planner.cost(lengths, (g,) * (cfg.gpus // g), profs)
         results[f"fix{g}"] = {"makespan_s": score.makespan, "busy_s": score.busy}
         print(f"Fix-{g}: predicted makespan {score.makespan:.1f} s, mean GPU-busy {score.busy:.1f} s")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    if cfg.out:
+        out = pathlib.Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        (out / "results.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
