@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from treadle import errors
 from treadle.policy import baselines, registry
+from treadle.policy.flexmarl import load_balance
 
 GROUP = "treadle.dev"
 VERSION = "v1alpha1"
@@ -51,6 +52,7 @@ WorkAffinity = Literal["prefill-heavy", "decode-heavy", "auto"]
 PreferredWork = Literal["prefill-heavy", "decode-heavy", "any"]
 RewardType = Literal["rule", "code", "llm-judge", "external"]
 WeightStore = Literal["mooncake", "local"]
+RebalanceRule = Literal["per-instance", "literal"]
 Dtype = Literal["auto", "bfloat16", "float16"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
@@ -206,6 +208,25 @@ def _enum(names: Iterable[str]) -> dict[str, pydantic.JsonValue]:
     return {"enum": list[pydantic.JsonValue](sorted(names))}
 
 
+class Rebalance(_Model):
+    """Inter-agent rebalancing (FlexMARL): placement moves inference workers from a lightly loaded
+    agent to a heavily loaded one of the same instance shape (model, TP, accelerator); a moved worker
+    drains, loads the receiver's weights, then serves the receiver."""
+
+    enabled: bool | None = None
+    """Move workers between agents; unset: on when two or more agents have pools of one shape."""
+    delta: float = Field(default=load_balance.DEFAULT_DELTA, ge=0.0, le=1_000_000.0)
+    """Queue disparity above which workers move (FlexMARL: 5); per worker under per-instance."""
+    rule: RebalanceRule = "per-instance"
+    """per-instance: compare queued turns per worker (settles); literal: the paper's queued turns."""
+    interval_seconds: float = Field(default=1.0, ge=0.05, le=3600.0)
+    """Seconds between placement's measurements of every agent's queue."""
+    max_moves_per_poll: int = Field(default=1, ge=0, le=512)
+    """Workers moved per measurement at most; 0: as many as the rule asks for at once."""
+    settle_polls: int = Field(default=5, ge=0, le=1000)
+    """Measurements skipped after a move, while the turns already queued on the moved worker drain."""
+
+
 class Rollout(_Model):
     """How trajectories are admitted, scheduled and placed."""
 
@@ -221,6 +242,8 @@ class Rollout(_Model):
         default=registry.DEFAULT_PLACEMENT, json_schema_extra=_enum(registry.PLACEMENT_POLICIES)
     )
     """Name of the worker placement policy in ``treadle.policy.registry``."""
+    rebalance: Rebalance = Field(default_factory=Rebalance)
+    """Inter-agent rebalancing of a multi-agent job: moving workers to the agent with the longer queue."""
 
     @pydantic.field_validator("scheduling_policy", "placement_policy")
     @classmethod

@@ -33,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--engine-step-ms", type=float, default=0.0, help="simulated time per decode step")
     p.add_argument(
-        "--rebalance-interval", type=float, default=0.5,
-        help="seconds between inter-agent rebalance polls (jobs with several agents; 0: never)",
+        "--rebalance-interval", type=float,
+        help="seconds between inter-agent rebalance polls (0: never); default: the job's "
+        "spec.rollout.rebalance",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redis", default="", help="Redis URL for the buffer (default: embedded memory store)")

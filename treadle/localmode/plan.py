@@ -13,6 +13,7 @@ import math
 
 from treadle.api import v1alpha1
 from treadle.errors import SpecError
+from treadle.policy.flexmarl import load_balance
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol as scheduler_protocol
 
@@ -34,8 +35,8 @@ class Options:
     """Sequences each simulated engine runs at once."""
     engine_step_ms: float = 0.0
     """Simulated time per decode step (0: as fast as the machine goes)."""
-    rebalance_interval_s: float = 0.5
-    """Seconds between placement's inter-agent rebalance polls, for jobs with several agents (0: never)."""
+    rebalance_interval_s: float | None = None
+    """Seconds between placement's inter-agent rebalance polls (0: never); None: the job's."""
     seed: int = 0
 
 
@@ -43,6 +44,25 @@ class Options:
 class Worker:
     worker_id: str
     pool: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RebalanceConfig:
+    """Placement's inter-agent rebalancing, from ``spec.rollout.rebalance`` (``v1alpha1.Rebalance``)."""
+
+    interval_s: float
+    """Seconds between polls; 0 when the job does not rebalance."""
+    delta: float
+    rule: load_balance.Rule
+    max_moves_per_poll: int
+    settle_polls: int
+
+
+def rebalance_config(spec: v1alpha1.Rebalance, *, enabled: bool) -> RebalanceConfig:
+    return RebalanceConfig(
+        interval_s=spec.interval_seconds if enabled else 0.0, delta=spec.delta, rule=spec.rule,
+        max_moves_per_poll=spec.max_moves_per_poll, settle_polls=spec.settle_polls,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +82,8 @@ class JobConfig:
     agents: list[str]
     """Agents the buffer's micro-batch pipeline updates together: every policy of a multi-agent job
     (FlexMARL), none for a single policy (the barrier then spans whoever streams)."""
+    rebalance: RebalanceConfig
+    """Placement's inter-agent rebalancing (off unless the job has two agents of one shape)."""
     pool_agents: dict[str, str] = dataclasses.field(default_factory=dict)
     """Pool -> the agent it serves (placement's per-agent turns and inter-agent rebalancing)."""
     pool_shapes: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -95,6 +117,17 @@ def job_config(
         # A gateway scaled to zero answers Unavailable until its first pod is ready: wait that out.
         reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else 0.0,
     )
+    pool_shapes = {
+        p.name: f"{models[p.agent]}/tp{p.tensor_parallel_size}/{p.accelerator}" for p in spec.pools
+    }
+    agents_by_shape: dict[str, set[str]] = {}
+    for p in spec.pools:
+        agents_by_shape.setdefault(pool_shapes[p.name], set()).add(p.agent)
+    # Unset: on exactly when a move is possible, i.e. two agents have pools of one shape.
+    rebalance = spec.rollout.rebalance
+    enabled = rebalance.enabled
+    if enabled is None:
+        enabled = any(len(agents) > 1 for agents in agents_by_shape.values())
     return JobConfig(
         job=job.name,
         tasks=tasks,
@@ -109,9 +142,8 @@ def job_config(
         placement_policy=spec.rollout.placement_policy,
         agents=[a.name for a in spec.agents] if len(spec.agents) > 1 else [],
         pool_agents={p.name: p.agent for p in spec.pools},
-        pool_shapes={
-            p.name: f"{models[p.agent]}/tp{p.tensor_parallel_size}/{p.accelerator}" for p in spec.pools
-        },
+        pool_shapes=pool_shapes,
+        rebalance=rebalance_config(rebalance, enabled=enabled),
     )
 
 

@@ -101,11 +101,15 @@ async def start_services(
         buffer_args += ["--redis", redis_url]
     buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics)
     tasks = {name: {"affinity": t.affinity, "pools": list(t.pools)} for name, t in cfg.task_placement.items()}
+    rb = cfg.rebalance
+    interval = rb.interval_s if options.rebalance_interval_s is None else options.rebalance_interval_s
     placement = await _start_grpc(
         stack, "placement", "treadle.services.placement",
         ["--pools", _json(cfg.pools), "--tasks", _json(tasks), "--policy", cfg.placement_policy,
          "--pool-agents", _json(cfg.pool_agents), "--pool-shapes", _json(cfg.pool_shapes),
-         "--rebalance-interval-s", str(options.rebalance_interval_s)], metrics,
+         "--rebalance-interval-s", str(interval), "--rebalance-delta", str(rb.delta),
+         "--rebalance-rule", rb.rule, "--rebalance-step", str(rb.max_moves_per_poll),
+         "--rebalance-settle-polls", str(rb.settle_polls)], metrics,
     )  # fmt: skip
     sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in cfg.tasks])]
     sched_args += ["--settings", _json(dataclasses.asdict(cfg.settings)), "--reward-url", reward]

@@ -216,7 +216,8 @@ def two_agent_job() -> v1alpha1.RolloutJob:
             ],
             "tasks": [{"name": "pe", "agents": ["planner", "executor"], "environment": "math-tool",
                        "reward": "math", "groupSize": 4, "maxTurns": 6}],
-            "rollout": {"batchSize": 8, "staleness": 8},
+            # The job's field, through the rendered ConfigMap: placement measures twice a second.
+            "rollout": {"batchSize": 8, "staleness": 8, "rebalance": {"intervalSeconds": 0.5}},
             "weights": {"store": "local", "replicas": 1},
         },
     })  # fmt: skip

@@ -77,6 +77,9 @@ def test_defaults_fill_a_minimal_spec() -> None:
     assert spec.rollout.staleness == 1
     assert spec.rollout.scheduling_policy == "progressive-priority"
     assert spec.rollout.placement_policy == "sticky-least-loaded"
+    rb = spec.rollout.rebalance  # FlexMARL §8.1's delta; on by default where two agents share a shape
+    assert (rb.enabled, rb.delta, rb.rule, rb.interval_seconds) == (None, 5, "per-instance", 1.0)
+    assert (rb.max_moves_per_poll, rb.settle_polls) == (1, 5)
     assert spec.reward.scale_to_zero and spec.reward.min_replicas == 0
     assert spec.weights.store == "mooncake"
     assert not spec.suspend and spec.managed_by is None

@@ -38,6 +38,32 @@ def test_rebalance_job_has_one_shape_and_a_skewed_start() -> None:
     assert [w.pool for w in p.workers] == ["planner", "executor", "executor", "executor"]
 
 
+def test_rebalancing_is_on_by_default_only_where_two_agents_share_a_shape() -> None:
+    def interval(path: str, **rebalance: object) -> float:
+        raw = yaml.safe_load((MANIFESTS / path).read_text())
+        raw["spec"].setdefault("rollout", {})["rebalance"] = rebalance
+        return plan.make_plan(
+            v1alpha1.parse_job(raw), plan.Options(trajectories=8)
+        ).config.rebalance.interval_s
+
+    assert interval("local/two-agent-rebalance.yaml") == 1.0  # the spec's default once the file's is dropped
+    assert interval("examples/two-agent-flexmarl.yaml") == 0.0  # two shapes: nothing could move
+    assert interval("examples/math-tool-h20.yaml") == 0.0  # one agent
+    assert interval("local/two-agent-rebalance.yaml", enabled=False) == 0.0
+    assert interval("examples/two-agent-flexmarl.yaml", enabled=True, intervalSeconds=2.5) == 2.5
+
+
+def test_the_jobs_rebalance_settings_reach_placements_config() -> None:
+    raw = yaml.safe_load((MANIFESTS / "local/two-agent-rebalance.yaml").read_text())
+    raw["spec"]["rollout"]["rebalance"] = {
+        "delta": 2.5, "rule": "literal", "intervalSeconds": 0.25, "maxMovesPerPoll": 0, "settlePolls": 7,
+    }  # fmt: skip
+    cfg = plan.make_plan(v1alpha1.parse_job(raw), plan.Options(trajectories=8)).config
+    assert cfg.rebalance == plan.RebalanceConfig(
+        interval_s=0.25, delta=2.5, rule="literal", max_moves_per_poll=0, settle_polls=7
+    )
+
+
 def test_single_agent_tasks_name_no_turn_agents() -> None:
     cfg = plan.make_plan(load("examples/math-tool-h20.yaml"), plan.Options(trajectories=8)).config
     assert all(t.agents == () and t.agent_of(1) == "" for t in cfg.tasks)

@@ -20,7 +20,8 @@ from treadle.services.env import __main__ as env_main
 from treadle.services.placement import __main__ as placement_main
 from treadle.services.scheduler import __main__ as scheduler_main
 
-EXAMPLES = Path(__file__).parents[3] / "manifests" / "examples"
+MANIFESTS = Path(__file__).parents[3] / "manifests"
+EXAMPLES = MANIFESTS / "examples"
 
 
 def job(name: str = "math-tool-h20.yaml") -> v1alpha1.RolloutJob:
@@ -86,6 +87,32 @@ def test_flags_override_the_environment(tmp_path: Path) -> None:
     env = pod_env(tmp_path, "scheduler") | {"TREADLE_STALENESS": "2", "TREADLE_SCHEDULING_POLICY": "fcfs"}
     sched = scheduler_main.parse_args(["--placement", "p:1"], env)
     assert (sched.placement, sched.settings.alpha, sched.settings.scheduling_policy) == ("p:1", 2, "fcfs")
+
+
+def test_placement_takes_the_jobs_rebalancing_and_flags_override_it(tmp_path: Path) -> None:
+    raw = yaml.safe_load((MANIFESTS / "local" / "two-agent-rebalance.yaml").read_text())
+    raw["spec"]["rollout"]["rebalance"] = {
+        "delta": 3,
+        "rule": "literal",
+        "maxMovesPerPoll": 2,
+        "settlePolls": 0,
+    }
+    env = pod_env(tmp_path, "placement", v1alpha1.parse_job(raw))
+    cfg = placement_main.parse_args([], env)
+    assert cfg.pool_agents == {"planner": "planner", "executor": "executor"}
+    got = (cfg.rebalance_interval_s, cfg.rebalance_delta, cfg.rebalance_rule, cfg.rebalance_step)
+    assert (*got, cfg.rebalance_settle_polls) == (1.0, 3.0, "literal", 2, 0)
+    flags = ["--rebalance-interval-s", "0", "--rebalance-delta", "0", "--rebalance-rule", "per-instance"]
+    cfg = placement_main.parse_args([*flags, "--rebalance-step", "0", "--rebalance-settle-polls", "4"], env)
+    got = (cfg.rebalance_interval_s, cfg.rebalance_delta, cfg.rebalance_rule, cfg.rebalance_step)
+    assert (*got, cfg.rebalance_settle_polls) == (0.0, 0.0, "per-instance", 0, 4)
+    # A job whose agents have different shapes runs no rebalance loop unless it asks for one.
+    assert (
+        placement_main.parse_args(
+            [], pod_env(tmp_path, "placement", job("two-agent-flexmarl.yaml"))
+        ).rebalance_interval_s
+        == 0
+    )
 
 
 @pytest.mark.parametrize(

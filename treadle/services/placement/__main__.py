@@ -1,8 +1,10 @@
 """``python -m treadle.services.placement``: run placement for a job's pools and tasks.
 
-Flags override; a pod started by the operator takes pools, tasks and the policy from the job's
-config and ``TREADLE_PLACEMENT_POLICY`` (``treadle.services.podenv``). A job with several agents
-runs inter-agent rebalancing (``rebalance.Rebalancer``) every ``--rebalance-interval-s``.
+Flags override; a pod started by the operator takes pools, tasks, the policy and the rebalancing
+settings (``spec.rollout.rebalance``) from the job's config and ``TREADLE_PLACEMENT_POLICY``
+(``treadle.services.podenv``). A job with several agents runs inter-agent rebalancing
+(``rebalance.Rebalancer``) every ``--rebalance-interval-s`` unless that is 0 (the job's
+``rebalance.enabled`` false, or unset with no two agents of one instance shape).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from typing import TypeVar
 
 import prometheus_client as prom
 
+from treadle.api import v1alpha1
+from treadle.localmode import plan
 from treadle.policy import registry
 from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv
@@ -24,6 +29,7 @@ from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import grpc_server, rebalance, service
 
 PROG = "python -m treadle.services.placement"
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,23 +59,27 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--policy", help="placement policy (treadle.policy.registry)")
     p.add_argument("--pool-agents", help="JSON object pool -> agent it serves (the job's)")
     p.add_argument("--pool-shapes", help="JSON object pool -> instance shape; moves stay within a shape")
+    # Each defaults to the job's spec.rollout.rebalance (v1alpha1.Rebalance's defaults without a job).
     p.add_argument(
-        "--rebalance-interval-s", type=float, default=1.0,
+        "--rebalance-interval-s", type=float,
         help="seconds between inter-agent rebalance polls (several agents only; 0: never)",
     )  # fmt: skip
-    p.add_argument("--rebalance-delta", type=float, default=load_balance.DEFAULT_DELTA)
+    p.add_argument("--rebalance-delta", type=float)
     p.add_argument(
-        "--rebalance-settle-polls", type=int, default=rebalance.DEFAULT_SETTLE_POLLS,
+        "--rebalance-settle-polls",
+        type=int,
         help="polls skipped after a move, while the queues it changes drain",
-    )  # fmt: skip
-    p.add_argument("--rebalance-rule", choices=["literal", "per-instance"], default="per-instance")
-    p.add_argument(
-        "--rebalance-step", type=int, default=1, help="workers moved per poll at most (0: the rule's k)"
     )
+    p.add_argument("--rebalance-rule", choices=["literal", "per-instance"])
+    p.add_argument("--rebalance-step", type=int, help="workers moved per poll at most (0: the rule's k)")
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
     def build() -> Config:
+        # Without a job, the spec's defaults; bare placement rebalances whenever its pools name two agents.
+        rb = (
+            job.config.rebalance if job.present else plan.rebalance_config(v1alpha1.Rebalance(), enabled=True)
+        )
         tasks = (
             {name: service.TaskPlacement(**spec) for name, spec in json.loads(a.tasks).items()}
             if a.tasks
@@ -86,11 +96,18 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         )  # fmt: skip
         return Config(host=a.host, port=a.port, metrics_port=a.metrics_port, pools=pools, tasks=tasks,
                       policy=policy, pool_agents=pool_agents, pool_shapes=pool_shapes,
-                      rebalance_interval_s=a.rebalance_interval_s, rebalance_delta=a.rebalance_delta,
-                      rebalance_settle_polls=a.rebalance_settle_polls,
-                      rebalance_rule=a.rebalance_rule, rebalance_step=a.rebalance_step)  # fmt: skip
+                      rebalance_interval_s=_given(a.rebalance_interval_s, rb.interval_s),
+                      rebalance_delta=_given(a.rebalance_delta, rb.delta),
+                      rebalance_settle_polls=_given(a.rebalance_settle_polls, rb.settle_polls),
+                      rebalance_rule=_given(a.rebalance_rule, rb.rule),
+                      rebalance_step=_given(a.rebalance_step, rb.max_moves_per_poll))  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
+
+
+def _given(flag: T | None, default: T) -> T:
+    """The flag when given (0 included), else the job's value."""
+    return default if flag is None else flag
 
 
 async def main(cfg: Config) -> None:
