@@ -225,7 +225,9 @@ def summarise(
     return {
         "load_mean": {w: round(x, 2) for w, x in mean_load.items()},
         "load_gap_mean": round(gap, 2),
-        "done_at_s": {q: round(ends[min(len(ends) - 1, int(q / 100 * len(ends)))], 2) for q in (50, 90, 99)}
+        "done_at_s": {
+            str(q): round(ends[min(len(ends) - 1, int(q / 100 * len(ends)))], 2) for q in (50, 90, 99)
+        }
         if ends
         else {},
         "last_s": round(ends[-1], 2) if ends else None,

@@ -33,6 +33,11 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
     for name, run in runs.items():
         assert (run["completed"], run["failed"], run["aborted"]) == (2 * 8 * 2, 0, 0), name
         assert len(run["step_s"]) == 2
+        # one probe summary per step: load sampled on both workers, every trajectory's finish seen
+        assert [set(p["load_mean"]) for p in run["probes"]] == [{"w0", "w1"}] * 2, name
+        assert all(
+            p["last_s"] is not None and set(p["done_at_s"]) == {"50", "90", "99"} for p in run["probes"]
+        )
     heddle = runs["heddle"]
     assert (heddle["placement"], heddle["scheduling"]) == ("heddle", "heddle")
     assert heddle["migrations"] > 0  # long trajectories move off the crowded worker at their tool calls
