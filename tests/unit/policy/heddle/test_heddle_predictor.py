@@ -146,7 +146,9 @@ def test_incremental_learns_predict_exactly_as_a_rebuild(window: int) -> None:
     rng = random.Random(7)
     params = {"window": window, "neighbours": 8, "max_steps": 5}
     model, finished = predictor.HistoryModel(**params), []
-    first = model
+    probes = [
+        Obs(task, f"g{g}", x, s) for task in ("code", "math") for g in (1, 2) for x in (0, 40) for s in (0, 2)
+    ]
     for n in range(120):
         batch = []
         for _ in range(rng.choice([1, 3, 8, 8, 8, 40])):  # small batches splice, large ones re-sort
@@ -154,6 +156,8 @@ def test_incremental_learns_predict_exactly_as_a_rebuild(window: int) -> None:
             total = sum(steps) if steps else rng.randint(0, 200)
             batch.append(F(rng.choice(["code", "math"]), f"g{rng.randrange(50)}", total, steps))
         model, finished = predictor.learn(model, batch), finished + batch
+        if n == 50:  # a model whose lists later learns copy and splice
+            first, before = model, [model.predict(o) for o in probes]
         if n % 20 == 19:
             rebuilt = predictor.learn(predictor.HistoryModel(**params), finished)
             for _ in range(300):
@@ -165,4 +169,4 @@ def test_incremental_learns_predict_exactly_as_a_rebuild(window: int) -> None:
                 )
                 assert model.predict(obs) == rebuilt.predict(obs), obs
     assert len(finished) > 2 * window  # both tasks' windows have been evicting
-    assert first.predict(Obs("code", "g1", 10)) == 0.0  # learn never mutates a model
+    assert [first.predict(o) for o in probes] == before  # learn never mutates a model
