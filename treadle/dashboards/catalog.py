@@ -1,4 +1,4 @@
-"""The dashboards Treadle ships: rollout step metrics and operator health."""
+"""The dashboards Treadle ships: rollout step metrics, multi-agent rebalancing and operator health."""
 
 from __future__ import annotations
 
@@ -97,6 +97,23 @@ ROLLOUT = Dashboard(
     ),
 )
 
+# Apart from ROLLOUT: a single-agent job never rebalances, so these panels would stay empty there.
+MULTI_AGENT = Dashboard(
+    uid="treadle-multi-agent",
+    title="Treadle / Multi-agent (FlexMARL)",
+    panels=(
+        panel(
+            "Queued turns per agent (assigned, not yet running), at placement's last rebalance poll",
+            (total(m.PLACEMENT_AGENT_QUEUE, "agent"), "{{agent}}"),
+        ),
+        panel(
+            "Workers moved between agents since placement started, by donor and receiver",
+            (total(m.PLACEMENT_REBALANCE_MOVES_TOTAL, "donor, receiver"), "{{donor}} -> {{receiver}}"),
+            unit="none",
+        ),
+    ),
+)
+
 OPERATOR = Dashboard(
     uid="treadle-operator",
     title="Treadle / Operator",
@@ -134,4 +151,4 @@ OPERATOR = Dashboard(
     ),
 )
 
-ALL: tuple[Dashboard, ...] = (ROLLOUT, OPERATOR)
+ALL: tuple[Dashboard, ...] = (ROLLOUT, MULTI_AGENT, OPERATOR)

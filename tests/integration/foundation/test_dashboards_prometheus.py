@@ -1,7 +1,8 @@
 """Every rollout-dashboard query returns data from a real Prometheus scraping a real local stack.
 
 The stack is local mode's own (every service a process on 127.0.0.1, simulated engines); the
-job is the math-tool example, cut to a few groups.
+job is the math-tool example, cut to a few groups. The multi-agent dashboard's queries run against
+the two-agent rebalancing job, whose skewed start makes placement move workers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from treadle.api import v1alpha1
-from treadle.dashboards import catalog
+from treadle.dashboards import catalog, model
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import run as run_mod
 from treadle.localmode import stack as stack_mod
@@ -35,9 +36,11 @@ def _scrape_targets(services: run_mod.Services) -> dict[str, list[str]]:
     return targets
 
 
-async def test_every_rollout_panel_returns_data(tmp_path: Path) -> None:
-    job = v1alpha1.parse_job(yaml.safe_load((ROOT / "manifests/examples/math-tool-h20.yaml").read_text()))
-    options = plan_mod.Options(trajectories=40, max_workers_per_pool=1, env_servers=1, max_tokens=32)
+async def _queries_without_data(
+    tmp_path: Path, manifest: str, options: plan_mod.Options, dashboard: model.Dashboard
+) -> list[str]:
+    """Run the job to the end with Prometheus scraping it; the dashboard's queries that return nothing."""
+    job = v1alpha1.parse_job(yaml.safe_load((ROOT / manifest).read_text()))
     plan = plan_mod.make_plan(job, options)
     with stack_mod.Stack(tmp_path) as stack:
         services = await run_mod.start_services(stack, plan, options)
@@ -48,8 +51,27 @@ async def test_every_rollout_panel_returns_data(tmp_path: Path) -> None:
             assert summary["completed"] > 0 and summary["adds_up"]
             await asyncio.sleep(3)  # a few more scrapes after the last trajectory
             empty = []
-            for panel in catalog.ROLLOUT.panels:
+            for panel in dashboard.panels:
                 for target in panel.targets:
                     if not await asyncio.to_thread(prom.query, target.expr):
                         empty.append(f"{panel.title}: {target.expr}")
+    return empty
+
+
+async def test_every_rollout_panel_returns_data(tmp_path: Path) -> None:
+    options = plan_mod.Options(trajectories=40, max_workers_per_pool=1, env_servers=1, max_tokens=32)
+    empty = await _queries_without_data(
+        tmp_path, "manifests/examples/math-tool-h20.yaml", options, catalog.ROLLOUT
+    )
+    assert empty == [], "dashboard queries with no data:\n" + "\n".join(empty)
+
+
+async def test_every_multi_agent_panel_returns_data(tmp_path: Path) -> None:
+    # Engines that queue (2 sequences at once, 2 ms a step) behind one planner worker: workers move.
+    options = plan_mod.Options(
+        trajectories=48, max_workers_per_pool=3, env_servers=1, max_tokens=24, max_num_seqs=2,
+        engine_step_ms=2, rebalance_interval_s=0.2,
+    )  # fmt: skip
+    manifest = "manifests/local/two-agent-rebalance.yaml"
+    empty = await _queries_without_data(tmp_path, manifest, options, catalog.MULTI_AGENT)
     assert empty == [], "dashboard queries with no data:\n" + "\n".join(empty)
