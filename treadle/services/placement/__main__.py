@@ -122,6 +122,11 @@ async def main(cfg: Config) -> None:
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None
     if cfg.rebalance_interval_s > 0 and len(set(cfg.pool_agents.values())) > 1:
+        # Said at startup because a real engine keeps the donor's weights (docs/MULTI_AGENT.md).
+        logging.warning(
+            "inter-agent rebalancing every %.2fs: a moved worker's engine is relabelled with the "
+            "receiver's version, its weights are not reloaded", cfg.rebalance_interval_s,
+        )  # fmt: skip
         rebalancer = rebalance.Rebalancer(
             svc, rebalance.HttpSwapper(), interval_s=cfg.rebalance_interval_s,
             settle_polls=cfg.rebalance_settle_polls,

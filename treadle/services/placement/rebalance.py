@@ -28,7 +28,9 @@ time, each made safely:
 The weight seam, honestly: with the simulated engine (``treadle.services.fakevllm``) only the label
 moves; it cannot load weights. With real vLLM the swap must pull the receiver's weights from the
 weight store first (``treadle.trainer.engines.EngineSwapper``'s ``treadle_weights_apply`` RPC), which
-``HttpSwapper`` does when built with ``apply_weights=True``; that path is not exercised by a test here.
+``HttpSwapper`` does when built with ``apply_weights=True``; that path is not exercised by a test here,
+and placement's process does not take it (the extension reads only the donor's weight prefix; see
+``docs/MULTI_AGENT.md``).
 A trainer that swaps a moving worker itself races with the move; local mode's simulated trainer
 skips workers placement lists as moving (``WorkerState.moving_to``), which leaves a window of a few
 milliseconds (it reads the list, then labels). In a cluster each agent registers its engine's
