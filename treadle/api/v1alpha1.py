@@ -453,6 +453,15 @@ SPEC_RULES: tuple[Rule, ...] = (
         "spec.agents.model",
     ),
     Rule(
+        # The schema's minimum is not enough: the API server compares an integer value with a
+        # fractional minimum after truncating the minimum (it accepted intervalSeconds: 0).
+        ("rollout", "rebalance"),
+        "self.intervalSeconds >= 0.05",
+        "spec.rollout.rebalance.intervalSeconds must be at least 0.05",
+        "spec.rollout.rebalance.intervalSeconds",
+        lambda r: r.interval_seconds >= 0.05,
+    ),
+    Rule(
         ("pools", "[]"), "self.agent == oldSelf.agent", "spec.pools[].agent is immutable", "spec.pools.agent"
     ),
     Rule(
