@@ -39,6 +39,8 @@ VLLM_KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
 VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens"
 VLLM_REQUEST_SUCCESS = "vllm:request_success"
+VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 
 # --- core: scheduler, placement, buffer (owner: core) -----------------------------------------------
 # Scheduler (treadle.services.scheduler). Stage is one of generation / environment / reward / waiting.

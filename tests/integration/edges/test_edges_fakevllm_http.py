@@ -63,6 +63,8 @@ async def test_metrics_use_vllm_names(fake_vllm: str) -> None:
     ):
         assert f"{name}{{" in text
     assert 'vllm:generation_tokens_total{engine="0",model_name="simulated-llm"} 3.0' in text
+    for name in (metrics.VLLM_PREFIX_CACHE_QUERIES, metrics.VLLM_PREFIX_CACHE_HITS):
+        assert f"{name}_total{{" in text  # 0 without a prefix cache (the default)
 
 
 async def test_client_disconnect_aborts_the_request(

@@ -178,7 +178,14 @@ def build_app(
         mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True
     ) -> dict[str, str]:
         await eng.pause(mode)
+        if clear_cache:
+            eng.reset_prefix_cache()
         return {"status": "paused"}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> responses.Response:
+        eng.reset_prefix_cache()
+        return responses.Response(status_code=200)
 
     @app.post("/resume")
     async def resume() -> dict[str, str]:
@@ -293,6 +300,15 @@ class _EngineCollector(prometheus_client.registry.Collector):
         yield counter(
             metrics.VLLM_GENERATION_TOKENS, "Generated tokens (simulated)", self.eng.generation_tokens_total
         )
+        yield counter(
+            metrics.VLLM_PREFIX_CACHE_QUERIES,
+            "Prompt tokens looked up in the prefix cache (simulated)",
+            self.eng.prefix_cache_queries,
+        )
+        yield counter(
+            metrics.VLLM_PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache (simulated)",
+            self.eng.prefix_cache_hits,
+        )  # fmt: skip
         success = prom_core.CounterMetricFamily(
             metrics.VLLM_REQUEST_SUCCESS, "Finished requests (simulated)", labels=[*labels, "finished_reason"]
         )
