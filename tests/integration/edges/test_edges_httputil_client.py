@@ -117,3 +117,20 @@ async def test_refused_connection_is_unavailable() -> None:
     await listening.wait_closed()
     with pytest.raises(errors.Unavailable):
         await http.call(http.new_client(f"http://127.0.0.1:{port}", timeout_s=5), "GET", "/")
+
+
+async def test_close_delimited_truncated_and_malformed_replies(raw: tuple[RawServer, str]) -> None:
+    server, url = raw
+    server.replies += [
+        b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"c": 3}',  # the body ends where the server closes
+        b'HTTP/1.1 200 OK\r\nContent-Length: 50\r\nConnection: close\r\n\r\n{"short"',
+        b"HTTQ/9 abc\r\nConnection: close\r\n\r\n",
+    ]
+    client = http.new_client(url, timeout_s=5)
+    assert await http.call(client, "GET", "/a") == {"c": 3}
+    with pytest.raises(errors.Unavailable, match="IncompleteReadError"):
+        await http.call(client, "GET", "/b")
+    with pytest.raises(errors.Unavailable, match="HttpParserError"):
+        await http.call(client, "GET", "/c")
+    assert server.connections == 3
+    await client.aclose()

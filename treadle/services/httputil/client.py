@@ -5,9 +5,9 @@ Connection errors, timeouts and 5xx become ``Unavailable`` (retryable); 404 ``No
 ``Conflict``; 429 ``Overloaded``; 400/413/422 and other 4xx ``SpecError`` with the field taken
 from the body's ``param``.
 
-The transport is HTTP/1.1 written and parsed here over asyncio streams: the calls are JSON bodies to
-services we run or to vLLM, so the protocol needed is small (Content-Length or chunked replies,
-keep-alive, ``Connection: close``). It sits on the hot path of every turn twice (scheduler -> agent,
+The transport is HTTP/1.1 over asyncio streams: requests are written here (JSON bodies to services we
+run or to vLLM), replies are parsed by httptools (llhttp, the parser uvicorn uses), and the pool is
+ours. It sits on the hot path of every turn twice (scheduler -> agent,
 agent -> engine). httpx's pool spent tens of milliseconds per request with thousands in flight on
 one client (500 concurrent GETs took 10.6 s against 2,000 in 5 s with aiohttp, same server); aiohttp
 then was the agent's largest cost per turn: with 250 chat requests in flight to the simulated
@@ -28,11 +28,12 @@ import time
 import urllib.parse
 from typing import Any
 
+import httptools
 import pydantic
 
 from treadle import errors
 
-_NO_BODY_STATUSES = (204, 304)
+_READ_BYTES = 64 * 1024
 
 
 class _Connection:
@@ -82,7 +83,7 @@ class Client:
             raise errors.Unavailable(
                 f"{method} {self.base_url}{path}: timed out after {self.timeout_s}s"
             ) from exc
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        except (OSError, asyncio.IncompleteReadError, httptools.HttpParserError, ValueError) as exc:
             raise errors.Unavailable(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
     async def _exchange(self, method: str, path: str, content: bytes | None) -> tuple[int, bytes]:
@@ -95,7 +96,7 @@ class Client:
             if content is not None:
                 head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(content)
             conn.writer.write(head + b"\r\n" + content if content is not None else head + b"\r\n")
-            status, body, kept = await _response(conn.reader, method)
+            status, body, kept = await _response(conn.reader)
             return status, body
         finally:
             if kept:
@@ -123,29 +124,43 @@ class Client:
             self._idle.pop().writer.close()
 
 
-async def _response(reader: asyncio.StreamReader, method: str) -> tuple[int, bytes, bool]:
+class _Reply:
+    """httptools' callbacks for one response: the body pieces, and how far the message got."""
+
+    __slots__ = ("body", "complete", "framed", "headers_done", "keep_alive", "parser")
+
+    def __init__(self) -> None:
+        self.body: list[bytes] = []
+        self.complete = self.framed = self.headers_done = self.keep_alive = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        # llhttp answers keep-alive only while the message is current; after it, the parser resets.
+        self.keep_alive = self.parser.should_keep_alive()
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
     """(status, body, whether the connection may be reused) of one HTTP/1.x response."""
-    lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
-    version, status_text = lines[0].split(b" ", 2)[:2]
-    status = int(status_text)
-    headers = {}
-    for line in lines[1:-2]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    reusable = version == b"HTTP/1.1" and headers.get(b"connection", b"").lower() != b"close"
-    if method == "HEAD" or status in _NO_BODY_STATUSES:
-        return status, b"", reusable
-    length = headers.get(b"content-length")
-    if length is not None:
-        return status, await reader.readexactly(int(length)), reusable
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        chunks = []
-        while size := int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16):
-            chunks.append((await reader.readexactly(size + 2))[:-2])
-        while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-            pass
-        return status, b"".join(chunks), reusable
-    return status, await reader.read(), False  # delimited by the server closing the connection
+    reply = _Reply()
+    while not reply.complete:
+        data = await reader.read(_READ_BYTES)
+        if not data:
+            if reply.headers_done and not reply.framed:  # a body delimited by the server closing
+                return reply.parser.get_status_code(), b"".join(reply.body), False
+            raise asyncio.IncompleteReadError(b"".join(reply.body), None)
+        reply.parser.feed_data(data)
+    return reply.parser.get_status_code(), b"".join(reply.body), reply.keep_alive
 
 
 def new_client(
