@@ -49,6 +49,40 @@ trajectories and turns per worker (each on the last worker it was seen on), how 
 longest ended on the first worker, migrations, when half the trajectories had finished; and the
 live predictor's error, |predicted - actual| remaining tokens by turns done (median and MAPE).
 
+Prefill (``--prefill``, off by default): the engines also model prefill and vLLM's automatic
+prefix caching (see ``treadle.services.fakevllm.engine``): a turn prefills only the prompt tokens
+after its longest prefix cached *on its engine*, at most ``--max-num-batched-tokens`` a step, and
+each step is ``--prefill-us-per-token`` longer per prefilled token for every request on that
+engine. A trajectory whose turn goes to another engine than its previous turn (sticky least-loaded's
+re-balancing, Heddle's migration, which here is a re-route, not a KV transfer) re-prefills its whole
+context there. Every engine's cache is reset before each step, as an RL framework does after a
+weight update (the fake model would otherwise repeat last step's trajectories token for token and
+hit on them). Per step the bench reads the engines' ``vllm:prefix_cache_queries`` / ``_hits``.
+
+The defaults of the three prefill flags are not tuned; they come from ``treadle.policy.costmodel``
+(the roofline model the simulator uses) for the model and accelerator of the Heddle benches
+(Qwen3-14B on one H800, TP 1, as ``policy_heddle_placement`` and the paper's ablations), scaled by
+the bench's own decode step:
+
+* time scale: ``--step-ms`` 2.0 stands for the batch-1 decode step of the cost model,
+  ``decode_step_time(H800, QWEN3_14B, batch=1, context 1-2K)`` = 12.58-12.64 ms, so one bench
+  millisecond is 6.3 real ones (factor 2.0 / 12.6 = 0.159);
+* prefill: ``prefill_time(H800, QWEN3_14B, new_tokens=1000, cached_tokens=1000)`` less the step
+  overhead is 61.2 us a token (compute bound: 2 x 14.77e9 FLOPs / (989.5 TFLOP/s x MFU 0.508) =
+  58.8 us + attention; 60.4 us for a cold 2,048-token chunk, 63.7 us after 2K cached), so
+  ``--prefill-us-per-token`` = 61.2 x 0.159 = 9.7;
+* ``--max-num-batched-tokens`` 8192: vLLM V1's default for the OpenAI server on a GPU of 70 GiB or
+  more (``vllm/engine/arg_utils.py``);
+* ``--prefix-cache-blocks`` 15434: ``kv_capacity_tokens(H800, QWEN3_14B)`` = 246,948 tokens in
+  blocks of 16 (the whole KV pool; vLLM keeps freed blocks cached until it needs them).
+
+Limits of this model: a step's cost is additive in its prefill tokens, so a short suffix (a turn's
+~150 new tokens) is charged 1.5 ms of bench time although on the GPU a chunk under ~200 tokens
+hides under the decode step's weight read (roofline); the charge is the same in every
+configuration. The bench's ``--step-ms-per-seq`` 0.2 (10 % of a step per running sequence) is far
+above the cost model's KV-read cost (about 0.06 ms of 12.6 per sequence at 1K tokens): the bench
+exaggerates batch interference, which is what Heddle's placement works against.
+
 Run: ``PYTHONPATH=. python bench/heddle_live.py [--out DIR]``; results in ``DIR/results.json``.
 """
 
@@ -69,8 +103,10 @@ from pathlib import Path
 from typing import Any
 
 import benchcli
+import httpx
 
 from treadle.localmode import stack as stack_mod
+from treadle.services.agent import service as agent_service
 from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
 from treadle.v1 import placement_pb2, scheduler_pb2
@@ -158,6 +194,20 @@ class Config:
     )
     out: str = dataclasses.field(
         default="", metadata={"help": "directory for results.json (empty: a new temporary one)"}
+    )
+    prefill: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "engines model prefill and prefix caching with the three flags below (doc)"},
+    )
+    prefill_us_per_token: float = dataclasses.field(
+        default=9.7,
+        metadata={"help": "with --prefill: a step is this much longer per prompt token it prefills, us"},
+    )
+    max_num_batched_tokens: int = dataclasses.field(
+        default=8192, metadata={"help": "with --prefill: tokens one engine step processes at most"}
+    )
+    prefix_cache_blocks: int = dataclasses.field(
+        default=15434, metadata={"help": "with --prefill: prefix cache capacity per engine, blocks of 16"}
     )
 
 
@@ -268,19 +318,40 @@ async def start_shared(stack: stack_mod.Stack, cfg: Config) -> dict[str, Any]:
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
     env = (await stack.start("env", "treadle.services.env", [], kind="http")).url
     agents = {}
+    engines = []
+    prefill = (
+        ["--prefill-us-per-token", str(cfg.prefill_us_per_token), "--max-num-batched-tokens",
+         str(cfg.max_num_batched_tokens), "--prefix-cache-blocks", str(cfg.prefix_cache_blocks)]
+        if cfg.prefill else []
+    )  # fmt: skip
     for i in range(cfg.engines):
         engine = await stack.start(
             f"engine-{i}", "treadle.services.fakevllm",
             ["--step-ms", str(cfg.step_ms), "--step-ms-per-seq", str(cfg.step_ms_per_seq),
-             "--max-num-seqs", str(cfg.slots), "--eos-probability", "0", "--max-model-len", "131072"],
+             "--max-num-seqs", str(cfg.slots), "--eos-probability", "0", "--max-model-len", "131072",
+             *prefill],
             kind="http", health_path="/health",
         )  # fmt: skip
+        engines.append(engine.url)
         agent = await stack.start(
             f"agent-{i}", "treadle.services.agent",
             ["--engine-url", engine.url, "--worker-id", f"w{i}", "--poll-interval-s", "0.5"], kind="http",
         )  # fmt: skip
         agents[f"w{i}"] = agent.url
-    return {"reward": reward, "env": env, "agents": agents}
+    return {"reward": reward, "env": env, "agents": agents, "engines": engines}
+
+
+async def engine_counters(engines: list[str], *, reset: bool = False) -> dict[str, float]:
+    """Prompt tokens queried / hit in the engines' prefix caches, summed; ``reset`` empties the caches."""
+    total = {"queries": 0.0, "hits": 0.0}
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        for url in engines:
+            if reset:
+                (await http.post(f"{url}/reset_prefix_cache")).raise_for_status()
+            got = agent_service.parse_metrics((await http.get(f"{url}/metrics")).text)
+            total["queries"] += got.get("vllm:prefix_cache_queries_total", 0.0)
+            total["hits"] += got.get("vllm:prefix_cache_hits_total", 0.0)
+    return total
 
 
 async def run_config(
@@ -326,6 +397,7 @@ async def run_config(
             stored = asyncio.Event()
             collector = asyncio.create_task(collect(sc, finished, stored))
             probes: list[dict[str, Any]] = []
+            cache: list[dict[str, float]] = []
             migrations = 0
             for step in range(cfg.steps):
                 groups = [
@@ -334,6 +406,7 @@ async def run_config(
                     )
                     for g, t in enumerate(turns)
                 ]
+                before = await engine_counters(shared["engines"], reset=True)
                 began = time.monotonic()
                 sampled = StepProbe(began)
                 sampler = (
@@ -358,6 +431,8 @@ async def run_config(
                         ]  # fmt: skip
                     await asyncio.sleep(0.02)
                 steps.append(time.monotonic() - began)
+                after = await engine_counters(shared["engines"])
+                cache.append({k: after[k] - before[k] for k in after})
                 if sampler is not None:
                     sampler.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -383,7 +458,7 @@ async def run_config(
         "placement": policy["placement"], "scheduling": policy["scheduling"], "step_s": steps,
         "completed": stats.completed, "failed": stats.failed, "aborted": stats.aborted, "turns": stats.turns,
         "preemptions": stats.preemptions, "migrations": pool.migrations, "top_ranked_at_submit": listed,
-        "failed_by_reason": dict(stats.failed_by_reason), "probes": probes,
+        "failed_by_reason": dict(stats.failed_by_reason), "probes": probes, "prefix_cache": cache,
     }  # fmt: skip
 
 
@@ -417,6 +492,12 @@ def report(results: dict[str, Any], load: str) -> None:
           f"{cfg['tokens']} tokens; {cfg['engines']} engines x {cfg['slots']} slots, decode step "
           f"{cfg['step_ms']} ms + {cfg['step_ms_per_seq']} ms per running sequence; "
           f"gate {cfg['gate']}")  # fmt: skip
+    if cfg.get("prefill"):
+        print(f"prefill: {cfg['prefill_us_per_token']} us per prefilled token, at most "
+              f"{cfg['max_num_batched_tokens']} tokens a step, prefix cache {cfg['prefix_cache_blocks']} "
+              "blocks of 16 per engine, reset before every step")  # fmt: skip
+    else:
+        print("prefill: not modelled (free and immediate), no prefix cache")
     for name, runs in results["configs"].items():
         for r in runs:
             steps = ", ".join(f"{s:.2f}" for s in r["step_s"])
@@ -427,6 +508,12 @@ def report(results: dict[str, Any], load: str) -> None:
         spread = statistics.stdev(measured) if len(measured) > 1 else 0.0
         print(f"  {name:17s} mean of warm steps {results['mean_step_s'][name]:.2f} s (sd {spread:.2f}, "
               f"n {len(measured)})")  # fmt: skip
+        warm = [c for r in runs for c in r.get("prefix_cache", [])[1:]]
+        if warm and any(c["queries"] for c in warm):
+            queries = statistics.mean(c["queries"] for c in warm)
+            hits = statistics.mean(c["hits"] for c in warm)
+            print(f"  {name:17s} warm steps: prompt tokens {queries:,.0f}/step, prefix cache hits "
+                  f"{hits / queries:.1%}, prefilled {queries - hits:,.0f}/step")  # fmt: skip
     for name, x in results["speedup"].items():
         if name != "baseline":
             print(f"speedup of {name} (baseline mean step time / its mean step time): {x:.2f}x")

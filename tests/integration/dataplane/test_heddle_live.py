@@ -3,7 +3,8 @@
 Runs ``bench/heddle_live.py`` small: the baseline (sticky least-loaded + FIFO) and Heddle
 (heddle placement + heddle scheduling) on the same long-tailed workload, one after the other.
 Asserts only what must hold whatever the machine's load: every trajectory of both completes, the
-migrations and preemptions are counted, ranks are exposed. Speed is the benchmark's business.
+migrations and preemptions are counted, ranks are exposed, the engines' prefix caches (``--prefill``)
+hit on later turns. Speed is the benchmark's business.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
         sys.executable, str(ROOT / "bench" / "heddle_live.py"), "--out", str(out),
         "--configs", "baseline,heddle", "--groups", "8", "--group-size", "2", "--median-turns", "2",
         "--max-turns", "12", "--tokens", "8", "--steps", "2", "--gate", "8", "--step-timeout-s", "120",
+        "--prefill",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400, check=False)
@@ -38,6 +40,9 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
         assert all(
             p["last_s"] is not None and set(p["done_at_s"]) == {"50", "90", "99"} for p in run["probes"]
         )
+        # --prefill: a later turn on the same engine finds its conversation so far in the prefix cache
+        # (the chat template re-renders it byte for byte); caches are reset before every step
+        assert [0 < c["hits"] < c["queries"] for c in run["prefix_cache"]] == [True, True], name
     heddle = runs["heddle"]
     assert (heddle["placement"], heddle["scheduling"]) == ("heddle", "heddle")
     assert heddle["migrations"] > 0  # long trajectories move off the crowded worker at their tool calls
