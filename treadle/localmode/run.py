@@ -40,6 +40,7 @@ from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.placement import rebalance
+from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import procs
 from treadle.v1 import buffer_pb2, placement_pb2, scheduler_pb2
@@ -72,7 +73,7 @@ async def start_services(
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
-    reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
+    reward = (await stack.start("reward", "treadle.services.reward", plan.reward_args, kind="http")).url
     await _check_reward_functions(reward, plan)
     engines: dict[str, str] = {}
     agents: dict[str, str] = {}
@@ -146,6 +147,8 @@ async def _start_grpc(
 async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
     async with httpx.AsyncClient(timeout=10.0) as client:
         known = {f["name"] for f in (await client.get(reward_url + "/v1/functions")).json()}
+    if reward_protocol.ANY_FUNCTION in known:  # an external service owns the names
+        return
     for i, task in enumerate(plan.config.tasks):
         if task.reward_fn not in known and not task.reward_fn.startswith("py:"):
             raise errors.SpecError(

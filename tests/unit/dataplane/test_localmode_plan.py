@@ -67,3 +67,17 @@ def test_progress_and_summary_say_simulated() -> None:
     summary = run.summarize(stats, buffer_pb2.BufferStats(), run.TrainerLog(), [], elapsed=2.0)
     assert summary["adds_up"] and summary["unfinished"] == 3
     assert all(line.startswith("[SIMULATED ENGINE]") for line in run.summary_lines(summary))
+
+
+@pytest.mark.parametrize(
+    ("reward", "args"),
+    [
+        ({"type": "rule"}, []),
+        ({"type": "external", "url": "http://scorer:9000/score"}, ["--external-url", "http://scorer:9000/score"]),
+        ({"type": "llm-judge", "url": "http://judge:8000", "judgeModel": "qwen-judge"},
+         ["--judge-url", "http://judge:8000", "--judge-model", "qwen-judge"]),
+    ],
+    ids=["rule", "external", "llm-judge"],
+)  # fmt: skip
+def test_the_reward_gateway_gets_the_jobs_scorer(reward: dict[str, str], args: list[str]) -> None:
+    assert plan.reward_gateway_args(v1alpha1.Reward.model_validate(reward)) == args

@@ -58,7 +58,8 @@ def build_app(
     @app.get("/v1/functions", tags=["reward"])
     async def list_functions() -> list[protocol.RewardFnInfo]:
         if external is not None:
-            return [protocol.RewardFnInfo(name="*", description=f"every name is forwarded to {external_url}")]
+            forwarded = f"every name is forwarded to {external_url}"
+            return [protocol.RewardFnInfo(name=protocol.ANY_FUNCTION, description=forwarded)]
         return [protocol.RewardFnInfo(name=n, description=d) for n, (_, d) in functions.BUILTIN.items()]
 
     return app

@@ -7,6 +7,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 MAX_TEXT_CHARS = 1024 * 1024
+ANY_FUNCTION = "*"
+"""The one name ``/v1/functions`` lists when every request goes to an external service."""
 
 
 class ScoreRequest(BaseModel):
