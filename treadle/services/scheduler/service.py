@@ -137,6 +137,7 @@ class SchedulerMetrics:
         self.stage_of = functools.cache(self.stage.labels)
         self.turns_of = functools.cache(self.turns.labels)
         self.trajectories_of = functools.cache(self.trajectories.labels)
+        self.prediction_error_of = functools.cache(self.prediction_error.labels)
 
 
 @dataclasses.dataclass
@@ -162,6 +163,13 @@ class _Traj:
     """Batch placement of its admission round; its first turn waits for it."""
     releasing: asyncio.Task[None] | None = None
     """Placement release of its last turn, in flight during the tool call; the next turn waits for it."""
+
+    def released(self, task: asyncio.Task[None]) -> None:
+        """Done callback of ``releasing``: forget it once it succeeded, so the finished task (its
+        coroutine, context and request) is freed now, not held through the tool call, where every
+        young GC collection walked it. A failed one stays, for the next turn to raise."""
+        if self.releasing is task and not task.cancelled() and task.exception() is None:
+            self.releasing = None
 
 
 @dataclasses.dataclass
@@ -364,6 +372,13 @@ class SchedulerService:
         self._stage_totals = dict.fromkeys(STAGES, 0.0)
         self._scoring: set[str] = set()
         self._closed = False
+        self._attempts = {
+            "environment": settings.env_attempts,
+            "reward": settings.reward_attempts,
+            "generation": settings.generation_attempts,
+        }
+        """Calls per stage before a trajectory fails; built once, not in every ``_retrying`` frame (held
+        across each awaited call, so young GC collections walked one per trajectory)."""
 
     # --- API ------------------------------------------------------------------------------------
 
@@ -548,23 +563,13 @@ class SchedulerService:
                 messages.insert(0, agent_protocol.ChatMessage(role="system", content=task.system_prompt))
             done = obs.done
             while not done and len(t.turns) < task.max_turns:
-                result = await self._generate(t, messages)
-                if result is None:
+                turn = await self._turn(t, messages)
+                if turn is None:
                     continue  # the worker aborted the turn (pause with abort): issue it again
-                turn = common_pb2.Turn(
-                    prompt_token_ids=result.prompt_token_ids, output_token_ids=result.output_token_ids,
-                    output_logprobs=result.output_logprobs, output_versions=result.output_versions,
-                    text=result.text, worker_id=t.worker.worker_id if t.worker else "",
-                    agent=t.worker.agent if t.worker and task.agents else "",
-                )  # fmt: skip
-                t.turns.append(turn)
-                self._turns += 1
-                if turn.agent:
-                    self._turns_by_agent[turn.agent] += 1
-                self.metrics.turns_of(task.name).inc()
-                messages.append(agent_protocol.ChatMessage(role="assistant", content=result.text))
+                action = turn.text
+                messages.append(agent_protocol.ChatMessage(role="assistant", content=action))
                 step = await self._retrying(
-                    t, "environment", "step", functools.partial(env.step, t.tid, result.text)
+                    t, "environment", "step", functools.partial(env.step, t.tid, action)
                 )
                 turn.observation = step.observation
                 done = step.done
@@ -597,6 +602,30 @@ class SchedulerService:
                         )
                     )
         self._finish(t, status=status, reason=reason, reward=reward, prompt=prompt)
+
+    async def _turn(self, t: _Traj, messages: list[agent_protocol.ChatMessage]) -> common_pb2.Turn | None:
+        """Generate the next turn and add it to ``t.turns``; ``None`` if the worker aborted it.
+
+        The agent's result is dropped here rather than held by ``_run`` across the environment step:
+        its token lists (about 80 ints a turn at 16 tokens) were most of what every young GC
+        collection walked with 2,000 trajectories in flight.
+        """
+        result = await self._generate(t, messages)
+        if result is None:
+            return None
+        task = t.work.task
+        turn = common_pb2.Turn(
+            prompt_token_ids=result.prompt_token_ids, output_token_ids=result.output_token_ids,
+            output_logprobs=result.output_logprobs, output_versions=result.output_versions,
+            text=result.text, worker_id=t.worker.worker_id if t.worker else "",
+            agent=t.worker.agent if t.worker and task.agents else "",
+        )  # fmt: skip
+        t.turns.append(turn)
+        self._turns += 1
+        if turn.agent:
+            self._turns_by_agent[turn.agent] += 1
+        self.metrics.turns_of(task.name).inc()
+        return turn
 
     def _on_done(self, t: _Traj, task: asyncio.Task[None]) -> None:
         """Account for a trajectory whose ``_run`` did not: aborted before it started, or a bug."""
@@ -694,6 +723,7 @@ class SchedulerService:
                 # call: the release (a batch policy's re-rank and migration decision) overlaps the
                 # environment step, and the next turn waits for it before it is assigned.
                 t.releasing = asyncio.create_task(self._release(release))
+                t.releasing.add_done_callback(t.released)
         finally:
             self.gate.release(t.tid)
             self._spent(t, "generation", began)
@@ -757,7 +787,7 @@ class SchedulerService:
         batch.append(finished)
         for steps, (so_far, predicted) in enumerate(t.predictions):
             error = abs(predicted - (t.tokens_so_far - so_far))
-            self.metrics.prediction_error.labels("3+" if steps >= 3 else str(steps)).observe(error)
+            self.metrics.prediction_error_of("3+" if steps >= 3 else str(steps)).observe(error)
         if len(batch) >= LEARN_EVERY or name not in self.models[name].tasks:
             self._learn_pending()
 
@@ -807,11 +837,7 @@ class SchedulerService:
 
         ``account`` adds the time to ``stage`` (generation is timed by its caller, placement included).
         """
-        attempts = {
-            "environment": self.settings.env_attempts,
-            "reward": self.settings.reward_attempts,
-            "generation": self.settings.generation_attempts,
-        }[stage]
+        attempts = self._attempts[stage]
         delay = self.settings.backoff_s
         budget = self.settings.reward_unavailable_s if stage == "reward" else 0.0
         unavailable_since: float | None = None
