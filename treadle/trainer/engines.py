@@ -32,12 +32,11 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import httpx
 
 from treadle import errors
-from treadle.services.agent import client as agent_client
+from treadle.services.agent import swap as swap_mod
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +46,6 @@ class Replica:
     worker_id: str
     engine_url: str
     agent_url: str
-
-
-class SwapRefused(errors.Unavailable):
-    """An engine refused a version; it keeps serving the previous one (the message says why)."""
 
 
 class EngineSwapper:
@@ -70,8 +65,10 @@ class EngineSwapper:
             for r in self.replicas:
                 # A failed prefetch is not an error: apply pulls (and validates) by itself.
                 try:
-                    await _rpc(http, r.engine_url, "treadle_weights_prefetch", str(version))
-                except SwapRefused as exc:
+                    await swap_mod.collective_rpc(
+                        http, r.engine_url, "treadle_weights_prefetch", str(version)
+                    )
+                except swap_mod.SwapRefused as exc:
                     log.warning("prefetch of v%d on %s failed: %s", version, r.worker_id, exc)
 
     async def swap(self, version: int) -> None:
@@ -80,32 +77,13 @@ class EngineSwapper:
         )
         failed = [(r.worker_id, e) for r, e in zip(self.replicas, results, strict=True) if e is not None]
         if failed:
-            raise SwapRefused(f"version {version} not applied on {', '.join(f'{w}: {e}' for w, e in failed)}")
+            raise swap_mod.SwapRefused(
+                f"version {version} not applied on {', '.join(f'{w}: {e}' for w, e in failed)}"
+            )
 
     async def _swap_one(self, r: Replica, version: int) -> None:
-        agent = agent_client.AgentClient(r.agent_url, timeout_s=self.timeout_s)
-        try:
-            async with httpx.AsyncClient(base_url=r.engine_url, timeout=self.timeout_s) as http:
-                await agent.pause("wait")
-                try:
-                    if self.extension:
-                        await _rpc(http, r.engine_url, "treadle_weights_apply", str(version))
-                        await _post(http, "/reset_prefix_cache")
-                    await _post(http, "/update_weight_version", json={"new_version": str(version)})
-                finally:
-                    await agent.resume()
-            self.served[r.worker_id] = version
-        finally:
-            await agent.aclose()
-
-
-async def _post(http: httpx.AsyncClient, path: str, json: dict[str, Any] | None = None) -> None:
-    response = await http.post(path, json=json)
-    if response.status_code != 200:
-        raise SwapRefused(f"POST {path} answered HTTP {response.status_code}: {response.text[:300]}")
-
-
-async def _rpc(http: httpx.AsyncClient, engine_url: str, method: str, *args: str) -> None:
-    response = await http.post(f"{engine_url}/collective_rpc", json={"method": method, "args": list(args)})
-    if response.status_code != 200:
-        raise SwapRefused(f"{method}{args} answered HTTP {response.status_code}: {response.text[:300]}")
+        await swap_mod.swap(
+            r.agent_url, r.engine_url, label=str(version), apply_version=version if self.extension else None,
+            timeout_s=self.timeout_s,
+        )  # fmt: skip
+        self.served[r.worker_id] = version

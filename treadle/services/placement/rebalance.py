@@ -42,13 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-import httpx
-
 from treadle import errors
-from treadle.services.agent import client as agent_client
+from treadle.services.agent import swap as swap_mod
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2
 
@@ -71,36 +69,17 @@ class Swapper(Protocol):
 
 
 class HttpSwapper:
-    """Pause through the worker's agent, (apply weights,) set the engine's label, resume."""
+    """``agent.swap`` to the receiver's label; loads its weights first only with ``apply_weights``."""
 
     def __init__(self, *, timeout_s: float = 60.0, apply_weights: bool = False) -> None:
         self.timeout_s = timeout_s
         self.apply_weights = apply_weights
 
     async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
-        agent_http = agent_client.AgentClient(worker.address, timeout_s=self.timeout_s)
-        try:
-            async with httpx.AsyncClient(base_url=worker.engine_address, timeout=self.timeout_s) as http:
-                await agent_http.pause("wait")
-                try:
-                    if self.apply_weights:
-                        rpc = {"method": "treadle_weights_apply", "args": [str(version)]}
-                        await _post(http, "/collective_rpc", rpc)
-                        await _post(http, "/reset_prefix_cache", None)
-                    await _post(http, "/update_weight_version", {"new_version": label(agent, version)})
-                finally:
-                    await agent_http.resume()
-        finally:
-            await agent_http.aclose()
-
-
-async def _post(http: httpx.AsyncClient, path: str, body: Mapping[str, object] | None) -> None:
-    try:
-        response = await http.post(path, json=body)
-    except httpx.HTTPError as exc:
-        raise errors.Unavailable(f"POST {path}: {exc}") from exc
-    if response.status_code != 200:
-        raise errors.Unavailable(f"POST {path} answered HTTP {response.status_code}: {response.text[:300]}")
+        await swap_mod.swap(
+            worker.address, worker.engine_address, label=label(agent, version),
+            apply_version=version if self.apply_weights else None, timeout_s=self.timeout_s,
+        )  # fmt: skip
 
 
 class Rebalancer:
