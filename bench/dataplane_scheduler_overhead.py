@@ -65,6 +65,7 @@ from treadle.services.buffer import store
 from treadle.services.env import protocol as env_protocol
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
+from treadle.services.scheduler import client as scheduler_client
 from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.services.scheduler import service as scheduler_service
 from treadle.v1 import placement_pb2, scheduler_pb2
@@ -389,7 +390,7 @@ async def main(cfg: Config) -> dict[str, Any]:
                 await asyncio.sleep(0.25)
                 stats = sched.stats()
                 samples.append(stats.in_flight)
-                if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+                if scheduler_client.settled(stats):
                     break
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         tracked = len(gc.get_objects())

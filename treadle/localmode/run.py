@@ -331,11 +331,11 @@ async def drive(
             echo(progress_line(stats, elapsed=elapsed, total=stats.submitted, rewards=rewards))
             if on_tick is not None:
                 await on_tick(stats)
-            finished = stats.completed + stats.failed + stats.aborted
-            if finished == stats.submitted and stats.unsaved == 0:
+            if scheduler_client.settled(stats):
                 break
             if elapsed > timeout_s:
-                echo(f"[{LABEL}] timed out after {timeout_s}s; {stats.submitted - finished} unfinished")
+                unfinished = stats.submitted - stats.completed - stats.failed - stats.aborted
+                echo(f"[{LABEL}] timed out after {timeout_s}s; {unfinished} unfinished")
                 break
         elapsed = time.monotonic() - began
         stats = await scheduler.stats()

@@ -89,7 +89,7 @@ async def test_two_agents_take_turns_and_a_busy_agent_receives_workers(stack: st
         deadline = time.monotonic() + 240
         while True:
             stats = await scheduler.stats()
-            if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+            if scheduler_client.settled(stats):
                 break
             assert time.monotonic() < deadline, f"not finished: {stats}"
             await asyncio.sleep(0.2)

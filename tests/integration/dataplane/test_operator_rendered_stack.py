@@ -157,7 +157,7 @@ async def test_rendered_children_run_and_fill_the_buffer(
             deadline = time.monotonic() + 120
             while True:
                 stats = await scheduler.stats()
-                if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+                if scheduler_client.settled(stats):
                     break
                 assert time.monotonic() < deadline, f"{stats}\n{stack.procs['scheduler'].tail()}"
                 await asyncio.sleep(0.2)
@@ -307,7 +307,7 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
             deadline = time.monotonic() + 240
             while True:
                 stats = await scheduler.stats()
-                if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+                if scheduler_client.settled(stats):
                     break
                 assert time.monotonic() < deadline, f"{stats}\n{stack.procs['placement'].tail()}"
                 await asyncio.sleep(0.2)

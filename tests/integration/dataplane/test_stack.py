@@ -50,7 +50,7 @@ async def wait_finished(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = await scheduler.stats()
-        if stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0:
+        if scheduler_client.settled(stats):
             return stats
         await asyncio.sleep(0.2)
     raise AssertionError(f"not finished in {timeout_s}s: {await scheduler.stats()}")

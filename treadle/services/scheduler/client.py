@@ -13,6 +13,11 @@ from treadle.services.grpcutil import status
 from treadle.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
+def settled(stats: scheduler_pb2.SchedulerStats) -> bool:
+    """Every submitted trajectory has ended (completed, failed or aborted) and been saved."""
+    return stats.completed + stats.failed + stats.aborted == stats.submitted and stats.unsaved == 0
+
+
 class SchedulerClient:
     def __init__(self, address: str) -> None:
         self._channel = grpc.aio.insecure_channel(address, options=status.channel_options())
