@@ -157,20 +157,8 @@ class Plan:
     """(group id, task, seed) to submit, tasks in turn by weight order."""
     max_model_len: int
     trajectories: int
-    reward_args: list[str]
-    """Flags of the reward gateway: the job's external service or judge (``reward_gateway_args``)."""
-
-
-def reward_gateway_args(reward: v1alpha1.Reward) -> list[str]:
-    """The gateway flags for ``spec.reward``, matching what a pod gets from the operator's env."""
-    if reward.url is None:
-        return []
-    if reward.type == "external":
-        return ["--external-url", reward.url]
-    if reward.type == "llm-judge":
-        model = ["--judge-model", reward.judge_model] if reward.judge_model else []
-        return ["--judge-url", reward.url, *model]
-    return []
+    reward: v1alpha1.Reward
+    """The job's scorer, given to the reward gateway as its pod gets it (``run.reward_env``)."""
 
 
 def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
@@ -209,5 +197,5 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
         groups=groups,
         max_model_len=max(a.max_model_len for a in spec.agents),
         trajectories=started,
-        reward_args=reward_gateway_args(spec.reward),
+        reward=spec.reward,
     )

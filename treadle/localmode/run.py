@@ -36,6 +36,7 @@ from treadle import errors
 from treadle.api import v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
+from treadle.services import podenv
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
@@ -73,7 +74,10 @@ async def start_services(
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
-    reward = (await stack.start("reward", "treadle.services.reward", plan.reward_args, kind="http")).url
+    gateway = await stack.start(
+        "reward", "treadle.services.reward", [], kind="http", env=reward_env(plan.reward)
+    )
+    reward = gateway.url
     await _check_reward_functions(reward, plan)
     engines: dict[str, str] = {}
     agents: dict[str, str] = {}
@@ -142,6 +146,17 @@ async def _start_grpc(
     proc = await stack.start(name, module, [*args, "--metrics-port", str(port)], kind="grpc")
     metrics[name] = f"http://127.0.0.1:{port}/metrics"
     return proc.address
+
+
+def reward_env(reward: v1alpha1.Reward) -> dict[str, str]:
+    """The reward gateway's environment for ``spec.reward``: what the operator renders into its pod,
+    read by the gateway's ``__main__`` (the one place that turns it into judge / external URLs)."""
+    env: dict[str, str] = {podenv.REWARD_TYPE: reward.type}
+    if reward.url is not None:
+        env[podenv.REWARD_EXTERNAL_URL] = reward.url
+    if reward.judge_model is not None:
+        env[podenv.REWARD_JUDGE_MODEL] = reward.judge_model
+    return env
 
 
 async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:

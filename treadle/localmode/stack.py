@@ -63,13 +63,14 @@ class Stack:
         run_dir.mkdir(parents=True, exist_ok=True)
 
     async def start(
-        self, name: str, module: str, args: Sequence[str], *, kind: str, health_path: str = "/healthz",
-        timeout_s: float = 60.0,
+        self, name: str, module: str, args: Sequence[str], *, kind: str, env: dict[str, str] | None = None,
+        health_path: str = "/healthz", timeout_s: float = 60.0,
     ) -> Proc:  # fmt: skip
-        """Run ``python -m module --host 127.0.0.1 --port <free> *args`` and wait until healthy."""
+        """Run ``python -m module --host 127.0.0.1 --port <free> *args`` with ``env`` added; wait until
+        healthy."""
         port = procs.free_port()
         argv = [self.python, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args]
-        return await self.launch(name, argv, port=port, kind=kind, health_path=health_path,
+        return await self.launch(name, argv, port=port, kind=kind, env=env, health_path=health_path,
                                  timeout_s=timeout_s)  # fmt: skip
 
     async def launch(

@@ -10,6 +10,7 @@ import yaml
 from treadle.api import v1alpha1
 from treadle.errors import SpecError
 from treadle.localmode import plan, run
+from treadle.services.reward import __main__ as reward_main
 from treadle.v1 import buffer_pb2, scheduler_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -70,14 +71,18 @@ def test_progress_and_summary_say_simulated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reward", "args"),
+    ("reward", "urls", "model"),
     [
-        ({"type": "rule"}, []),
-        ({"type": "external", "url": "http://scorer:9000/score"}, ["--external-url", "http://scorer:9000/score"]),
+        ({"type": "rule"}, (None, None), None),
+        ({"type": "external", "url": "http://scorer:9000/score"}, (None, "http://scorer:9000/score"), None),
         ({"type": "llm-judge", "url": "http://judge:8000", "judgeModel": "qwen-judge"},
-         ["--judge-url", "http://judge:8000", "--judge-model", "qwen-judge"]),
+         ("http://judge:8000", None), "qwen-judge"),
     ],
     ids=["rule", "external", "llm-judge"],
 )  # fmt: skip
-def test_the_reward_gateway_gets_the_jobs_scorer(reward: dict[str, str], args: list[str]) -> None:
-    assert plan.reward_gateway_args(v1alpha1.Reward.model_validate(reward)) == args
+def test_the_reward_gateway_gets_the_jobs_scorer(
+    reward: dict[str, str], urls: tuple[str | None, str | None], model: str | None
+) -> None:
+    env = run.reward_env(v1alpha1.Reward.model_validate(reward))
+    assert reward_main.endpoints(None, None, env) == urls
+    assert env.get("TREADLE_REWARD_JUDGE_MODEL") == model
