@@ -83,10 +83,10 @@ def mooncake_master() -> Iterator[mooncake_master_mod.MooncakeMaster]:
 def dev_cluster() -> Iterator[kwok.DevCluster]:
     """A real kube-apiserver, controller-manager and scheduler with KWOK H800/H20/CPU pools.
 
-    The cluster is private to the test session (own name, own kubeconfig) and torn down after it.
+    The cluster is private to the test session (own name with the pid, own kubeconfig, free ports)
+    and torn down after it; clusters of killed sessions are removed first.
     """
-    cluster = kwok.DevCluster(name="treadle-e2e", workdir=kwok.cache_dir() / "kwok-e2e")
-    cluster.down()  # a session killed before its teardown leaves a cluster with its objects: start clean
+    cluster = kwok.session_cluster("treadle-e2e", kwok.cache_dir() / "kwok-e2e")
     cluster.up()
     try:
         yield cluster

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -181,6 +183,9 @@ class DevCluster:
         time.sleep(0.2)
         if leftover := [p for p in pids if _alive(p)]:
             raise ClusterError(f"dev cluster {self.name!r}: step 'down' left processes {leftover}")
+        # kwokctl leaves the state behind when its delete failed; a later up() must not reuse it.
+        shutil.rmtree(self.cluster_dir, ignore_errors=True)
+        (self.workdir / f"{self.name}.kwokctl.yaml").unlink(missing_ok=True)
 
     def nodes_by_pool(self) -> dict[str, list[str]]:
         items = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
@@ -189,6 +194,20 @@ class DevCluster:
             pool = item["metadata"]["labels"].get(nodes.POOL_LABEL, "")
             out.setdefault(pool, []).append(item["metadata"]["name"])
         return out
+
+
+def session_cluster(prefix: str, workdir: Path) -> DevCluster:
+    """A cluster private to this process (``<prefix>-<pid>``), after removing those of dead sessions.
+
+    Two test sessions on one machine then never share a control plane, and a session that was
+    killed before its teardown does not leave its processes and state behind for good.
+    """
+    owned = re.compile(rf"{re.escape(prefix)}-(\d+)")
+    clusters = workdir / "clusters"
+    for path in sorted(clusters.iterdir()) if clusters.is_dir() else []:
+        if (m := owned.fullmatch(path.name)) and not _alive(int(m.group(1))):
+            DevCluster(name=path.name, workdir=workdir).down()
+    return DevCluster(name=f"{prefix}-{os.getpid()}", workdir=workdir)
 
 
 def _alive(pid: int) -> bool:
