@@ -31,8 +31,9 @@ class AgentClient:
     async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep") -> None:
         await http.call(self._http, "POST", "/v1/pause", json={"mode": mode})
 
-    async def resume(self) -> None:
-        await http.call(self._http, "POST", "/v1/resume")
+    async def resume(self, pool: str = "") -> None:
+        """Resume; ``pool`` names the pool a rebalancing move just gave this worker."""
+        await http.call(self._http, "POST", "/v1/resume", json={"pool": pool})
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -115,8 +115,10 @@ def build_app(
         return {"status": "paused"}
 
     @app.post("/v1/resume", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
-    async def resume() -> dict[str, str]:
+    async def resume(req: protocol.ResumeRequest | None = None) -> dict[str, str]:
         await svc.resume()
+        if req is not None and req.pool and report is not None:
+            report.rehome(req.pool)
         return {"status": "resumed"}
 
     return app

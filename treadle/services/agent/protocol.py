@@ -61,3 +61,11 @@ class WorkerLoad(BaseModel):
 
 class PauseRequest(BaseModel):
     mode: Literal["abort", "wait", "keep"] = "keep"
+
+
+class ResumeRequest(BaseModel):
+    pool: str = Field(
+        default="", max_length=200,
+        description="the pool this worker serves from now on (a rebalancing move); the agent registers "
+        "with it when placement has forgotten the worker. Empty: unchanged",
+    )  # fmt: skip

@@ -6,6 +6,12 @@ them). Each interval it sends ``svc.load()`` (refreshed from the engine by the a
 registers first, and again whenever placement answers ``NotFound`` (placement restarted and forgot
 its workers). Failures are logged and retried at the next interval: placement being down must
 never stop generation.
+
+The pool it registers with starts as the pod's (``TREADLE_POOL``) and follows rebalancing: a move's
+swap ends with a resume naming the receiver's pool (``rehome``), so a placement that restarts and
+forgets its moves gets the worker back in the pool whose agent its engine serves, not in the pool its
+pod was rendered for. Only this process remembers: if the agent's container restarts while its
+engine keeps the receiver's weights, it registers in the rendered pool again (docs/MULTI_AGENT.md).
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ class LoadReporter:
         self._client: placement_client.PlacementClient | None = None
         self.registered = False
         self.reports = 0
+
+    def rehome(self, pool: str) -> None:
+        """Register in ``pool`` from now on (placement itself re-homed the worker when it moved it)."""
+        if pool != self.worker.pool:
+            log.info("%s now serves pool %s (was %s)", self.worker.worker_id, pool, self.worker.pool)
+            self.worker.pool = pool
 
     async def report_once(self) -> None:
         """Register if needed, then send the current load; raises what placement answered."""

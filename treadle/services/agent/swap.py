@@ -6,7 +6,8 @@ to another agent). Either way: pause through the agent with ``mode="wait"`` (run
 finish on the weights that started them), with real vLLM apply the version through the weights
 extension (``treadle.weights.vllm_extension``) and drop the prefix cache computed with the old
 weights, set the engine's weight-version label, and resume through the agent, which re-reads the
-label so every later token is tagged with it. The agent resumes even when a step fails.
+label so every later token is tagged with it. The agent resumes even when a step fails; a move's
+resume names the receiver's pool, which the agent registers with from then on (``agent.reporter``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,16 @@ class SwapRefused(errors.Unavailable):
 
 
 async def swap(
-    agent_url: str, engine_url: str, *, label: str, apply_version: int | None, timeout_s: float
+    agent_url: str,
+    engine_url: str,
+    *,
+    label: str,
+    apply_version: int | None,
+    timeout_s: float,
+    pool: str = "",
 ) -> None:
-    """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given."""
+    """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given;
+    a move names the receiver's ``pool``, which the agent is told only once the swap succeeded."""
     agent = agent_client.AgentClient(agent_url, timeout_s=timeout_s)
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
@@ -36,8 +44,10 @@ async def swap(
                     await collective_rpc(http, engine_url, "treadle_weights_apply", str(apply_version))
                     await _post(http, f"{engine_url}/reset_prefix_cache", None)
                 await _post(http, f"{engine_url}/update_weight_version", {"new_version": label})
-            finally:
+            except BaseException:
                 await agent.resume()
+                raise
+            await agent.resume(pool)
     finally:
         await agent.aclose()
 

@@ -65,7 +65,9 @@ def label(agent: str, version: int) -> str:
 
 class Swapper(Protocol):
     async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
-        """Make ``worker``'s engine serve ``agent``'s weights at ``version``; raise on failure."""
+        """Make ``worker``'s engine serve ``agent``'s weights at ``version``; raise on failure.
+
+        ``worker`` is the record as it will be once moved: its ``pool`` is the receiver's."""
 
 
 class HttpSwapper:
@@ -79,6 +81,7 @@ class HttpSwapper:
         await swap_mod.swap(
             worker.address, worker.engine_address, label=label(agent, version),
             apply_version=version if self.apply_weights else None, timeout_s=self.timeout_s,
+            pool=worker.pool,
         )  # fmt: skip
 
 
@@ -135,6 +138,8 @@ class Rebalancer:
             if await self._drained(worker_id):
                 version = self.svc.agent_version(receiver)  # read now: the freshest the receiver serves
                 worker = self.svc.worker_info(worker_id)
+                # The agent registers with this pool from now on, even with a placement that forgot the move.
+                worker.pool = self.svc.receiver_pool(worker_id)
                 await self.swapper.swap(worker, agent=receiver, version=version)
                 loaded = version
             else:

@@ -458,6 +458,16 @@ class PlacementService:
         """The highest policy version the agent's serving workers report (what a moved worker loads)."""
         return next((a.weight_version for a in self.agent_loads() if a.agent_id == agent), 0)
 
+    def receiver_pool(self, worker_id: str) -> str:
+        """The pool a worker being moved joins: the receiver's first pool of the donor's shape."""
+        w = self._worker(worker_id, field="worker_id")
+        if not w.moving_to:
+            raise errors.Conflict(f"worker {worker_id!r} is not being moved")
+        donor_shape = self.pool_shapes.get(w.info.pool, "")
+        pools = sorted(p for p, a in self.pool_agents.items() if a == w.moving_to)
+        same_shape = [p for p in pools if self.pool_shapes.get(p, "") == donor_shape]
+        return (same_shape or pools)[0]
+
     def finish_move(self, worker_id: str, *, loaded: int | None) -> None:
         """End a worker's move: re-homed to the receiver's pool once it ``loaded`` the receiver's
         weights at that version; back to its donor, untouched, when ``None`` (the swap failed)."""
@@ -468,10 +478,7 @@ class PlacementService:
             # Its last report still gives the donor's version: until the next one, what it loaded.
             w.load.policy_version = loaded
             donor = self._agent_of(w)
-            donor_shape = self.pool_shapes.get(w.info.pool, "")
-            pools = sorted(p for p, a in self.pool_agents.items() if a == w.moving_to)
-            same_shape = [p for p in pools if self.pool_shapes.get(p, "") == donor_shape]
-            w.info.pool = (same_shape or pools)[0]
+            w.info.pool = self.receiver_pool(worker_id)
             self._moves += 1
             self._moved_out[donor] += 1
             self._moved_in[w.moving_to] += 1
