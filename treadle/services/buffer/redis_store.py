@@ -11,8 +11,9 @@ agent, expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<stat
 ``P pending`` zset group -> seq, ``P pa:<agent>`` the same zset for one agent's experience table
 (FlexMARL; kept in step with ``P pending`` by every script), ``P lease:<batch>`` groups joined by
 newlines, ``P leases`` zset batch -> deadline, ``P seen`` / ``P gone`` sets, ``P stats`` and
-``P reasons`` hashes, ``P seq`` counter. Ids and task names hold no control characters
-(``protocol`` checks), so newlines and ``\x1f`` can separate them.
+``P reasons`` hashes, ``P seq`` counter, ``P pipeline`` the micro-batch pipeline's state (JSON,
+written by the lease, ack and requeue scripts that go with it). Ids and task names hold no control
+characters (``protocol`` checks), so newlines and ``\x1f`` can separate them.
 """
 
 from __future__ import annotations
@@ -152,15 +153,16 @@ if mode == 'evict' then redis.call('HINCRBY', p .. 'stats', 'evicted', n) end
 return n
 """
 
-# ARGV: prefix, batch id, deadline, group ids...
+# ARGV: prefix, batch id, deadline, pipeline state ('' to leave it), group ids...
 _LEASE = """
 local p = ARGV[1]
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   if not redis.call('ZSCORE', p .. 'pending', ARGV[i]) then return {'missing', ARGV[i]} end
 end
+if ARGV[4] ~= '' then redis.call('SET', p .. 'pipeline', ARGV[4]) end
 local out = {'ok'}
 local gids = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local gid = ARGV[i]
   redis.call('ZREM', p .. 'pending', gid)
   redis.call('ZREM', p .. 'pa:' .. (redis.call('HGET', p .. 'g:' .. gid, 'agent') or ''), gid)
@@ -179,11 +181,13 @@ redis.call('HINCRBY', p .. 'stats', 'delivered', #out - 1)
 return out
 """
 
+# ARGV: prefix, batch id, pipeline state ('' to leave it)
 _ACK = """
 local p = ARGV[1]
 local lk = p .. 'lease:' .. ARGV[2]
 local groups = redis.call('GET', lk)
 if not groups then return -1 end
+if ARGV[3] ~= '' then redis.call('SET', p .. 'pipeline', ARGV[3]) end
 local n = 0
 for gid in string.gmatch(groups, '[^\\n]+') do
   n = n + tonumber(redis.call('HGET', p .. 'g:' .. gid, 'completed') or 0)
@@ -199,8 +203,10 @@ redis.call('HINCRBY', p .. 'stats', 'acked', n)
 return n
 """
 
+# ARGV: prefix, now, pipeline state ('' to leave it)
 _REQUEUE = """
 local p = ARGV[1]
+if ARGV[3] ~= '' then redis.call('SET', p .. 'pipeline', ARGV[3]) end
 local moved = 0
 for _, bid in ipairs(redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', ARGV[2])) do
   local lk = p .. 'lease:' .. bid
@@ -304,22 +310,31 @@ class RedisStore:
     async def retire(self, group_ids: Sequence[str]) -> int:
         return int(await self._delete(args=[self._p, "retire", *group_ids])) if group_ids else 0
 
-    async def lease(self, group_ids: Sequence[str], *, batch_id: str, deadline: float) -> store.Leased:
-        reply = await self._lease(args=[self._p, batch_id, repr(deadline), *group_ids])
+    async def lease(
+        self, group_ids: Sequence[str], *, batch_id: str, deadline: float, pipeline: str | None = None
+    ) -> store.Leased:
+        reply = await self._lease(args=[self._p, batch_id, repr(deadline), pipeline or "", *group_ids])
         if reply[0] == b"missing":
             raise NotFound(f"group {reply[1].decode()!r} is not pending")
         return store.Leased(payloads=list(reply[1:]))
 
-    async def ack(self, batch_id: str) -> int:
-        n = int(await self._ack(args=[self._p, batch_id]))
+    async def ack(self, batch_id: str, *, pipeline: str | None = None) -> int:
+        n = int(await self._ack(args=[self._p, batch_id, pipeline or ""]))
         if n < 0:
             raise NotFound(
                 f"batch {batch_id!r} is not leased (unknown, already acked, or expired and redelivered)"
             )
         return n
 
-    async def requeue_expired(self, now: float) -> int:
-        return int(await self._requeue(args=[self._p, repr(now)]))
+    async def requeue_expired(self, now: float, *, pipeline: str | None = None) -> int:
+        return int(await self._requeue(args=[self._p, repr(now), pipeline or ""]))
+
+    async def pipeline_state(self) -> str | None:
+        state = await self._r.get(self._p + "pipeline")
+        return state.decode() if isinstance(state, bytes) else state
+
+    async def save_pipeline(self, state: str) -> None:
+        await self._r.set(self._p + "pipeline", state)
 
     async def counters(self) -> store.Counters:
         async with self._r.pipeline(transaction=False) as pipe:

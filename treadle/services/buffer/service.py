@@ -13,6 +13,11 @@ group belongs to one agent's experience table (the trajectories' ``agent``); ``g
 ``stream_batch`` read one table or all. ``stream_batch`` releases an agent's micro-batches as its
 ready samples reach the threshold, ``ack`` counts them as trained, and ``await_update`` is the
 global barrier that answers every agent's trainer once all of them are through the step.
+
+The pipeline's state lives in the store, not only here: every change is made on a copy under
+``_pipeline_lock`` and kept once the store has taken it, atomically with the lease, ack or requeue it
+goes with. A buffer rebuilt on the same Redis loads it at its first pipeline call, so trainers that
+reconnect ack what they were given, stream the rest of the step and get its one update.
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class BufferService:
         self.registry = registry or prom.CollectorRegistry()
         self.metrics = BufferMetrics(self.registry)
         self.pipeline = pipeline.MicroBatchPipeline(agents)
+        self._pipeline_loaded = False
+        self._pipeline_lock = asyncio.Lock()
         self._changed = asyncio.Event()
 
     async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> protocol.PutResult:
@@ -127,7 +134,11 @@ class BufferService:
             batch_size=batch_size, timeout_s=timeout_s, lease_s=lease_s, micro_batch_size=micro_batch_size,
             agent=agent,
         )  # fmt: skip
-        self.pipeline.begin(agent, target=batch_size)
+        async with self.store.lock():  # a trainer streaming again gets what it lost when its lease ended
+            await self._requeue_expired(self.clock())
+        async with self._changing() as p:
+            p.begin(agent, target=batch_size)
+            await self.store.save_pipeline(p.dump())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not self.pipeline.finished(agent):
@@ -137,26 +148,29 @@ class BufferService:
             micro = None
             if release is not None:
                 micro = await self.try_take(
-                    release.samples, version=version, lease_s=lease_s, agent=agent or None
+                    release.samples, version=version, lease_s=lease_s, agent=agent or None, release_to=agent
                 )
             if micro is not None:
                 n = len(micro.trajectories)
-                self.pipeline.released(agent, batch_id=micro.batch_id, samples=n)
                 micro.agent = agent
                 micro.loss_scale = n / batch_size
                 micro.last = self.pipeline.finished(agent)
                 yield micro
                 deadline = loop.time() + timeout_s
                 continue
-            if self.pipeline.states[agent].rollout_done:
+            state = self.pipeline.states.get(agent)
+            if state is None or state.rollout_done:
                 break
             left = deadline - loop.time()
             if left <= 0:
-                self.pipeline.rollout_done(agent)  # the tail, if any, goes on the next pass
+                async with self._changing() as p:
+                    p.rollout_done(agent)  # the tail, if any, goes on the next pass
+                    await self.store.save_pipeline(p.dump())
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(self.poll_s, left))
-        if self.pipeline.states[agent].released == 0:
+        state = self.pipeline.states.get(agent)
+        if state is not None and state.released == 0:
             raise TimeoutError(f"no micro-batch of agent {agent!r} filled within {timeout_s}s")
 
     async def _ready(self, agent: str, *, version: int) -> int:
@@ -167,11 +181,27 @@ class BufferService:
 
     async def ack(self, batch_id: str) -> int:
         protocol.check_batch_id(batch_id)
-        n = await self.store.ack(batch_id)
-        self.pipeline.acked(batch_id, n)
-        self.pipeline.try_update()
+        async with self._changing() as p:
+            ours = batch_id in p.batches
+            p.acked(batch_id)
+            closed = p.try_update() is not None
+            n = await self.store.ack(batch_id, pipeline=p.dump() if ours or closed else None)
         self._wake()
         return n
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[pipeline.MicroBatchPipeline]:
+        """A copy of the pipeline state to change and hand to the store; it replaces the state only
+        if the block completes (the store took it), so a refused call changes nothing."""
+        async with self._pipeline_lock:
+            if not self._pipeline_loaded:
+                saved = await self.store.pipeline_state()
+                if saved is not None:
+                    self.pipeline = pipeline.load(saved, agents=self.pipeline.agents)
+                self._pipeline_loaded = True
+            after = self.pipeline.copy()
+            yield after
+            self.pipeline = after
 
     async def await_update(self, *, agent: str, timeout_s: float) -> buffer_pb2.UnifiedUpdate:
         """Block until the step ``agent`` is in closes (every agent through it); its update."""
@@ -182,7 +212,9 @@ class BufferService:
         deadline = loop.time() + timeout_s
         while True:
             changed = self._changed
-            self.pipeline.try_update()
+            async with self._changing() as p:
+                if p.try_update() is not None:
+                    await self.store.save_pipeline(p.dump())
             step, update = self.pipeline.update_for(agent)
             if update is not None:
                 return buffer_pb2.UnifiedUpdate(
@@ -232,14 +264,23 @@ class BufferService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(self.poll_s, left))
 
+    async def _requeue_expired(self, now: float) -> None:
+        """Under the store's lock: leases ended by ``now`` go back to pending, and the pipeline's
+        micro-batches among them count as not released."""
+        async with self._changing() as p:
+            expired = p.expire(now)
+            await self.store.requeue_expired(now, pipeline=p.dump() if expired else None)
+
     async def try_take(
-        self, size: int, *, version: int, lease_s: float = 0.0, agent: str | None = None
-    ) -> buffer_pb2.Batch | None:
-        """One attempt to form and lease a batch of ``size`` from ``agent``'s table (None: all)."""
+        self, size: int, *, version: int, lease_s: float = 0.0, agent: str | None = None,
+        release_to: str | None = None,
+    ) -> buffer_pb2.Batch | None:  # fmt: skip
+        """One attempt to form and lease a batch of ``size`` from ``agent``'s table (None: all);
+        ``release_to``: the batch is that pipeline agent's micro-batch."""
         evicted = 0
         async with self.store.lock():
             now = self.clock()
-            await self.store.requeue_expired(now)
+            await self._requeue_expired(now)
             limit = max(MIN_SCAN, size // 4)
             while True:
                 groups, more = await self.store.pending(limit, agent=agent)
@@ -259,9 +300,17 @@ class BufferService:
             if plan is None:
                 return None
             batch_id = uuid.uuid4().hex
-            leased = await self.store.lease(
-                plan, batch_id=batch_id, deadline=now + (lease_s or self.default_lease_s)
-            )
+            deadline = now + (lease_s or self.default_lease_s)
+            if release_to is None:
+                leased = await self.store.lease(plan, batch_id=batch_id, deadline=deadline)
+            else:
+                planned = set(plan)
+                samples = sum(g.completed for g in live if g.group_id in planned)
+                async with self._changing() as p:
+                    p.released(release_to, batch_id=batch_id, samples=samples, deadline=deadline)
+                    leased = await self.store.lease(
+                        plan, batch_id=batch_id, deadline=deadline, pipeline=p.dump()
+                    )
         self.metrics.delivered.inc(len(leased.payloads))
         batch = buffer_pb2.Batch(batch_id=batch_id, group_ids=plan, evicted_groups=evicted)
         for payload in leased.payloads:

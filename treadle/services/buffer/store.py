@@ -9,6 +9,13 @@ State of a group: *pending* (members arriving or ready, not leased) -> *leased* 
 deleted on ``ack``, or back to pending when the lease expires (redelivery). Evicted groups are
 deleted and remembered, so a late member of an evicted group is counted, not stored. Every stored
 trajectory id is remembered, so a repeated put is a counted duplicate (idempotent put).
+
+The store also keeps the state of FlexMARL's micro-batch pipeline (``pipeline.MicroBatchPipeline``,
+one JSON document the store does not read): ``lease``, ``ack`` and ``requeue_expired`` take the state
+that follows them and store it in the same atomic step, or not at all when they refuse, so a
+restarted buffer never sees a micro-batch released, trained or redelivered without the pipeline
+knowing. Other changes (a step closing at the barrier, a rollout ending) go through
+``save_pipeline``.
 """
 
 from __future__ import annotations
@@ -68,14 +75,21 @@ class Store(Protocol):
     async def retire(self, group_ids: Sequence[str]) -> int:
         """Delete ready groups with no completed member."""
 
-    async def lease(self, group_ids: Sequence[str], *, batch_id: str, deadline: float) -> Leased:
+    async def lease(
+        self, group_ids: Sequence[str], *, batch_id: str, deadline: float, pipeline: str | None = None
+    ) -> Leased:
         """Move pending groups under ``batch_id`` until ``deadline`` (store clock, seconds)."""
 
-    async def ack(self, batch_id: str) -> int:
+    async def ack(self, batch_id: str, *, pipeline: str | None = None) -> int:
         """Delete a leased batch; ``NotFound`` for an unknown (or expired and redelivered) batch."""
 
-    async def requeue_expired(self, now: float) -> int:
+    async def requeue_expired(self, now: float, *, pipeline: str | None = None) -> int:
         """Return groups of leases that ended before ``now`` to pending; how many groups."""
+
+    async def pipeline_state(self) -> str | None:
+        """The micro-batch pipeline's state last stored (None: never)."""
+
+    async def save_pipeline(self, state: str) -> None: ...
 
     async def counters(self) -> Counters: ...
 
@@ -127,6 +141,7 @@ class MemoryStore:
         self._leases: dict[str, tuple[float, list[str]]] = {}
         self._seen: set[str] = set()
         self._gone: set[str] = set()
+        self._pipeline: str | None = None
         self._c = Counters()
 
     async def put(self, records: Sequence[protocol.Record]) -> protocol.PutResult:
@@ -220,11 +235,15 @@ class MemoryStore:
                 self._c.retired_empty_groups += 1
         return n
 
-    async def lease(self, group_ids: Sequence[str], *, batch_id: str, deadline: float) -> Leased:
+    async def lease(
+        self, group_ids: Sequence[str], *, batch_id: str, deadline: float, pipeline: str | None = None
+    ) -> Leased:
         payloads: list[bytes] = []
         for gid in group_ids:
             if gid not in self._pending:
                 raise NotFound(f"group {gid!r} is not pending")
+        if pipeline is not None:
+            self._pipeline = pipeline
         for gid in group_ids:
             self._pending.discard(gid)
             for tid, status in self._groups[gid].members:
@@ -234,12 +253,14 @@ class MemoryStore:
         self._c.delivered += len(payloads)
         return Leased(payloads=payloads)
 
-    async def ack(self, batch_id: str) -> int:
+    async def ack(self, batch_id: str, *, pipeline: str | None = None) -> int:
         lease = self._leases.pop(batch_id, None)
         if lease is None:
             raise NotFound(
                 f"batch {batch_id!r} is not leased (unknown, already acked, or expired and redelivered)"
             )
+        if pipeline is not None:
+            self._pipeline = pipeline
         n = 0
         for gid in lease[1]:
             n += self._groups[gid].completed
@@ -247,7 +268,9 @@ class MemoryStore:
         self._c.acked += n
         return n
 
-    async def requeue_expired(self, now: float) -> int:
+    async def requeue_expired(self, now: float, *, pipeline: str | None = None) -> int:
+        if pipeline is not None:
+            self._pipeline = pipeline
         moved = 0
         for bid, (deadline, gids) in list(self._leases.items()):
             if deadline <= now:
@@ -257,6 +280,12 @@ class MemoryStore:
                     self._c.redelivered += self._groups[gid].completed
                 moved += len(gids)
         return moved
+
+    async def pipeline_state(self) -> str | None:
+        return self._pipeline
+
+    async def save_pipeline(self, state: str) -> None:
+        self._pipeline = state
 
     async def counters(self) -> Counters:
         c = dataclasses.replace(self._c, failed_by_reason=dict(self._c.failed_by_reason))
