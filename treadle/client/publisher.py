@@ -10,6 +10,11 @@ the next ``get_batch``) keeps going; the state dict must not be modified until `
 returns, because tensors are read in place. Commit is refused for a version whose manifest is not
 in the store, so the control plane never announces a version inference cannot pull. The committer
 is anything with ``async commit_version(version)`` (the scheduler client, or None in local mode).
+
+A multi-agent job's trainer publishes each agent's versions under that agent's prefix, one
+``publish.Publisher(store, layout.agent_prefix(prefix, agent))`` per agent, where ``prefix`` is the
+job's (``TREADLE_WEIGHTS_PREFIX`` as the operator renders it for the engines); an engine that
+placement moves to another agent then loads that agent's versions (``treadle.weights.layout``).
 """
 
 from __future__ import annotations

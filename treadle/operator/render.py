@@ -410,6 +410,29 @@ def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
     return [deployment, _service(job, cfg, "reward", {"http": config.PORTS["reward"]})]
 
 
+LOCAL_WEIGHTS_DIR = "/var/lib/treadle/weights"
+"""The node's directory a ``weights.store: local`` job publishes to and its engines read from."""
+
+
+def _weights_env(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, agent: v1alpha1.Agent
+) -> list[dict[str, Any]]:
+    """Where the engine's weights extension pulls published versions (``weights.loader.store_from_env``).
+
+    The prefix is the job's; a multi-agent job's agents publish under ``<prefix>/<agent>``
+    (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
+    """
+    env = {"TREADLE_WEIGHTS_PREFIX": f"{job.namespace}/{job.name}"}
+    if len(job.spec.agents) > 1:
+        env["TREADLE_WEIGHTS_AGENT"] = agent.name
+    if job.spec.weights.store == "mooncake":
+        env["TREADLE_WEIGHTS_MASTER"] = cfg.mooncake_master
+        env["TREADLE_WEIGHTS_METADATA"] = cfg.mooncake_metadata_url
+    else:
+        env["TREADLE_WEIGHTS_DIR"] = LOCAL_WEIGHTS_DIR
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
 def render_pool(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, pool: v1alpha1.Pool
 ) -> list[dict[str, Any]]:
@@ -440,7 +463,11 @@ def render_pool(
             "--worker-extension-cls",
             config.VLLM_WORKER_EXTENSION,
         ],
-        "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, *_env(job, cfg)],
+        "env": [
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            *_env(job, cfg),
+            *_weights_env(job, cfg, agent),
+        ],
         "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
         "resources": {
             "requests": {"cpu": str(4 * tp), "memory": f"{32 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
@@ -453,7 +480,15 @@ def render_pool(
             "failureThreshold": 90,
         },
         "readinessProbe": {"httpGet": {"path": "/health", "port": vllm_port}, "periodSeconds": 5},
-        "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            _config_mount(),
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *(
+                [{"name": "weights", "mountPath": LOCAL_WEIGHTS_DIR}]
+                if job.spec.weights.store == "local"
+                else []
+            ),
+        ],
     }
     sidecar = _service_container(
         job,
@@ -483,6 +518,10 @@ def render_pool(
     deployment["spec"]["template"]["spec"]["volumes"].append(
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * tp}Gi"}}
     )
+    if job.spec.weights.store == "local":
+        deployment["spec"]["template"]["spec"]["volumes"].append(
+            {"name": "weights", "hostPath": {"path": LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"}}
+        )
     deployment = _stamp(deployment)
     ports = {"agent": config.PORTS["agent"], "openai": vllm_port}
     return [deployment, _service(job, cfg, "pool", ports, pool=pool.name, headless=True)]

@@ -22,6 +22,10 @@ longest running request, which is small for the toy's short turns; for long gene
 with a re-prefill would be the better trade and the agent's tags would then be conservative (never
 newer than the truth). The scheduler is suspended meanwhile, so no new trajectory starts.
 
+A trainer of one agent of a multi-agent job publishes under that agent's prefix
+(``treadle.weights.layout.agent_prefix``) and passes ``agent``: each engine then applies the
+version from that agent's versions.
+
 The simulated engine cannot load weights; with ``extension=False`` only the label moves (the
 integration tests use it to check the loop's mechanics, never its learning).
 """
@@ -49,10 +53,13 @@ class Replica:
 
 
 class EngineSwapper:
-    def __init__(self, replicas: Sequence[Replica], *, extension: bool, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, replicas: Sequence[Replica], *, extension: bool, timeout_s: float = 300.0, agent: str = ""
+    ) -> None:
         if not replicas:
             raise errors.SpecError("need at least one replica", field="replicas")
         self.replicas = list(replicas)
+        self.agent = agent
         self.extension = extension
         self.timeout_s = timeout_s
         self.served: dict[str, int] = {r.worker_id: 0 for r in replicas}
@@ -84,6 +91,6 @@ class EngineSwapper:
     async def _swap_one(self, r: Replica, version: int) -> None:
         await swap_mod.swap(
             r.agent_url, r.engine_url, label=str(version), apply_version=version if self.extension else None,
-            timeout_s=self.timeout_s,
+            apply_agent=self.agent, timeout_s=self.timeout_s,
         )  # fmt: skip
         self.served[r.worker_id] = version

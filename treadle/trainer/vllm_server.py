@@ -1,7 +1,8 @@
 """Start real vLLM (CPU) for the trainer's local stack, with the Treadle weights worker extension.
 
 Run by ``treadle.trainer.run`` through ``treadle.localmode.stack.Stack`` as
-``python -m treadle.trainer.vllm_server --host H --port P --model DIR --weights-dir W --weights-prefix X``.
+``python -m treadle.trainer.vllm_server --host H --port P --model DIR --weights-dir W --weights-prefix X``
+(``--weights-agent A``: a multi-agent job's engine, starting on agent A's versions).
 It only sets the environment vLLM needs here (dev routes on, offline, a private compile cache, the
 OpenMP runtime preloaded, the store the extension pulls from; anchors/weights_inference_deps.md B1)
 and replaces itself with vLLM's OpenAI server, so a restart of the process restarts vLLM the same way.
@@ -30,6 +31,8 @@ def argv_and_env(args: argparse.Namespace, environ: dict[str, str]) -> tuple[lis
         "VLLM_CACHE_ROOT": str(args.cache_dir), "TREADLE_WEIGHTS_DIR": str(args.weights_dir),
         "TREADLE_WEIGHTS_PREFIX": args.weights_prefix,
     }  # fmt: skip
+    if args.weights_agent:
+        env["TREADLE_WEIGHTS_AGENT"] = args.weights_agent
     iomp = Path(sys.executable).parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)
@@ -49,6 +52,9 @@ def main() -> None:
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--weights-dir", type=Path, required=True, help="root of the local (file) weights store")
     p.add_argument("--weights-prefix", required=True)
+    p.add_argument(
+        "--weights-agent", default="", help="a multi-agent job's agent whose versions it starts on"
+    )
     p.add_argument("--cache-dir", type=Path, required=True, help="vLLM compile cache (VLLM_CACHE_ROOT)")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=64)

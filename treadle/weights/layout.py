@@ -7,6 +7,11 @@ nothing a manifest does not vouch for). Keys for version ``v`` under a job prefi
     p/v000000000042/MANIFEST                       JSON below, written only after every bucket
     p/HEAD                                         latest committed version (a hint, see below)
 
+A single-agent job publishes under its prefix itself; a multi-agent job (FlexMARL) publishes each
+agent's versions under ``p/<agent>`` (``agent_prefix``), so an engine that moves between agents
+reads the receiver's versions, numbered on their own. In a cluster ``p`` is what the operator
+renders as ``TREADLE_WEIGHTS_PREFIX`` (``<namespace>/<job>``).
+
 The manifest names every bucket with its size and xxh3-128 digest and every tensor with its bucket,
 offset, dtype and shape; it carries a digest of its own canonical JSON so a damaged manifest is
 rejected too. HEAD is written after the manifest and is only a hint for ``latest``: a publisher that
@@ -46,6 +51,13 @@ def check_prefix(prefix: str) -> str:
             value=prefix,
         )
     return prefix
+
+
+def agent_prefix(prefix: str, agent: str) -> str:
+    """Where ``agent``'s versions live in a multi-agent job whose prefix is ``prefix``."""
+    if not agent or "/" in agent:
+        raise errors.SpecError("must be one path segment (an agent's name)", field="agent", value=agent)
+    return check_prefix(f"{prefix}/{agent}")
 
 
 def check_version(version: int) -> int:

@@ -62,12 +62,16 @@ def checkpoint_spec(model_dir: str | os.PathLike[str]) -> dict[str, tuple[str, t
 
 
 def store_from_env(env: Mapping[str, str]) -> tuple[objects.ObjectStore, str]:
-    """The store and prefix an engine reads from: TREADLE_WEIGHTS_PREFIX plus either
+    """The store and prefix an engine reads from: TREADLE_WEIGHTS_PREFIX (the job's; with
+    TREADLE_WEIGHTS_AGENT, a multi-agent job, that agent's ``layout.agent_prefix``) plus either
     TREADLE_WEIGHTS_DIR (local FileStore) or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA
     (Mooncake; TREADLE_WEIGHTS_REPLICAS, default 2, only matters to writers)."""
     prefix = env.get("TREADLE_WEIGHTS_PREFIX")
     if not prefix:
         raise errors.SpecError("is required", field="TREADLE_WEIGHTS_PREFIX")
+    agent = env.get("TREADLE_WEIGHTS_AGENT")
+    if agent:
+        prefix = layout.agent_prefix(prefix, agent)
     if env.get("TREADLE_WEIGHTS_DIR"):
         return objects.FileStore(env["TREADLE_WEIGHTS_DIR"]), prefix
     master, metadata = env.get("TREADLE_WEIGHTS_MASTER"), env.get("TREADLE_WEIGHTS_METADATA")
@@ -98,8 +102,12 @@ class Loader:
         loaded_version: int = 0,
         kind: tensors.Kind = "torch",
         on_fatal: Callable[[BaseException], NoReturn] = _exit_process,  # tests pass a recorder
+        checkpoint: Callable[[], Iterable[tuple[str, Any]]] | None = None,
     ) -> None:
         self.reader = reader
+        """Reads the versions of the agent whose weights the engine serves (its prefix)."""
+        self._checkpoint = checkpoint
+        """The tensors the engine started from: version 0 of every agent's prefix (moves only)."""
         self.spec = dict(spec)
         self.loaded_version = loaded_version
         """Version the engine serves; 0 is the checkpoint it started from."""
@@ -114,6 +122,7 @@ class Loader:
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {
+                "prefix": self.reader.prefix,
                 "loaded_version": self.loaded_version,
                 "healthy": self.healthy,
                 "prefetching": sorted(v for v, f in self._pending.items() if not f.done()),
@@ -138,8 +147,15 @@ class Loader:
                 out, self._spare = self._spare, None
                 self._pending[version] = self.reader.prefetch(version, kind=self.kind, out=out)
 
-    def apply(self, version: int, load: Callable[[Iterable[tuple[str, Any]]], None]) -> dict[str, Any]:
+    def apply(
+        self, version: int, load: Callable[[Iterable[tuple[str, Any]]], None], *, prefix: str | None = None
+    ) -> dict[str, Any]:
         """Validate ``version`` completely, then ``load`` it; returns the new status.
+
+        ``prefix`` other than the reader's: another agent's versions (an inter-agent move). Any
+        version of it may be applied, older than the loaded one included (agents number their
+        versions on their own); its version 0 is the checkpoint the engine started from, loaded
+        again unless the engine still serves it. From then on the engine follows that prefix.
 
         Raises (NotFound, CorruptVersion, Conflict, Unavailable) with the served version untouched;
         if ``load`` raises, the model may be half-written: unhealthy, then ``on_fatal``.
@@ -148,31 +164,49 @@ class Loader:
         with self._lock:
             if not self.healthy:
                 raise errors.Unavailable("this replica failed a weight load and must be restarted")
-            if version <= self.loaded_version:
+            moving = prefix is not None and prefix != self.reader.prefix
+            if not moving and version <= self.loaded_version:
                 raise errors.Conflict(
                     f"version {version} is not newer than the loaded version {self.loaded_version}"
                 )
-            future = self._pending.pop(version, None)
+            reader = pull.Reader(self.reader.store, prefix) if moving and prefix is not None else self.reader
+            snapshot: pull.Snapshot | None = None
+            weights: Iterable[tuple[str, Any]] | None = None
             try:
-                snapshot = (
-                    future.result() if future is not None else self.reader.pull(version, kind=self.kind)
-                )
-                weights = self._checked(snapshot)
+                if moving and version == 0:
+                    weights = None if self.loaded_version == 0 else self._checkpoint_weights()
+                else:
+                    future = None if moving else self._pending.pop(version, None)
+                    snapshot = future.result() if future is not None else reader.pull(version, kind=self.kind)
+                    weights = self._checked(snapshot)
             except (errors.TreadleError, concurrent.futures.CancelledError) as exc:
-                self.last_error = f"v{version} refused: {exc}"
+                self.last_error = f"{reader.prefix} v{version} refused: {exc}"
+                if reader is not self.reader:
+                    reader.close()
                 raise
-            try:
-                load(weights)
-            except BaseException as exc:
-                self.healthy = False
-                self.last_error = f"v{version} load failed: {exc!r}"
-                self._on_fatal(exc)
+            if weights is not None:
+                try:
+                    load(weights)
+                except BaseException as exc:
+                    self.healthy = False
+                    self.last_error = f"v{version} load failed: {exc!r}"
+                    self._on_fatal(exc)
             self.loaded_version = version
             self.last_error = None
-            self._spare = snapshot.buffer
-            for old in [v for v in self._pending if v <= version]:
+            if snapshot is not None:
+                self._spare = snapshot.buffer
+            # Prefetches of the previous prefix, or older than this version, will never be applied.
+            for old in [v for v in self._pending if moving or v <= version]:
                 self._pending.pop(old).cancel()
+            if reader is not self.reader:
+                self.reader, previous = reader, self.reader
+                previous.close()
         return self.status()
+
+    def _checkpoint_weights(self) -> Iterable[tuple[str, Any]]:
+        if self._checkpoint is None:
+            raise errors.Conflict("version 0 is the engine's checkpoint, which this loader cannot read")
+        return self._checkpoint()
 
     def _checked(self, snapshot: pull.Snapshot) -> list[tuple[str, Any]]:
         """The snapshot's tensors the checkpoint has, in its order; Conflict on any mismatch."""

@@ -11,6 +11,12 @@ agent (or a test) then drives an update over vLLM's dev routes::
     POST /resume
     POST /collective_rpc {"method": "treadle_weights_status"}                    # loaded_version
 
+In a multi-agent job each agent's versions live under ``<TREADLE_WEIGHTS_PREFIX>/<agent>``
+(``layout.agent_prefix``); the engine starts on ``TREADLE_WEIGHTS_AGENT``'s. An inter-agent move
+(placement's rebalancer) applies the receiver's version with the agent as a second argument,
+``{"method": "treadle_weights_apply", "args": ["3", "planner"]}``, and the engine follows that
+agent's versions from then on; version 0 of an agent is the checkpoint the engine started from.
+
 vLLM passes collective_rpc arguments as strings, hence ``version: str``. An apply that is refused
 (missing, corrupt or mismatched version) raises, so the route answers 500 and the engine keeps
 serving the previous version; a load that fails midway exits the worker (see ``loader``).
@@ -19,10 +25,11 @@ serving the previous version; a load that fails midway exits the worker (see ``l
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
-from treadle.weights import loader, pull
+from treadle.weights import layout, loader, pull
 
 
 class WeightsExtension:
@@ -37,9 +44,19 @@ class WeightsExtension:
             store, prefix = loader.store_from_env(os.environ)
             spec = loader.checkpoint_spec(self.vllm_config.model_config.model)
             initial = int(os.environ.get("TREADLE_WEIGHTS_INITIAL_VERSION", "0"))
-            existing = loader.Loader(pull.Reader(store, prefix), spec, loaded_version=initial, kind="torch")
+            existing = loader.Loader(
+                pull.Reader(store, prefix), spec, loaded_version=initial, kind="torch",
+                checkpoint=self._treadle_checkpoint,
+            )  # fmt: skip
             self._treadle_weights_loader = existing
         return existing
+
+    def _treadle_checkpoint(self) -> Iterator[tuple[str, Any]]:
+        """The checkpoint's tensors, one file at a time (version 0, for a move to an untrained agent)."""
+        from safetensors import torch as st_torch
+
+        for path in sorted(Path(self.vllm_config.model_config.model).glob("*.safetensors")):
+            yield from st_torch.load_file(str(path)).items()
 
     def treadle_weights_status(self) -> dict[str, Any]:
         return self._treadle_loader().status()
@@ -49,12 +66,15 @@ class WeightsExtension:
         target.prefetch(int(version))
         return target.status()
 
-    def treadle_weights_apply(self, version: str) -> dict[str, Any]:
+    def treadle_weights_apply(self, version: str, agent: str = "") -> dict[str, Any]:
+        """Load ``version`` of the agent served now, or with ``agent``, of that agent (a move)."""
+
         def load(weights: Iterable[tuple[str, Any]]) -> None:
             self.model_runner.reload_weights(weights_iterator=iter(weights))
             self._repack_vocab_embeddings()
 
-        return self._treadle_loader().apply(int(version), load)
+        prefix = layout.agent_prefix(os.environ["TREADLE_WEIGHTS_PREFIX"], agent) if agent else None
+        return self._treadle_loader().apply(int(version), load, prefix=prefix)
 
     def _repack_vocab_embeddings(self) -> None:
         """Redo the CPU GEMM packing of every vocabulary embedding from its reloaded weights.

@@ -247,6 +247,8 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
     with stack_mod.Stack(tmp_path / "run") as stack:
         for name in ("buffer", "placement", "env", "reward"):
             argv, port = rw.command(by_name[name])
+            if name == "placement":  # the SIMULATED engines below take a move's label, not its weights
+                argv.append("--no-apply-weights")
             kind = "grpc" if name in render.COORDINATION else "http"
             await stack.launch(name, argv, port=port, kind=kind, env=rw.env(by_name[name]))
         # One pod per replica; each has its own loopback, so each engine and agent gets its own ports.

@@ -2,12 +2,13 @@
 
 Called by the trainer's ``treadle.trainer.engines.EngineSwapper`` (a new version of the same
 agent's weights) and by placement's rebalancer (``placement.rebalance.HttpSwapper``: a worker moving
-to another agent). Either way: pause through the agent with ``mode="wait"`` (running requests
-finish on the weights that started them), with real vLLM apply the version through the weights
-extension (``treadle.weights.vllm_extension``) and drop the prefix cache computed with the old
-weights, set the engine's weight-version label, and resume through the agent, which re-reads the
-label so every later token is tagged with it. The agent resumes even when a step fails; a move's
-resume names the receiver's pool, which the agent registers with from then on (``agent.reporter``).
+to another agent, which loads the receiver's version from the receiver's weight prefix). Either
+way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
+started them), with real vLLM apply the version through the weights extension
+(``treadle.weights.vllm_extension``) and drop the prefix cache computed with the old weights, set
+the engine's weight-version label, and resume through the agent, which re-reads the label so every
+later token is tagged with it. The agent resumes even when a step fails; a move's resume names the
+receiver's pool, which the agent registers with from then on (``agent.reporter``).
 """
 
 from __future__ import annotations
@@ -31,17 +32,20 @@ async def swap(
     label: str,
     apply_version: int | None,
     timeout_s: float,
+    apply_agent: str = "",
     pool: str = "",
 ) -> None:
-    """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given;
-    a move names the receiver's ``pool``, which the agent is told only once the swap succeeded."""
+    """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given
+    (of ``apply_agent``'s versions when named: ``treadle.weights.layout.agent_prefix``); a move names
+    the receiver's ``pool``, which the agent is told only once the swap succeeded."""
     agent = agent_client.AgentClient(agent_url, timeout_s=timeout_s)
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
             await agent.pause("wait")
             try:
                 if apply_version is not None:
-                    await collective_rpc(http, engine_url, "treadle_weights_apply", str(apply_version))
+                    args = (str(apply_version), apply_agent) if apply_agent else (str(apply_version),)
+                    await collective_rpc(http, engine_url, "treadle_weights_apply", *args)
                     await _post(http, f"{engine_url}/reset_prefix_cache", None)
                 await _post(http, f"{engine_url}/update_weight_version", {"new_version": label})
             except BaseException:

@@ -5,6 +5,11 @@ settings (``spec.rollout.rebalance``) from the job's config and ``TREADLE_PLACEM
 (``treadle.services.podenv``). A job with several agents runs inter-agent rebalancing
 (``rebalance.Rebalancer``) every ``--rebalance-interval-s`` unless that is 0 (the job's
 ``rebalance.enabled`` false, or unset with no two agents of one instance shape).
+
+A move loads the receiver's weights into the moved engine (``--apply-weights``) by default in a
+cluster, where the operator renders real vLLM with the weights extension and the job's weight
+store; local mode's simulated engines only take the label (``--no-apply-weights``, the default
+without a job).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Config:
     rebalance_settle_polls: int
     rebalance_rule: load_balance.Rule
     rebalance_step: int
+    apply_weights: bool
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -72,6 +78,11 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     )
     p.add_argument("--rebalance-rule", choices=["literal", "per-instance"])
     p.add_argument("--rebalance-step", type=int, help="workers moved per poll at most (0: the rule's k)")
+    p.add_argument(
+        "--apply-weights", action=argparse.BooleanOptionalAction,
+        help="a moved engine loads the receiver's weights (real vLLM with a weight store); default: "
+        "on with a job (a cluster), off without (local mode's simulated engines)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
@@ -100,7 +111,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       rebalance_delta=_given(a.rebalance_delta, rb.delta),
                       rebalance_settle_polls=_given(a.rebalance_settle_polls, rb.settle_polls),
                       rebalance_rule=_given(a.rebalance_rule, rb.rule),
-                      rebalance_step=_given(a.rebalance_step, rb.max_moves_per_poll))  # fmt: skip
+                      rebalance_step=_given(a.rebalance_step, rb.max_moves_per_poll),
+                      apply_weights=_given(a.apply_weights, job.present))  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -122,13 +134,17 @@ async def main(cfg: Config) -> None:
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None
     if cfg.rebalance_interval_s > 0 and len(set(cfg.pool_agents.values())) > 1:
-        # Said at startup because a real engine keeps the donor's weights (docs/MULTI_AGENT.md).
-        logging.warning(
-            "inter-agent rebalancing every %.2fs: a moved worker's engine is relabelled with the "
-            "receiver's version, its weights are not reloaded", cfg.rebalance_interval_s,
-        )  # fmt: skip
+        if cfg.apply_weights:
+            logging.info("inter-agent rebalancing every %.2fs", cfg.rebalance_interval_s)
+        else:
+            # Said at startup because a real engine would keep the donor's weights (docs/MULTI_AGENT.md).
+            logging.warning(
+                "inter-agent rebalancing every %.2fs without --apply-weights: a moved worker's engine "
+                "is relabelled with the receiver's version, its weights are not reloaded",
+                cfg.rebalance_interval_s,
+            )
         rebalancer = rebalance.Rebalancer(
-            svc, rebalance.HttpSwapper(), interval_s=cfg.rebalance_interval_s,
+            svc, rebalance.HttpSwapper(apply_weights=cfg.apply_weights), interval_s=cfg.rebalance_interval_s,
             settle_polls=cfg.rebalance_settle_polls,
         )  # fmt: skip
         loop = asyncio.create_task(rebalancer.run_forever(), name="rebalancer")

@@ -20,17 +20,16 @@ time, each made safely:
 2. **Swap** (``Swapper``): pause through the worker's agent (``mode=wait``: nothing is in flight by
    now, so nothing is aborted), load the receiver's current weights, set the engine's weight-version
    label to ``"<receiver>-<version>"``, resume through the agent (which re-reads the label, so every
-   later token is tagged with the receiver's version).
+   later token is tagged with the receiver's version) naming the receiver's pool, which the agent
+   registers with from then on (so a restarted placement gets it back there).
 3. **Re-home.** ``finish_move`` moves the worker to the receiver's pool; from then on only the
    receiver's turns are assigned to it. A turn's agent is the agent of the pool that served it, so
    a turn is never tagged with an agent whose weights did not produce it.
 
-The weight seam, honestly: with the simulated engine (``treadle.services.fakevllm``) only the label
-moves; it cannot load weights. With real vLLM the swap must pull the receiver's weights from the
-weight store first (``treadle.trainer.engines.EngineSwapper``'s ``treadle_weights_apply`` RPC), which
-``HttpSwapper`` does when built with ``apply_weights=True``; that path is not exercised by a test here,
-and placement's process does not take it (the extension reads only the donor's weight prefix; see
-``docs/MULTI_AGENT.md``).
+The weights: with real vLLM (``HttpSwapper(apply_weights=True)``, placement's default in a
+cluster) the swap loads the receiver's version from the receiver's weight prefix
+(``treadle.weights.layout.agent_prefix``; ``tests/slow/test_rebalance_vllm_weights.py``). With the
+simulated engine (``treadle.services.fakevllm``, local mode) only the label moves.
 A trainer that swaps a moving worker itself races with the move; local mode's simulated trainer
 skips workers placement lists as moving (``WorkerState.moving_to``), which leaves a window of a few
 milliseconds (it reads the list, then labels). In a cluster each agent registers its engine's
@@ -80,8 +79,8 @@ class HttpSwapper:
     async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
         await swap_mod.swap(
             worker.address, worker.engine_address, label=label(agent, version),
-            apply_version=version if self.apply_weights else None, timeout_s=self.timeout_s,
-            pool=worker.pool,
+            apply_version=version if self.apply_weights else None, apply_agent=agent,
+            timeout_s=self.timeout_s, pool=worker.pool,
         )  # fmt: skip
 
 
