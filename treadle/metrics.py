@@ -54,6 +54,7 @@ SCHED_REWARD_SECONDS = f"{PREFIX}_scheduler_reward_latency_seconds"
 SCHED_POLICY_VERSION = f"{PREFIX}_scheduler_policy_version"
 SCHED_PREEMPTIONS_TOTAL = f"{PREFIX}_scheduler_preemptions_total"
 SCHED_PREDICTION_ERROR_TOKENS = f"{PREFIX}_scheduler_prediction_error_tokens"
+SCHED_ENV_SERVERS = f"{PREFIX}_scheduler_env_servers"
 # Placement (treadle.services.placement).
 PLACEMENT_ASSIGNMENTS_TOTAL = f"{PREFIX}_placement_assignments_total"
 PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"

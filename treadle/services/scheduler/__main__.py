@@ -5,6 +5,11 @@ the addresses from ``TREADLE_*`` (``treadle.services.podenv``). Agents are reach
 placement hands out. In a cluster (``demand.RewardDemandReporter.from_env``) the scheduler also
 reports every ``DEMAND_INTERVAL_S`` how many trajectories wait for or are in reward scoring, which
 the operator turns into reward gateway replicas.
+
+Env servers: each ``--env-url`` (the env headless Service) is resolved to one URL per pod address,
+at start and again every ``--env-resolve-interval-s`` (``refresh_envs``): a new pod gets new
+trajectories from then on, a gone pod's client gets no new session and is closed once its open
+sessions have ended (``env_client.EnvPool``). A resolution that fails keeps the servers known.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
 import socket
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import prometheus_client as prom
 
@@ -32,6 +38,7 @@ from treadle.services.scheduler import demand, grpc_server, protocol, service
 
 PROG = "python -m treadle.services.scheduler"
 DEMAND_INTERVAL_S = 2.0
+ENV_RESOLVE_INTERVAL_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -43,6 +50,7 @@ class Config:
     tasks: list[protocol.TaskConfig]
     settings: protocol.Settings
     env_urls: list[str]
+    env_resolve_interval_s: float
     reward_url: str
     placement: str
     buffer: str
@@ -58,6 +66,10 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument(
         "--env-url", action="append", help=f"environment server base URL, repeatable (${podenv.ENV_URL})"
     )
+    p.add_argument(
+        "--env-resolve-interval-s", type=float, default=ENV_RESOLVE_INTERVAL_S,
+        help="seconds between resolutions of the env URLs into env pods (0: only at start)",
+    )  # fmt: skip
     p.add_argument("--reward-url", help=f"reward gateway base URL (${podenv.REWARD_URL})")
     p.add_argument("--placement", help=f"placement gRPC address host:port (${podenv.PLACEMENT_ADDR})")
     p.add_argument("--buffer", help=f"buffer gRPC address host:port (${podenv.BUFFER_ADDR})")
@@ -72,7 +84,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         env_urls = a.env_url or [podenv.pick(None, environ, podenv.ENV_URL, flag="--env-url")]
         return Config(
             host=a.host, port=a.port, metrics_port=a.metrics_port, tasks=tasks, settings=settings,
-            env_urls=env_urls,
+            env_urls=env_urls, env_resolve_interval_s=a.env_resolve_interval_s,
             reward_url=podenv.pick(a.reward_url, environ, podenv.REWARD_URL, flag="--reward-url"),
             placement=podenv.pick(a.placement, environ, podenv.PLACEMENT_ADDR, flag="--placement"),
             buffer=podenv.pick(a.buffer, environ, podenv.BUFFER_ADDR, flag="--buffer"),
@@ -82,22 +94,53 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
 
 
 def expand_headless(url: str) -> list[str]:
-    """One URL per address the host resolves to.
+    """One URL per IPv4 address the host resolves to; empty when it does not resolve.
 
     The env Service is headless: a session lives in one pod, so every pod needs its own client
-    (a single URL would let DNS scatter one session's steps). Resolved once at startup; pods added
-    later are not used until the scheduler restarts.
+    (a single URL would let DNS scatter one session's steps, once the Service has a second pod).
     """
     parts = urllib.parse.urlsplit(url)
     host, port = parts.hostname or "", parts.port
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError:
-        return [url]  # not resolvable yet: the env client retries through the name
+        return []
     addresses = sorted({str(info[4][0]) for info in infos if info[0] == socket.AF_INET})
-    if len(addresses) <= 1:
-        return [url]
-    return [parts._replace(netloc=f"{address}:{port}").geturl() for address in addresses]
+    return [
+        parts._replace(netloc=address if port is None else f"{address}:{port}").geturl()
+        for address in addresses
+    ]
+
+
+def resolve_envs(given: Sequence[str]) -> list[str]:
+    """Every given env URL resolved into pod URLs; empty when any of them does not resolve now."""
+    out: list[str] = []
+    for url in given:
+        urls = expand_headless(url)
+        if not urls:
+            return []
+        out += urls
+    return out
+
+
+async def refresh_envs(
+    svc: service.SchedulerService, pool: env_client.EnvPool, resolve: Callable[[], Sequence[str]],
+    *, interval_s: float,
+) -> None:  # fmt: skip
+    """Resolve the env servers every ``interval_s`` until cancelled; ``resolve`` is the seam (DNS in
+    a pod, a list in tests), called in a thread since resolution blocks."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            urls = await asyncio.to_thread(resolve)
+        except Exception:
+            log.exception("resolving the env servers failed; keeping %d", len(pool.urls))
+            continue
+        if pool.update(urls):
+            svc.set_envs(pool.clients)
+            log.info("env servers now %s", pool.urls)
+        for url in await pool.reap():
+            log.info("env server %s gone and its sessions ended: client closed", url)
 
 
 class AgentPool:
@@ -119,25 +162,25 @@ class AgentPool:
 
 async def main(cfg: Config) -> None:
     tasks = {t.name: t for t in cfg.tasks}
-    envs = [env_client.EnvClient(url) for given in cfg.env_urls for url in expand_headless(given)]
+    # Not resolvable yet: start with the names; the env client retries through them until it is.
+    pool = env_client.EnvPool(resolve_envs(cfg.env_urls) or cfg.env_urls)
     agents = AgentPool()
     reward = reward_client.RewardClient(cfg.reward_url)
     placement = placement_client.PlacementClient(cfg.placement)
     buffer = buffer_client.BufferClient(cfg.buffer)
     svc = service.SchedulerService(
-        tasks=tasks, settings=cfg.settings, envs=envs, agent_for=agents,
+        tasks=tasks, settings=cfg.settings, envs=pool.clients, agent_for=agents,
         placement=placement, reward=reward, buffer=buffer,
     )  # fmt: skip
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
     runtime.settle_heap()
-    logging.info("scheduler serving on %s:%d (%d env servers)", cfg.host, served.port, len(envs))
+    logging.info("scheduler serving on %s:%d (env servers %s)", cfg.host, served.port, pool.urls)
 
     async def close() -> None:
         await svc.aclose()
-        for env in envs:
-            await env.aclose()
+        await pool.aclose()
         await agents.aclose()
         await reward.aclose()
         await placement.aclose()
@@ -150,7 +193,24 @@ async def main(cfg: Config) -> None:
         else None
     )
 
+    refreshing = (
+        asyncio.create_task(
+            refresh_envs(
+                svc,
+                pool,
+                functools.partial(resolve_envs, cfg.env_urls),
+                interval_s=cfg.env_resolve_interval_s,
+            ),
+            name="env servers",
+        )
+        if cfg.env_resolve_interval_s > 0
+        else None
+    )
+
     async def stop() -> None:
+        if refreshing is not None:
+            refreshing.cancel()
+            await asyncio.gather(refreshing, return_exceptions=True)
         if reporting is not None and reporter is not None:
             reporting.cancel()
             await asyncio.gather(reporting, return_exceptions=True)

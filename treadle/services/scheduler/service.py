@@ -115,6 +115,9 @@ class SchedulerMetrics:
         )
         for call in ENV_CALLS:  # series exist at 0 before the first failure, so dashboards show a flat line
             self.env_failures.labels(call)
+        self.env_servers = prom.Gauge(
+            metrics.SCHED_ENV_SERVERS, "Environment servers new sessions are opened on", registry=registry_
+        )
         self.reward_seconds = prom.Histogram(
             metrics.SCHED_REWARD_SECONDS, "Reward gateway latency", registry=registry_,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
@@ -353,6 +356,7 @@ class SchedulerService:
         self._background: set[asyncio.Task[Any]] = set()
         self.registry = registry_ or prom.CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry)
+        self.metrics.env_servers.set(len(self.envs))
         self.version = 0
         self._pending: collections.deque[protocol.Work] = collections.deque()
         self._pending_trajectories = 0
@@ -381,6 +385,14 @@ class SchedulerService:
         across each awaited call, so young GC collections walked one per trajectory)."""
 
     # --- API ------------------------------------------------------------------------------------
+
+    def set_envs(self, envs: Sequence[protocol.Env]) -> None:
+        """Open new sessions on ``envs`` from now on (the env servers were resolved again); a session
+        already open keeps the server it was opened on."""
+        if not envs:
+            raise errors.SpecError("at least one environment server is required", field="envs")
+        self.envs = list(envs)
+        self.metrics.env_servers.set(len(self.envs))
 
     async def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> scheduler_pb2.SubmitResponse:
         work = protocol.validate_groups(groups, self.tasks)
@@ -550,12 +562,11 @@ class SchedulerService:
 
     async def _run(self, t: _Traj) -> None:
         task = t.work.task
-        env = self.envs[zlib.crc32(t.tid.encode()) % len(self.envs)]
         status, reason, reward, prompt = "completed", "", 0.0, ""
         env_reward: float | None = None
         opened = False
         try:
-            obs, env = await self._open(t, env)
+            obs, env = await self._open(t)
             opened = True
             prompt = obs.observation
             messages = [agent_protocol.ChatMessage(role="user", content=obs.observation)]
@@ -639,10 +650,11 @@ class SchedulerService:
         log.error("trajectory %s: internal error", t.tid, exc_info=exc)
         self._finish(t, status="failed", reason=f"internal: {exc!r}", reward=0.0, prompt="")
 
-    async def _open(self, t: _Traj, first: protocol.Env) -> tuple[Any, protocol.Env]:
-        """Open the session, moving to the next env server on each retry."""
+    async def _open(self, t: _Traj) -> tuple[Any, protocol.Env]:
+        """Open the session on the trajectory's env server (by its id's hash), moving to the next on each
+        retry; each attempt picks from the servers known then (``set_envs``)."""
         task = t.work.task
-        start = self.envs.index(first)
+        start = zlib.crc32(t.tid.encode())
         attempt = 0
 
         async def call() -> Any:
