@@ -24,7 +24,12 @@ newer than the truth). The scheduler is suspended meanwhile, so no new trajector
 
 A trainer of one agent of a multi-agent job publishes under that agent's prefix
 (``treadle.weights.layout.agent_prefix``) and passes ``agent``: each engine then applies the
-version from that agent's versions.
+version from that agent's versions. Placement may move one of its engines to another agent at any
+time (FlexMARL rebalancing), so every swap says which agent the trainer expects the engine to serve;
+the engine's inference agent refuses a swap while another (a move) is under way or once the engine
+serves another agent (``swap.SwapContended``). The trainer then reads the worker's agent again: one
+that moved away is left alone (``moved``) until it serves this agent again; one still ours is tried
+again after a moment (the move that held it was abandoned).
 
 The simulated engine cannot load weights; with ``extension=False`` only the label moves (the
 integration tests use it to check the loop's mechanics, never its learning).
@@ -40,9 +45,14 @@ from collections.abc import Sequence
 import httpx
 
 from treadle import errors
+from treadle.services.agent import client as agent_client
 from treadle.services.agent import swap as swap_mod
 
 log = logging.getLogger(__name__)
+CONTENDED_RETRIES = 10
+CONTENDED_WAIT_S = 1.0
+"""Between tries of a swap refused while another was under way: a move's swap takes about as long
+as a version load; its drain happened before it took the worker."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +64,23 @@ class Replica:
 
 class EngineSwapper:
     def __init__(
-        self, replicas: Sequence[Replica], *, extension: bool, timeout_s: float = 300.0, agent: str = ""
+        self,
+        replicas: Sequence[Replica],
+        *,
+        extension: bool,
+        timeout_s: float = 300.0,
+        agent: str = "",
+        contended_retries: int = CONTENDED_RETRIES,
+        contended_wait_s: float = CONTENDED_WAIT_S,
     ) -> None:
         if not replicas:
             raise errors.SpecError("need at least one replica", field="replicas")
         self.replicas = list(replicas)
         self.agent = agent
+        self.contended_retries = contended_retries
+        self.contended_wait_s = contended_wait_s
+        self.moved: dict[str, str] = {}
+        """Replicas whose engine serves another agent now (the agent it serves), as of the last swap."""
         self.extension = extension
         self.timeout_s = timeout_s
         self.served: dict[str, int] = {r.worker_id: 0 for r in replicas}
@@ -89,8 +110,32 @@ class EngineSwapper:
             )
 
     async def _swap_one(self, r: Replica, version: int) -> None:
-        await swap_mod.swap(
-            r.agent_url, r.engine_url, label=str(version), apply_version=version if self.extension else None,
-            apply_agent=self.agent, timeout_s=self.timeout_s,
-        )  # fmt: skip
-        self.served[r.worker_id] = version
+        for attempt in range(self.contended_retries + 1):
+            try:
+                await swap_mod.swap(
+                    r.agent_url, r.engine_url, label=str(version),
+                    apply_version=version if self.extension else None, agent=self.agent,
+                    expect_agent=self.agent, timeout_s=self.timeout_s,
+                )  # fmt: skip
+            except swap_mod.SwapContended:
+                serving = await self._serving(r)
+                if self.agent and serving and serving != self.agent:
+                    log.info("%s serves agent %s now; v%d of %s not applied", r.worker_id, serving, version,
+                             self.agent)  # fmt: skip
+                    self.moved[r.worker_id] = serving
+                    return
+                if attempt == self.contended_retries:
+                    raise
+                await asyncio.sleep(self.contended_wait_s)
+            else:
+                self.moved.pop(r.worker_id, None)
+                self.served[r.worker_id] = version
+                return
+
+    async def _serving(self, r: Replica) -> str:
+        """The agent whose weights the replica's engine serves, as its inference agent says."""
+        client = agent_client.AgentClient(r.agent_url, timeout_s=self.timeout_s)
+        try:
+            return (await client.load()).agent
+        finally:
+            await client.aclose()

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         help=f"placement to register with and report to (${podenv.PLACEMENT_ADDR})",
     )  # fmt: skip
     p.add_argument("--pool", default=environ.get(podenv.POOL), help=f"this worker's pool (${podenv.POOL})")
+    p.add_argument(
+        "--agent", default=environ.get(podenv.AGENT, ""),
+        help=f"the agent whose weights the engine starts with (${podenv.AGENT})",
+    )  # fmt: skip
     p.add_argument("--advertise-url", help="URL the scheduler dials; default http://<pod IP>:<port>")
     a = p.parse_args(argv)
 
@@ -52,7 +56,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         )
     app = http_app.build_app(
         engine_url=a.engine_url, worker_id=a.worker_id, poll_interval_s=a.poll_interval_s,
-        placement=a.placement, pool=a.pool or "", address=url,
+        placement=a.placement, pool=a.pool or "", address=url, agent=a.agent,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

@@ -28,12 +28,14 @@ class AgentClient:
     async def load(self) -> protocol.WorkerLoad:
         return protocol.WorkerLoad.model_validate(await http.call(self._http, "GET", "/v1/load"))
 
-    async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep") -> None:
-        await http.call(self._http, "POST", "/v1/pause", json={"mode": mode})
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep", *, expect_agent: str = "") -> None:
+        """Start a swap; ``Conflict`` while another is under way, or if the engine serves another agent
+        than ``expect_agent``."""
+        await http.call(self._http, "POST", "/v1/pause", json={"mode": mode, "expect_agent": expect_agent})
 
-    async def resume(self, pool: str = "") -> None:
-        """Resume; ``pool`` names the pool a rebalancing move just gave this worker."""
-        await http.call(self._http, "POST", "/v1/resume", json={"pool": pool})
+    async def resume(self, pool: str = "", agent: str = "") -> None:
+        """End a swap; ``pool`` and ``agent`` name what a rebalancing move just gave this worker."""
+        await http.call(self._http, "POST", "/v1/resume", json={"pool": pool, "agent": agent})
 
     async def aclose(self) -> None:
         await self._http.aclose()

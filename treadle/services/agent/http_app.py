@@ -44,11 +44,13 @@ def build_app(
     placement: str | None = None,
     pool: str = "",
     address: str = "",
+    agent: str = "",
 ) -> fastapi.FastAPI:
     """With ``placement`` the agent registers as ``worker_id`` of ``pool`` at ``address`` and reports
-    its load every ``poll_interval_s``; without it the caller registers it (local mode)."""
+    its load every ``poll_interval_s``; without it the caller registers it (local mode). ``agent``:
+    whose weights the engine starts with (swaps expecting another are refused)."""
     registry = registry or http_app.registry()
-    svc = service.AgentService(engine_url=engine_url, worker_id=worker_id, registry=registry)
+    svc = service.AgentService(engine_url=engine_url, worker_id=worker_id, registry=registry, agent=agent)
     report = (
         reporter.LoadReporter(
             svc=svc, placement=placement, pool=pool, address=address, interval_s=poll_interval_s
@@ -111,12 +113,12 @@ def build_app(
 
     @app.post("/v1/pause", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
     async def pause(req: protocol.PauseRequest) -> dict[str, str]:
-        await svc.pause(req.mode)
+        await svc.pause(req.mode, expect_agent=req.expect_agent)
         return {"status": "paused"}
 
     @app.post("/v1/resume", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
     async def resume(req: protocol.ResumeRequest | None = None) -> dict[str, str]:
-        await svc.resume()
+        await svc.resume(agent=req.agent if req is not None else "")
         if req is not None and req.pool and report is not None:
             report.rehome(req.pool)
         return {"status": "resumed"}

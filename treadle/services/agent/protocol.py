@@ -57,10 +57,18 @@ class WorkerLoad(BaseModel):
     kv_cache_usage: float
     policy_version: int
     healthy: bool
+    agent: str = Field(default="", description="the agent whose weights the engine serves (empty: not told)")
 
 
 class PauseRequest(BaseModel):
+    """Starts a weight swap, which the matching resume ends; one swap at a time per worker."""
+
     mode: Literal["abort", "wait", "keep"] = "keep"
+    expect_agent: str = Field(
+        default="", max_length=200,
+        description="refuse (409) unless the engine serves this agent: the caller read that it does, and "
+        "a rebalancing move may have changed it since. Empty: no expectation",
+    )  # fmt: skip
 
 
 class ResumeRequest(BaseModel):
@@ -68,4 +76,8 @@ class ResumeRequest(BaseModel):
         default="", max_length=200,
         description="the pool this worker serves from now on (a rebalancing move); the agent registers "
         "with it when placement has forgotten the worker. Empty: unchanged",
+    )  # fmt: skip
+    agent: str = Field(
+        default="", max_length=200,
+        description="the agent whose weights the engine serves from now on. Empty: unchanged",
     )  # fmt: skip

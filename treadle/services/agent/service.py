@@ -106,8 +106,13 @@ class AgentService:
         registry: prometheus_client.CollectorRegistry,
         engine_timeout_s: float = 600.0,
         max_connections: int = 4096,
+        agent: str = "",
     ) -> None:
         self.worker_id = worker_id
+        self.agent = agent
+        """Whose weights the engine serves ("": not told, so no swap is refused for it)."""
+        self.swapping = False
+        """A pause (the start of a swap) has not been resumed yet."""
         # vLLM closes idle keep-alive connections after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); drop ours first.
         self.engine = http.new_client(
             engine_url, timeout_s=engine_timeout_s, max_connections=max_connections, keepalive_s=3.0
@@ -234,17 +239,38 @@ class AgentService:
             finish_reason=_FINISH.get(choice.finish_reason, "stop"), engine_seconds=engine_s,
         )  # fmt: skip
 
-    async def pause(self, mode: str) -> None:
-        await http.call(self.engine, "POST", f"/pause?mode={mode}")
+    async def pause(self, mode: str, *, expect_agent: str = "") -> None:
+        """Start a swap. The trainer and placement's rebalancer both swap weights; one swap at a time,
+        and none for a caller that read another agent than the engine now serves, so a worker moved
+        between a caller's read and its swap never gets the wrong agent's weights (``Conflict``)."""
+        if self.swapping:
+            raise errors.Conflict(f"worker {self.worker_id!r}: another weight swap is under way")
+        if expect_agent and self.agent and expect_agent != self.agent:
+            raise errors.Conflict(
+                f"worker {self.worker_id!r} serves agent {self.agent!r}, not {expect_agent!r}"
+            )
+        self.swapping = True
+        try:
+            await http.call(self.engine, "POST", f"/pause?mode={mode}")
+        except BaseException:
+            self.swapping = False
+            raise
 
-    async def resume(self) -> None:
-        await http.call(self.engine, "POST", "/resume")
+    async def resume(self, *, agent: str = "") -> None:
+        """End a swap; ``agent`` is whose weights the engine serves now (a move's receiver)."""
+        try:
+            await http.call(self.engine, "POST", "/resume")
+        finally:
+            self.swapping = False
+            if agent:
+                self.agent = agent
         await self.refresh()
 
     def load(self) -> protocol.WorkerLoad:
         return protocol.WorkerLoad(
             worker_id=self.worker_id, running=len(self.inflight), waiting=self.engine_waiting,
             kv_cache_usage=self.kv_cache_usage, policy_version=self.version, healthy=self.healthy,
+            agent=self.agent,
         )  # fmt: skip
 
     async def refresh(self) -> None:

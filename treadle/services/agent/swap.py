@@ -25,6 +25,12 @@ class SwapRefused(errors.Unavailable):
     """An engine refused a version; it keeps serving the previous one (the message says why)."""
 
 
+class SwapContended(SwapRefused):
+    """The worker's agent refused the swap before anything changed: another swap (the trainer's, or a
+    rebalancing move) is under way, or the engine serves another agent than the caller read. The
+    caller reads again which agent the worker serves (``AgentClient.load().agent``) and retries."""
+
+
 async def swap(
     agent_url: str,
     engine_url: str,
@@ -32,28 +38,37 @@ async def swap(
     label: str,
     apply_version: int | None,
     timeout_s: float,
-    apply_agent: str = "",
+    agent: str = "",
+    expect_agent: str = "",
     pool: str = "",
 ) -> None:
-    """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given
-    (of ``apply_agent``'s versions when named: ``treadle.weights.layout.agent_prefix``); a move names
-    the receiver's ``pool``, which the agent is told only once the swap succeeded."""
-    agent = agent_client.AgentClient(agent_url, timeout_s=timeout_s)
+    """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given.
+
+    ``agent``: whose weights it serves afterwards; the version is then that agent's
+    (``treadle.weights.layout.agent_prefix``), and the inference agent records it. ``expect_agent``:
+    whose weights the caller read it serves now (``SwapContended`` if that changed). A move names
+    the receiver's ``pool``. The inference agent is told ``agent`` and ``pool`` only once the swap
+    succeeded.
+    """
+    client = agent_client.AgentClient(agent_url, timeout_s=timeout_s)
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
-            await agent.pause("wait")
+            try:
+                await client.pause("wait", expect_agent=expect_agent)
+            except errors.Conflict as exc:
+                raise SwapContended(f"{agent_url}: {exc}") from exc
             try:
                 if apply_version is not None:
-                    args = (str(apply_version), apply_agent) if apply_agent else (str(apply_version),)
+                    args = (str(apply_version), agent) if agent else (str(apply_version),)
                     await collective_rpc(http, engine_url, "treadle_weights_apply", *args)
                     await _post(http, f"{engine_url}/reset_prefix_cache", None)
                 await _post(http, f"{engine_url}/update_weight_version", {"new_version": label})
             except BaseException:
-                await agent.resume()
+                await client.resume()
                 raise
-            await agent.resume(pool)
+            await client.resume(pool, agent)
     finally:
-        await agent.aclose()
+        await client.aclose()
 
 
 async def collective_rpc(http: httpx.AsyncClient, engine_url: str, method: str, *args: str) -> None:

@@ -30,9 +30,11 @@ The weights: with real vLLM (``HttpSwapper(apply_weights=True)``, placement's de
 cluster) the swap loads the receiver's version from the receiver's weight prefix
 (``treadle.weights.layout.agent_prefix``; ``tests/slow/test_rebalance_vllm_weights.py``). With the
 simulated engine (``treadle.services.fakevllm``, local mode) only the label moves.
-A trainer that swaps a moving worker itself races with the move; local mode's simulated trainer
-skips workers placement lists as moving (``WorkerState.moving_to``), which leaves a window of a few
-milliseconds (it reads the list, then labels). In a cluster each agent registers its engine's
+A trainer's swap and a move never interleave on one worker: the worker's agent takes one swap at a
+time and refuses a trainer's swap that expects the agent the worker served before it moved
+(``agent.swap.SwapContended``). Local mode's simulated trainer labels engines directly instead and
+skips workers placement lists as moving (``WorkerState.moving_to``), which leaves it a window of a
+few milliseconds (it reads the list, then labels). In a cluster each agent registers its engine's
 address (``agent.reporter``: the pod's IP and vLLM's port); a worker registered without one is
 never moved.
 """
@@ -79,7 +81,7 @@ class HttpSwapper:
     async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
         await swap_mod.swap(
             worker.address, worker.engine_address, label=label(agent, version),
-            apply_version=version if self.apply_weights else None, apply_agent=agent,
+            apply_version=version if self.apply_weights else None, agent=agent,
             timeout_s=self.timeout_s, pool=worker.pool,
         )  # fmt: skip
 
