@@ -44,6 +44,27 @@ Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 """Tensor name -> (dtype, shape) of the checkpoint an engine serves."""
 
 
+def model_dir(model: str, revision: str | None = None) -> Path:
+    """The local folder of the checkpoint vLLM serves as ``model``: a path, or a hub id it downloaded.
+
+    A hub id (``Qwen/Qwen3-8B``) is looked up in the Hugging Face cache only: vLLM downloaded the
+    snapshot at startup, and a weight update must validate against exactly those files, not fetch.
+    """
+    if Path(model).is_dir():
+        return Path(model)
+    # vLLM's own dependency; only an engine reads hub checkpoints.
+    import huggingface_hub
+    from huggingface_hub import errors as hub_errors
+
+    try:
+        return Path(huggingface_hub.snapshot_download(model, revision=revision, local_files_only=True))
+    except (hub_errors.LocalEntryNotFoundError, hub_errors.HFValidationError) as exc:
+        raise errors.NotFound(
+            f"model {model!r} (revision {revision or 'main'}) is neither a folder nor in the Hugging Face "
+            f"cache: {exc}"
+        ) from exc
+
+
 def checkpoint_spec(model_dir: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Names, dtypes and shapes of every tensor in ``model_dir``'s ``*.safetensors`` (headers only)."""
     files = sorted(Path(model_dir).glob("*.safetensors"))

@@ -42,7 +42,7 @@ class WeightsExtension:
         existing: loader.Loader | None = getattr(self, "_treadle_weights_loader", None)
         if existing is None:
             store, prefix = loader.store_from_env(os.environ)
-            spec = loader.checkpoint_spec(self.vllm_config.model_config.model)
+            spec = loader.checkpoint_spec(self._treadle_model_dir())
             initial = int(os.environ.get("TREADLE_WEIGHTS_INITIAL_VERSION", "0"))
             existing = loader.Loader(
                 pull.Reader(store, prefix), spec, loaded_version=initial, kind="torch",
@@ -51,11 +51,15 @@ class WeightsExtension:
             self._treadle_weights_loader = existing
         return existing
 
+    def _treadle_model_dir(self) -> Path:
+        config = self.vllm_config.model_config
+        return loader.model_dir(config.model, config.revision)
+
     def _treadle_checkpoint(self) -> Iterator[tuple[str, Any]]:
         """The checkpoint's tensors, one file at a time (version 0, for a move to an untrained agent)."""
         from safetensors import torch as st_torch
 
-        for path in sorted(Path(self.vllm_config.model_config.model).glob("*.safetensors")):
+        for path in sorted(self._treadle_model_dir().glob("*.safetensors")):
             yield from st_torch.load_file(str(path)).items()
 
     def treadle_weights_status(self) -> dict[str, Any]:

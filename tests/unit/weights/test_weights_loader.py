@@ -189,3 +189,23 @@ def test_store_from_env(tmp_path: Path) -> None:
         with pytest.raises(errors.SpecError) as exc:
             loader.store_from_env(env)
         assert exc.value.field == field
+
+
+def test_model_dir_is_a_folder_or_the_hub_cache_snapshot_vllm_downloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert loader.model_dir(str(tmp_path)) == tmp_path
+    # The Hugging Face cache layout: refs/<revision> names the snapshot folder.
+    cache = tmp_path / "hub"
+    repo = cache / "models--acme--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert loader.model_dir("acme/tiny") == snapshot
+    with pytest.raises(errors.NotFound, match="acme/other"):
+        loader.model_dir("acme/other")
