@@ -282,7 +282,14 @@ def summarise(
         else {},
         "last_s": round(ends[-1], 2) if ends else None,
         "by_worker": by_worker,
-        "longest": {tid: {"turns": mine[tid][2], "workers": p.workers.get(tid, [])} for tid in longest},
+        "longest": {
+            tid: {
+                "turns": mine[tid][2],
+                "workers": p.workers.get(tid, []),
+                "done_s": round(mine[tid][0] - p.began, 2),
+            }
+            for tid in longest
+        },
         "prediction_error": {k: _error(v) for k, v in sorted(errors.items())},
     }
 
@@ -537,9 +544,10 @@ def report_probes(results: dict[str, Any]) -> None:
         first = statistics.mean(
             sum(v["workers"][-1:] == workers[:1] for v in p["longest"].values()) for p in probes
         )
+        done = statistics.mean(v["done_s"] for p in probes for v in p["longest"].values())
         print(f"  {name:17s} outstanding {' / '.join(workers)} {load} (gap "
               f"{statistics.mean(p['load_gap_mean'] for p in probes):.1f}); trajectories:turns {held}; "
-              f"longest 6 on {workers[0]} {first:.1f}; migrations/step "
+              f"longest 6 on {workers[0]} {first:.1f}, done at {done:.2f} s; migrations/step "
               f"{statistics.mean(p['migrations'] for p in probes):.0f}; half done at "
               f"{statistics.mean(p['done_at_s']['50'] for p in probes):.2f} s")  # fmt: skip
         for p in probes:

@@ -20,15 +20,13 @@ returns the next one.
   lasts at least its longest member and at least its total work spread over ``c`` slots. The
   earlier price, ``s / c`` waves each as long as the head, charged a group of one long and many
   short trajectories as if all were long. Under a global gate the scheduler passes no slots and
-  the group is priced as one batch (the paper's Eq. 2). Passing the whole gate ``G`` instead (any
-  one worker may get every slot) is the tighter bound and, on exact predictions, gives the first
-  worker of ``bench/heddle_live.py`` the 9 longest trajectories instead of 18; with the history
-  predictor's admission predictions, which shrink towards the task mean (1536 tokens predicted
-  674-889, 32 predicted 137-172), the work of the short ones looks 4-5x larger than it is and the
-  same price gives the first worker 43 of 128 (82 % of the turns), live 30-35 trajectories and
-  64-68 % of the turns, 12.3 turns running there against 3.5 on the other engine
-  (``bench/reports/heddle-live.md``). So a global gate keeps Eq. 2 until the predictor's spread
-  is right.
+  the group is priced as one batch (the paper's Eq. 2). With the predictor's spread right (its
+  credibility weight, ``heddle.predictor``: warm admission predictions on ``bench/heddle_live.py``
+  are exact), pricing by the whole gate ``G`` gives the first worker the 9 longest trajectories,
+  by a worker's share ``G / m`` 13, by Eq. 2 18; measured live, none beats sticky least-loaded
+  under a saturated global gate: every contiguous plan stacks the equally long trajectories, which
+  run their turns in step, on one engine (``bench/reports/heddle-live.md``). So a global gate
+  keeps Eq. 2, the paper's rule.
 * **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
   paper's Rust router).
 * **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if

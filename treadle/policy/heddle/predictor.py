@@ -18,7 +18,20 @@ Estimate, for a trajectory of task ``k`` and GRPO group ``g`` that has generated
     r_task(x, 0) = mean{T - x : T in window(k), T > x}      (mean residual life; also the fallback
                                                               when too few went past step s)
     r_group(x)   = mean{T - x : T in finished siblings(g), T > x}                  (n_g of them)
-    predict      = (n_g · r_group + shrink · r_task) / (n_g + shrink)
+    predict      = (n_g · r_group + k · r_task) / (n_g + k)
+
+``k`` is ``shrink`` (4 by default) or, with ``shrink=None`` (the live scheduler's choice),
+Bühlmann's credibility constant estimated from the kept groups' finished lengths (the
+Bühlmann-Straub estimators for unequal group sizes): ``k = EPV / VHM``, the within-group variance
+of lengths over the variance of the groups' true means. Siblings that end alike (``EPV`` small
+against ``VHM``) make the group term count almost fully; groups whose means differ no more than
+chance allows (``VHM <= 0``) make it count not at all; until two groups have two finished members
+each, ``k = PRIOR_SHRINK``. A fixed ``k`` pulls every prompt towards the task mean whatever the
+data say: on ``bench/heddle_live.py``, whose siblings end alike, a 1,536-token trajectory was
+predicted 674-889 tokens and a 32-token one 137-172 (``bench/reports/heddle-live.md``). The
+simulator keeps the fixed default: there the estimate shortens Heddle's makespan (0-22 % in
+``tests/unit/sim/test_heddle_sim.py``'s four seeds) but moves its TP plans to fewer, wider
+workers, where the placement ablation that test pins has little left to do.
 
 Conditioning on progress per step is what makes it progressive: a trajectory whose first steps were
 long (a hard plan) is compared with the finished ones that started as long, the history analogue of
@@ -41,6 +54,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import fractions
 import itertools
 import math
 import operator
@@ -78,6 +92,8 @@ class Predictor(Protocol):
     def predict(self, obs: Observation) -> float: ...
 
 
+PRIOR_SHRINK = 4.0
+"""``k`` by default, and with ``shrink=None`` until the history can estimate it."""
 _SORT_SHARE = 4
 """A batch adding more than 1/``_SORT_SHARE`` of an index's size re-sorts it, not inserting one by one."""
 
@@ -206,6 +222,56 @@ def _past_step(finished: Sequence[Finished], s: int) -> list[tuple[int, int]]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Spread:
+    """Sums over the kept groups' finished lengths, from which ``credibility`` estimates ``k``.
+
+    Exact (ints and a fraction), so adding and removing groups in any order gives the same ``k`` as a
+    rebuild.
+    """
+
+    n: int = 0
+    """Finished trajectories over all kept groups."""
+    groups: int = 0
+    repeated: int = 0
+    """Groups with at least two finished members (the ones that show within-group variance)."""
+    total: int = 0
+    squares: int = 0
+    """Sum of the squared lengths."""
+    group_squares: fractions.Fraction = fractions.Fraction(0)
+    """Sum over groups of (sum of its lengths)² / its size."""
+    sizes_squared: int = 0
+
+    def changed(self, lengths: Sequence[int], sign: int) -> _Spread:
+        """With one group's ``lengths`` added (``sign`` 1) or removed (-1)."""
+        size = len(lengths)
+        if size == 0:
+            return self
+        total = sum(lengths)
+        return _Spread(
+            n=self.n + sign * size,
+            groups=self.groups + sign,
+            repeated=self.repeated + sign * (size >= 2),
+            total=self.total + sign * total,
+            squares=self.squares + sign * sum(x * x for x in lengths),
+            group_squares=self.group_squares + sign * fractions.Fraction(total * total, size),
+            sizes_squared=self.sizes_squared + sign * size * size,
+        )
+
+    def credibility(self) -> float | None:
+        """Bühlmann's ``k = EPV / VHM`` (``inf``: groups tell nothing); ``None`` while not estimable."""
+        if self.repeated < 2:
+            return None
+        within = (self.squares - self.group_squares) / (self.n - self.groups)
+        between = self.group_squares - fractions.Fraction(self.total * self.total, self.n)
+        spread = (between - (self.groups - 1) * within) / (
+            self.n - fractions.Fraction(self.sizes_squared, self.n)
+        )
+        if spread <= 0:
+            return math.inf
+        return float(within / spread)
+
+
 def _no_tasks() -> Mapping[str, _Task]:
     return MappingProxyType({})
 
@@ -222,8 +288,8 @@ class HistoryModel:
     """Finished trajectories kept per task (most recent)."""
     groups_kept: int = 4096
     """Groups whose sibling lengths are kept (most recently finished)."""
-    shrink: float = 4.0
-    """Weight of the task estimate against ``n_g`` finished siblings."""
+    shrink: float | None = PRIOR_SHRINK
+    """Weight ``k`` of the task estimate against ``n_g`` finished siblings; ``None``: estimated (doc)."""
     prior: float = 0.0
     """Prediction when the task has no history yet (0 ranks such trajectories by arrival)."""
     neighbours: int = 32
@@ -233,12 +299,16 @@ class HistoryModel:
     tasks: Mapping[str, _Task] = dataclasses.field(default_factory=_no_tasks)
     groups: Mapping[str, _Index] = dataclasses.field(default_factory=_empty)
     """Per group, its finished siblings' lengths (key = value = total tokens)."""
+    spread: _Spread = _Spread()
+    """The kept groups' sums, for ``k``."""
+    k: float | None = None
+    """The estimated credibility constant (``None``: not yet estimable)."""
 
     def __post_init__(self) -> None:
         for name in ("window", "groups_kept", "neighbours", "max_steps"):
             if getattr(self, name) < 1:
                 raise SpecError("must be at least 1", field=name, value=getattr(self, name))
-        if not self.shrink > 0:
+        if self.shrink is not None and not self.shrink > 0:
             raise SpecError("must be positive", field="shrink", value=self.shrink)
         if not (self.prior >= 0 and math.isfinite(self.prior)):
             raise SpecError("must be a finite number >= 0", field="prior", value=self.prior)
@@ -261,7 +331,10 @@ class HistoryModel:
         if siblings is None:
             return r_task
         r_group, n_g = siblings.residual(x)
-        return (n_g * r_group + self.shrink * r_task) / (n_g + self.shrink)
+        k = self.shrink if self.shrink is not None else PRIOR_SHRINK if self.k is None else self.k
+        if n_g == 0 or math.isinf(k):
+            return r_task
+        return (n_g * r_group + k * r_task) / (n_g + k)
 
 
 def learn(model: HistoryModel, finished: Sequence[Finished]) -> HistoryModel:
@@ -288,14 +361,22 @@ def learn(model: HistoryModel, finished: Sequence[Finished]) -> HistoryModel:
         recent = (before.recent + entered)[-model.window :]
         kept = len(recent) - len(entered)
         tasks[task] = before.changed(recent, entered, before.recent[: len(before.recent) - kept])
+    spread = model.spread
     for group, totals in by_group.items():
         siblings = groups.pop(group, _Index())
         groups[group] = siblings.changed(
             [(t, t) for t in totals], ()
         )  # re-inserted: dicts keep insertion order
+        spread = spread.changed(siblings.values, -1).changed(groups[group].values, 1)
     for stale in list(groups)[: max(0, len(groups) - model.groups_kept)]:
-        del groups[stale]
-    return dataclasses.replace(model, tasks=MappingProxyType(tasks), groups=MappingProxyType(groups))
+        spread = spread.changed(groups.pop(stale).values, -1)
+    return dataclasses.replace(
+        model,
+        tasks=MappingProxyType(tasks),
+        groups=MappingProxyType(groups),
+        spread=spread,
+        k=spread.credibility(),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

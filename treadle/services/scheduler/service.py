@@ -349,7 +349,9 @@ class SchedulerService:
             preempt=self._preempt if preemptive else None, margin=settings.preemption_margin,
             max_progress=settings.preemption_max_progress, clock=clock,
         )  # fmt: skip
-        self.models = {name: predictor.HistoryModel() for name in tasks}
+        # The group's weight estimated from the history (Bühlmann credibility), not a fixed pull to the
+        # task mean that narrows the spread the presorted placement needs (heddle.predictor).
+        self.models = {name: predictor.HistoryModel(shrink=None) for name in tasks}
         self._to_learn: dict[str, list[predictor.Finished]] = {name: [] for name in tasks}
         self._admitted = itertools.count()
         self._preemptions = 0

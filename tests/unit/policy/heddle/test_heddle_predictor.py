@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -53,6 +54,41 @@ def test_group_siblings_shrink_towards_the_task() -> None:
     # task: (8·1000 + 100 + 140) / 10 = 824; group: 120, n_g = 2 -> (2·120 + 2·824) / 4 = 472
     assert model.predict(Obs("code", "g", 0)) == pytest.approx(472)
     assert model.predict(Obs("code", "stranger", 0)) == pytest.approx(824)
+
+
+def test_credibility_estimated_from_the_groups_hand_checked() -> None:
+    # groups a (100, 140) and b (300, 340): n 4, 2 groups, sum 880, sum of squares 235,200,
+    # sum of S_g² / n_g = 240²/2 + 640²/2 = 233,600, sum of n_g² = 8
+    # EPV = (235,200 - 233,600) / (4 - 2) = 800; between = 233,600 - 880²/4 = 40,000
+    # VHM = (40,000 - (2 - 1)·800) / (4 - 8/4) = 19,600; k = 800 / 19,600 = 2/49
+    history = [F("code", "a", 100), F("code", "a", 140), F("code", "b", 300), F("code", "b", 340)]
+    model = predictor.learn(predictor.HistoryModel(shrink=None), history)
+    assert model.k == pytest.approx(2 / 49)
+    # a: group 120 (n_g 2), task 220: (2·120 + 2/49·220) / (2 + 2/49) = 122
+    assert model.predict(Obs("code", "a", 0)) == pytest.approx(122)
+    # the fixed default: (2·120 + 4·220) / 6 = 186.7
+    assert predictor.learn(predictor.HistoryModel(), history).predict(Obs("code", "a", 0)) == pytest.approx(
+        560 / 3
+    )
+
+
+def test_credibility_trusts_siblings_that_end_alike_and_ignores_noise() -> None:
+    alike = [F("t", "short", 64), F("t", "short", 64), F("t", "long", 1536), F("t", "long", 1536)]
+    model = predictor.learn(predictor.HistoryModel(shrink=None), alike)
+    assert model.k == 0.0  # no within-group variance: the group is the prediction
+    assert model.predict(Obs("t", "long", 0)) == pytest.approx(1536)
+    assert model.predict(Obs("t", "short", 32)) == pytest.approx(32)
+    # means 200 and 220 differ less than the within-group spread (EPV 14,900) explains: VHM < 0
+    noise = [F("t", "a", 100), F("t", "a", 300), F("t", "b", 150), F("t", "b", 290)]
+    model = predictor.learn(predictor.HistoryModel(shrink=None), noise)
+    assert model.k == float("inf")
+    assert model.predict(Obs("t", "a", 0)) == pytest.approx(210)  # the task's 840 / 4, not a's 200
+    # evicting a group takes it out of the estimate: none repeated is left, back to the prior 4
+    model = predictor.learn(dataclasses.replace(model, groups_kept=1), [F("t", "c", 10), F("t", "c", 30)])
+    assert list(model.groups) == ["c"]
+    assert model.k is None
+    # c: group 20 (n_g 2), task window a, b, c: 880 / 6: (2·20 + 4·880/6) / 6 = 104.4
+    assert model.predict(Obs("t", "c", 0)) == pytest.approx((40 + 4 * 880 / 6) / 6)
 
 
 def test_windows_forget_the_oldest() -> None:
