@@ -31,6 +31,7 @@ AGENT_ABORTS_TOTAL = f"{PREFIX}_agent_aborts_total"
 AGENT_GENERATED_TOKENS_TOTAL = f"{PREFIX}_agent_generated_tokens_total"
 AGENT_ENGINE_SECONDS = f"{PREFIX}_agent_engine_seconds"
 AGENT_OVERHEAD_SECONDS = f"{PREFIX}_agent_overhead_seconds"
+AGENT_SWAP_LEASES_EXPIRED_TOTAL = f"{PREFIX}_agent_swap_leases_expired_total"
 # vLLM's own names: exported by the simulated engine (treadle.services.fakevllm) exactly as vLLM
 # 0.32 does, and read back by the agent from either engine to report load.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"

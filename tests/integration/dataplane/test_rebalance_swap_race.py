@@ -8,6 +8,7 @@ behind it (it takes labels, not weights), placement's ``HttpSwapper`` and the tr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
@@ -73,3 +74,24 @@ async def test_one_swap_at_a_time_per_worker(worker: engines.Replica) -> None:
         assert await label(worker) == "9" and (await client.load()).agent == "executor"
     finally:
         await client.aclose()
+
+
+async def test_a_pause_whose_caller_never_resumes_is_resumed_when_its_lease_ends() -> None:
+    async with serve.running(fake_app.build_app()) as engine_url:
+        app = agent_app.build_app(engine_url=engine_url, worker_id="w0", agent="executor", swap_lease_s=0.3)
+        async with serve.running(app) as agent_url:
+            worker = engines.Replica("w0", engine_url, agent_url)
+            client = agent_client.AgentClient(agent_url)
+            try:
+                await client.pause("wait")  # the caller (say placement, mid-move) dies here
+                async with httpx.AsyncClient(timeout=10) as http:
+                    assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is True
+                    trainer = engines.EngineSwapper([worker], extension=False, agent="executor")
+                    # Bounded: the lease ends after 0.3 s; the trainer retries contended swaps 1 s apart.
+                    await asyncio.wait_for(trainer.swap(7), timeout=20)
+                    assert await label(worker) == "7"
+                    assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is False
+                    scraped = (await http.get(f"{agent_url}/metrics")).text
+                assert "treadle_agent_swap_leases_expired_total 1.0" in scraped
+            finally:
+                await client.aclose()

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from treadle import errors
 from treadle.services import podenv
-from treadle.services.agent import http_app
+from treadle.services.agent import http_app, service
 from treadle.services.httputil import serve
 
 PROG = "python -m treadle.services.agent"
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         "--agent", default=environ.get(podenv.AGENT, ""),
         help=f"the agent whose weights the engine starts with (${podenv.AGENT})",
     )  # fmt: skip
+    p.add_argument(
+        "--swap-lease-s", type=float, default=service.DEFAULT_SWAP_LEASE_S,
+        help="a weight swap's pause not resumed by its caller within this is resumed by the agent",
+    )  # fmt: skip
     p.add_argument("--advertise-url", help="URL the scheduler dials; default http://<pod IP>:<port>")
     a = p.parse_args(argv)
 
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         )
     app = http_app.build_app(
         engine_url=a.engine_url, worker_id=a.worker_id, poll_interval_s=a.poll_interval_s,
-        placement=a.placement, pool=a.pool or "", address=url, agent=a.agent,
+        placement=a.placement, pool=a.pool or "", address=url, agent=a.agent, swap_lease_s=a.swap_lease_s,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

@@ -45,12 +45,16 @@ def build_app(
     pool: str = "",
     address: str = "",
     agent: str = "",
+    swap_lease_s: float = service.DEFAULT_SWAP_LEASE_S,
 ) -> fastapi.FastAPI:
     """With ``placement`` the agent registers as ``worker_id`` of ``pool`` at ``address`` and reports
     its load every ``poll_interval_s``; without it the caller registers it (local mode). ``agent``:
-    whose weights the engine starts with (swaps expecting another are refused)."""
+    whose weights the engine starts with (swaps expecting another are refused). A swap's pause not
+    resumed within ``swap_lease_s`` is resumed by the agent."""
     registry = registry or http_app.registry()
-    svc = service.AgentService(engine_url=engine_url, worker_id=worker_id, registry=registry, agent=agent)
+    svc = service.AgentService(
+        engine_url=engine_url, worker_id=worker_id, registry=registry, agent=agent, swap_lease_s=swap_lease_s
+    )
     report = (
         reporter.LoadReporter(
             svc=svc, placement=placement, pool=pool, address=address, interval_s=poll_interval_s

@@ -30,6 +30,10 @@ from treadle.services.agent import protocol
 from treadle.services.httputil import client as http
 
 log = logging.getLogger(__name__)
+
+DEFAULT_SWAP_LEASE_S = 900.0
+"""How long a pause may wait for its resume: far above any weight load (a Mooncake pull of a 70B
+checkpoint takes minutes), since a lease that ends mid-load would serve half-loaded weights."""
 TRAILING_INT = re.compile(r"(\d+)$")
 FINISH_REASONS: tuple[protocol.FinishReason, ...] = ("stop", "length", "abort")
 _FINISH: dict[str | None, protocol.FinishReason] = {reason: reason for reason in FINISH_REASONS}
@@ -107,12 +111,16 @@ class AgentService:
         engine_timeout_s: float = 600.0,
         max_connections: int = 4096,
         agent: str = "",
+        swap_lease_s: float = DEFAULT_SWAP_LEASE_S,
     ) -> None:
         self.worker_id = worker_id
         self.agent = agent
         """Whose weights the engine serves ("": not told, so no swap is refused for it)."""
         self.swapping = False
         """A pause (the start of a swap) has not been resumed yet."""
+        self.swap_lease_s = swap_lease_s
+        self._swap_lease: asyncio.TimerHandle | None = None
+        self._lease_resume: asyncio.Task[None] | None = None
         # vLLM closes idle keep-alive connections after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); drop ours first.
         self.engine = http.new_client(
             engine_url, timeout_s=engine_timeout_s, max_connections=max_connections, keepalive_s=3.0
@@ -131,6 +139,11 @@ class AgentService:
         )
         # Children looked up once: labels() takes a lock and hashes per call, on every turn.
         self._requests = {reason: requests.labels(reason) for reason in FINISH_REASONS}
+        self._leases_expired = prometheus_client.Counter(
+            metrics.AGENT_SWAP_LEASES_EXPIRED_TOTAL,
+            "Weight swaps whose caller did not resume within the lease; the agent resumed the engine",
+            registry=registry,
+        )
         self._inflight = prometheus_client.Gauge(
             metrics.AGENT_INFLIGHT, "Trajectories generating", registry=registry
         )
@@ -153,6 +166,7 @@ class AgentService:
         await self.refresh()
 
     async def aclose(self) -> None:
+        self._end_lease()
         for item in list(self.inflight.values()):
             item.task.cancel()
         await self.engine.aclose()
@@ -255,9 +269,11 @@ class AgentService:
         except BaseException:
             self.swapping = False
             raise
+        self._swap_lease = asyncio.get_running_loop().call_later(self.swap_lease_s, self._lease_expired)
 
     async def resume(self, *, agent: str = "") -> None:
         """End a swap; ``agent`` is whose weights the engine serves now (a move's receiver)."""
+        self._end_lease()
         try:
             await http.call(self.engine, "POST", "/resume")
         finally:
@@ -265,6 +281,28 @@ class AgentService:
             if agent:
                 self.agent = agent
         await self.refresh()
+
+    def _end_lease(self) -> None:
+        if self._swap_lease is not None:
+            self._swap_lease.cancel()
+            self._swap_lease = None
+
+    def _lease_expired(self) -> None:
+        # The caller that paused (a trainer, or placement mid-move) died or hung: serve again rather
+        # than hold the worker paused, and refusing every later swap, for good.
+        log.error(
+            "worker %s: a weight swap was not resumed within %.0f s; resuming the engine on the weights "
+            "it holds (agent %r)", self.worker_id, self.swap_lease_s, self.agent,
+        )  # fmt: skip
+        self._swap_lease = None
+        self._leases_expired.inc()
+        self._lease_resume = asyncio.create_task(self._resume_after_lease(), name=f"lease {self.worker_id}")
+
+    async def _resume_after_lease(self) -> None:
+        try:
+            await self.resume()
+        except errors.TreadleError as exc:  # the engine is down too; its pod restarts it unpaused
+            log.error("worker %s: resume after the swap lease failed: %s", self.worker_id, exc)
 
     def load(self) -> protocol.WorkerLoad:
         return protocol.WorkerLoad(
