@@ -11,18 +11,23 @@ pool when the master's client TTL expires; its objects' other replicas keep serv
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import ctypes
 import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from treadle import errors
 from treadle.weights import mooncake_client
@@ -40,28 +45,59 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--master", required=True, help="mooncake_master RPC address, host:port")
-    parser.add_argument("--metadata", required=True, help="metadata URL, e.g. http://host:port/metadata")
+MASTER_ENV = "TREADLE_MOONCAKE_MASTER"
+METADATA_ENV = "TREADLE_MOONCAKE_METADATA_URL"
+"""What ``treadle.operator.render`` gives every pod of a job: the cluster's Mooncake master."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
+    parser.add_argument(
+        "--master",
+        default=environ.get(MASTER_ENV),
+        help=f"mooncake_master RPC address, host:port (${MASTER_ENV})",
+    )
+    parser.add_argument(
+        "--metadata", default=environ.get(METADATA_ENV),
+        help=f"metadata URL, e.g. http://host:port/metadata (${METADATA_ENV})",
+    )  # fmt: skip
     parser.add_argument(
         "--segment", default="4GiB", help="memory this store lends to the pool (default 4GiB)"
     )
-    parser.add_argument("--hostname", default="127.0.0.1", help="address announced to peers")
+    parser.add_argument(
+        "--hostname", default=None,
+        help="address announced to peers; default 127.0.0.1, or this pod's IP when --host is a wildcard",
+    )  # fmt: skip
     parser.add_argument("--protocol", default="tcp", help="transfer protocol (tcp, rdma, ...)")
+    parser.add_argument("--host", default="127.0.0.1", help="where --port's health service listens")
+    parser.add_argument(
+        "--port", type=int, default=None,
+        help="serve the standard gRPC health service here, SERVING once the segment is mounted (pod probes)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    for value, flag, var in (
+        (args.master, "--master", MASTER_ENV),
+        (args.metadata, "--metadata", METADATA_ENV),
+    ):
+        if not value:
+            print(f"treadle weights store: not set: pass {flag} or set {var}", file=sys.stderr)
+            return 2
     try:
         segment = parse_size(args.segment)
     except errors.SpecError as exc:
         print(f"--segment: {exc}", file=sys.stderr)
         return 2
+    wildcard = args.host in ("0.0.0.0", "::", "")
+    # The kubelet writes the pod's IP for its hostname into /etc/hosts; peers pull from that address.
+    hostname = args.hostname or (socket.gethostbyname(socket.gethostname()) if wildcard else "127.0.0.1")
     config = mooncake_client.MooncakeConfig(
         master_address=args.master,
         metadata_url=args.metadata,
-        local_hostname=args.hostname,
+        local_hostname=hostname,
         protocol=args.protocol,
     )
+    health_server = None if args.port is None else _HealthServer(args.host, args.port)
     # Block the signals before mounting so one arriving during setup is not lost.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     try:
@@ -69,11 +105,35 @@ def run(args: argparse.Namespace) -> int:
     except errors.Unavailable as exc:
         print(f"treadle weights store: {exc}", file=sys.stderr)
         return 1
-    print(f"ready segment_bytes={segment} master={args.master}", flush=True)
+    if health_server is not None:
+        health_server.serving()
+    print(f"ready segment_bytes={segment} master={args.master} hostname={hostname}", flush=True)
     received = signal.sigwait({signal.SIGTERM, signal.SIGINT})
     print(f"stopping on {signal.Signals(received).name}", flush=True)
+    if health_server is not None:
+        health_server.stop()
     client.close()
     return 0
+
+
+class _HealthServer:
+    """gRPC health for the pod's probes: NOT_SERVING until the segment is mounted, then SERVING."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.checker = health.HealthServicer()
+        self.checker.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        health_pb2_grpc.add_HealthServicer_to_server(self.checker, self.server)
+        if self.server.add_insecure_port(f"{host}:{port}") == 0:
+            raise errors.Unavailable(f"cannot listen on {host}:{port}")
+        self.server.start()
+
+    def serving(self) -> None:
+        self.checker.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self) -> None:
+        self.checker.enter_graceful_shutdown()
+        self.server.stop(grace=1.0)
 
 
 @contextlib.contextmanager

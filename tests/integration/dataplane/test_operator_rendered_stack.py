@@ -30,9 +30,11 @@ from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.placement import rebalance
 from treadle.services.scheduler import client as scheduler_client
+from treadle.testing import mooncake_master as mooncake_master_mod
 from treadle.testing import procs
 from treadle.testing import redis_server as redis_server_mod
 from treadle.v1 import scheduler_pb2
+from treadle.weights import mooncake_client
 
 EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "math-tool-h20.yaml"
 NAMESPACE = "team-a"
@@ -344,3 +346,39 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
             await scheduler.aclose()
             await buffer.aclose()
     await redis.aclose()
+
+
+async def test_rendered_weights_store_joins_the_mooncake_pool(
+    tmp_path: Path, mooncake_master: mooncake_master_mod.MooncakeMaster
+) -> None:
+    """The ``J-weights`` pod of a ``weights.store: mooncake`` job, run from its rendered container:
+    it finds the master in the pod's environment, reports SERVING on its probe port once its segment
+    is mounted, and a published object lands in the memory it lends."""
+    raw = yaml.safe_load((EXAMPLE.parent / "two-agent-flexmarl.yaml").read_text())
+    raw["metadata"]["namespace"] = NAMESPACE
+    job = v1alpha1.parse_job(raw)
+    assert job.spec.weights.store == "mooncake"
+    cfg = config.OperatorConfig(
+        redis_url="redis://placeholder", mooncake_master=mooncake_master.master_address,
+        mooncake_metadata_url=mooncake_master.metadata_url,
+    )  # fmt: skip
+    children = render.render_children(job, cfg)
+    rw = Rewriter(job, config_dir=mount_configmap(children, tmp_path), redis_url="redis://127.0.0.1:1/0")
+    weights = containers(children)["weights"]
+    argv, port = rw.command(weights)
+    env = rw.env(weights) | {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}  # tests listen on loopback only
+    with stack_mod.Stack(tmp_path / "run") as stack:
+        await stack.launch("weights", argv, port=port, kind="grpc", env=env, timeout_s=60)
+        client = mooncake_client.MooncakeStore(
+            mooncake_client.MooncakeConfig(
+                mooncake_master.master_address, mooncake_master.metadata_url, replicas=1
+            )
+        )
+        try:
+            key, data = f"rendered-store/{port}", bytes(range(256)) * 64
+            await asyncio.to_thread(client.put, key, data)
+            assert await asyncio.to_thread(client.get, key) == data
+            await asyncio.to_thread(client.remove, key)
+        finally:
+            client.close()
+        assert f"master={mooncake_master.master_address}" in stack.procs["weights"].tail()
