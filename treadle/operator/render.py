@@ -412,6 +412,8 @@ def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
 
 LOCAL_WEIGHTS_DIR = "/var/lib/treadle/weights"
 """The node's directory a ``weights.store: local`` job publishes to and its engines read from."""
+AGENT_STATE_DIR = "/var/run/treadle"
+"""The inference pod's ``emptyDir`` where its agent keeps what it serves (lives as long as the pod)."""
 
 
 def _weights_env(
@@ -500,8 +502,10 @@ def render_pool(
             "TREADLE_POOL": pool.name,
             "TREADLE_ACCELERATOR": pool.accelerator,
             "TREADLE_PREFERRED_WORK": pool.preferred_work,
+            "TREADLE_AGENT_STATE": f"{AGENT_STATE_DIR}/agent.json",
         },
     )
+    sidecar["volumeMounts"].append({"name": "agent-state", "mountPath": AGENT_STATE_DIR})
     pod = {
         "containers": [vllm, sidecar],
         "nodeSelector": {**pool.node_selector, nodes.ACCELERATOR_LABEL: pool.accelerator},
@@ -518,6 +522,8 @@ def render_pool(
     deployment["spec"]["template"]["spec"]["volumes"].append(
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * tp}Gi"}}
     )
+    # The agent keeps what a move made this worker serve across its own restarts (agent.served).
+    deployment["spec"]["template"]["spec"]["volumes"].append({"name": "agent-state", "emptyDir": {}})
     if job.spec.weights.store == "local":
         deployment["spec"]["template"]["spec"]["volumes"].append(
             {"name": "weights", "hostPath": {"path": LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"}}

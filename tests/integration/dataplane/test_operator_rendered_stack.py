@@ -131,6 +131,7 @@ async def test_rendered_children_run_and_fill_the_buffer(
         agent_argv, agent_port = rw.command(by_name["agent"])
         agent_env = rw.env(by_name["agent"])
         assert agent_env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{engine_port}"
+        agent_env["TREADLE_AGENT_STATE"] = str(tmp_path / "agent.json")  # the pod's emptyDir
         await stack.launch("agent", agent_argv, port=agent_port, kind="http", env=agent_env)
         sched_argv, sched_port = rw.command(by_name["scheduler"])
         await stack.launch(
@@ -256,6 +257,7 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
         # One pod per replica; each has its own loopback, so each engine and agent gets its own ports.
         engines: dict[str, str] = {}
         home: dict[str, str] = {}
+        pod_dirs: dict[str, Path] = {}
         for pool in job.spec.pools:
             pod = pods[render.child_name(job, "pool", pool.name)]
             for i in range(pool.replicas):
@@ -274,6 +276,11 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
                 assert env["TREADLE_POOL"] == pool.name
                 assert env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{rw.ports['vllm']}"
                 env["TREADLE_ENGINE_URL"] = f"http://127.0.0.1:{engine_port}"
+                pod_dirs[worker] = tmp_path / "pods" / worker  # the pod's emptyDir
+                pod_dirs[worker].mkdir(parents=True)
+                env["TREADLE_AGENT_STATE"] = env["TREADLE_AGENT_STATE"].replace(
+                    render.AGENT_STATE_DIR, str(pod_dirs[worker])
+                )
                 await stack.launch(
                     f"agent-{worker}", [*argv, "--worker-id", worker], port=agent_port, kind="http", env=env
                 )
@@ -327,6 +334,11 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
                           for w, url in engines.items()}  # fmt: skip
             # Every engine carries the weights of the agent it serves now, moved or not.
             assert labels == {w: rebalance.label(agent, VERSION[agent]) for w, agent in now.items()}
+            # Each moved worker's agent recorded what it serves where a restart of it would look.
+            for worker, agent in now.items():
+                if agent != home[worker]:
+                    kept = json.loads((pod_dirs[worker] / "agent.json").read_text())
+                    assert (kept["agent"], kept["label"]) == (agent, labels[worker])
             # A moved worker served its new agent's turns, tagged with that agent's version.
             batch = await buffer.get_batch(
                 batch_size=stats.completed, version=0, timeout_s=10, agent="planner"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import fastapi
 import httpx
 
 from treadle.services.agent import http_app as agent_app
@@ -89,5 +91,47 @@ async def test_a_moved_worker_registers_with_the_receiver_after_placement_restar
                 second.report_load(pb.WorkerLoad(worker_id="e0", healthy=True))
                 got = second.assign(pb.AssignRequest(trajectory_id="t", task="pe", agent="planner"))
                 assert (got.worker_id, got.agent) == ("e0", "planner")
+    finally:
+        await served.stop(None)
+
+
+async def test_a_moved_worker_stays_the_receivers_when_its_agent_container_restarts(tmp_path: Path) -> None:
+    """The agent keeps the move in its state file (the pod's emptyDir); a restarted agent trusts it
+    only while the engine still shows the label the move left, so an engine that restarted too (and
+    serves the rendered checkpoint again) gets the rendered agent and pool back."""
+    svc = new_placement()
+    served = await placement_grpc.build_server(svc)
+    state_file = tmp_path / "agent-state" / "agent.json"
+    state_file.parent.mkdir()
+    agent_port = procs.free_port()
+
+    def agent(engine_url: str) -> fastapi.FastAPI:
+        return agent_app.build_app(
+            engine_url=engine_url, worker_id="e0", poll_interval_s=0.05, placement=f"127.0.0.1:{served.port}",
+            pool="exec", address=f"http://127.0.0.1:{agent_port}", agent="executor", state_file=state_file,
+        )  # fmt: skip
+
+    async def serving(app: fastapi.FastAPI) -> tuple[str, str]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            load = (await http.get(f"http://127.0.0.1:{agent_port}/v1/load")).json()
+        return load["agent"], app.state.reporter.worker.pool
+
+    try:
+        async with serve.running(fake_app.build_app()) as engine_url:
+            first = agent(engine_url)
+            async with serve.running(first, port=agent_port):
+                assert await serving(first) == ("executor", "exec")
+                moved = pb.Worker(worker_id="e0", pool="plan", address=f"http://127.0.0.1:{agent_port}")
+                moved.engine_address = engine_url
+                await rebalance.HttpSwapper(timeout_s=10.0).swap(moved, agent="planner", version=3)
+                assert await serving(first) == ("planner", "plan")
+            restarted = agent(engine_url)  # the same engine, still labelled by the move
+            async with serve.running(restarted, port=agent_port):
+                assert await serving(restarted) == ("planner", "plan")
+                await wait_for(lambda: pool_of(svc, "e0") == "plan", "e0 to register as the planner's")
+        async with serve.running(fake_app.build_app()) as fresh_engine_url:  # the engine restarted too
+            rendered = agent(fresh_engine_url)
+            async with serve.running(rendered, port=agent_port):
+                assert await serving(rendered) == ("executor", "exec")
     finally:
         await served.stop(None)

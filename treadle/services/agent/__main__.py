@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 
 from treadle import errors
 from treadle.services import podenv
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         "--swap-lease-s", type=float, default=service.DEFAULT_SWAP_LEASE_S,
         help="a weight swap's pause not resumed by its caller within this is resumed by the agent",
     )  # fmt: skip
+    p.add_argument(
+        "--state-file", type=Path, default=environ.get(podenv.AGENT_STATE) or None,
+        help=f"keeps what a move made this worker serve across restarts (${podenv.AGENT_STATE})",
+    )  # fmt: skip
     p.add_argument("--advertise-url", help="URL the scheduler dials; default http://<pod IP>:<port>")
     a = p.parse_args(argv)
 
@@ -61,6 +66,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     app = http_app.build_app(
         engine_url=a.engine_url, worker_id=a.worker_id, poll_interval_s=a.poll_interval_s,
         placement=a.placement, pool=a.pool or "", address=url, agent=a.agent, swap_lease_s=a.swap_lease_s,
+        state_file=a.state_file,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import fastapi
@@ -14,9 +16,11 @@ import prometheus_client
 import pydantic
 import starlette.routing
 
-from treadle.services.agent import protocol, reporter, service
+from treadle.services.agent import protocol, reporter, served, service
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
+
+log = logging.getLogger(__name__)
 
 
 def _json_body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
@@ -46,11 +50,13 @@ def build_app(
     address: str = "",
     agent: str = "",
     swap_lease_s: float = service.DEFAULT_SWAP_LEASE_S,
+    state_file: Path | None = None,
 ) -> fastapi.FastAPI:
     """With ``placement`` the agent registers as ``worker_id`` of ``pool`` at ``address`` and reports
     its load every ``poll_interval_s``; without it the caller registers it (local mode). ``agent``:
     whose weights the engine starts with (swaps expecting another are refused). A swap's pause not
-    resumed within ``swap_lease_s`` is resumed by the agent."""
+    resumed within ``swap_lease_s`` is resumed by the agent. ``state_file``: where the agent and pool
+    the worker serves after a move are kept across restarts of this container (``served``)."""
     registry = registry or http_app.registry()
     svc = service.AgentService(
         engine_url=engine_url, worker_id=worker_id, registry=registry, agent=agent, swap_lease_s=swap_lease_s
@@ -66,6 +72,8 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
         await svc.start()
+        if state_file is not None:
+            restore(state_file)
         background = [asyncio.create_task(svc.poll_forever(poll_interval_s), name="engine poller")]
         if report is not None:
             background.append(asyncio.create_task(report.run_forever(), name="load reporter"))
@@ -78,6 +86,19 @@ def build_app(
             if report is not None:
                 await report.aclose()
             await svc.aclose()
+
+    def restore(path: Path) -> None:
+        saved = served.read(path)
+        if saved is None:
+            return
+        if saved.label != svc.label:
+            log.info("%s: engine shows %r, not %r as when %s was written: serving %r as rendered",
+                     worker_id, svc.label, saved.label, path, svc.agent)  # fmt: skip
+            return
+        log.info("%s: still serving agent %r of pool %r (from %s)", worker_id, saved.agent, saved.pool, path)
+        svc.agent = saved.agent
+        if report is not None:
+            report.rehome(saved.pool)
 
     app = http_app.new_app(
         title="treadle-agent", registry=registry, lifespan=lifespan, max_body_bytes=32 * 1024 * 1024
@@ -125,6 +146,12 @@ def build_app(
         await svc.resume(agent=req.agent if req is not None else "")
         if req is not None and req.pool and report is not None:
             report.rehome(req.pool)
+        if state_file is not None and report is not None:
+            now = served.Served(agent=svc.agent, pool=report.worker.pool, label=svc.label or "")
+            try:
+                served.write(state_file, now)
+            except OSError as exc:  # the swap succeeded; only a restart of this container forgets it
+                log.error("%s: cannot record what it serves in %s: %s", worker_id, state_file, exc)
         return {"status": "resumed"}
 
     return app

@@ -10,8 +10,7 @@ never stop generation.
 The pool it registers with starts as the pod's (``TREADLE_POOL``) and follows rebalancing: a move's
 swap ends with a resume naming the receiver's pool (``rehome``), so a placement that restarts and
 forgets its moves gets the worker back in the pool whose agent its engine serves, not in the pool its
-pod was rendered for. Only this process remembers: if the agent's container restarts while its
-engine keeps the receiver's weights, it registers in the rendered pool again (docs/MULTI_AGENT.md).
+pod was rendered for. A restart of the agent's container keeps it too (``served``: the pod's state file).
 """
 
 from __future__ import annotations

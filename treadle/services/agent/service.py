@@ -126,6 +126,8 @@ class AgentService:
             engine_url, timeout_s=engine_timeout_s, max_connections=max_connections, keepalive_s=3.0
         )
         self.model: str | None = None
+        self.label: str | None = None
+        """The engine's weight-version label at the last poll (``None``: not read yet)."""
         self.version = 0
         self.healthy = False
         self.engine_waiting = 0
@@ -318,7 +320,9 @@ class AgentService:
                 models = await http.call(self.engine, "GET", "/v1/models")
                 self.model = str(models["data"][0]["id"])
             info = await http.call(self.engine, "GET", "/weight_info")
-            self.version = parse_version(info.get("weight_version") if isinstance(info, dict) else None)
+            label = info.get("weight_version") if isinstance(info, dict) else None
+            self.label = None if label is None else str(label)
+            self.version = parse_version(self.label)
             scraped = parse_metrics(await http.text(self.engine, "/metrics"))
             self.engine_waiting = int(scraped.get(metrics.VLLM_NUM_REQUESTS_WAITING, 0))
             self.kv_cache_usage = float(scraped.get(metrics.VLLM_KV_CACHE_USAGE_PERC, 0.0))
