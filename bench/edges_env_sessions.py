@@ -6,6 +6,12 @@ steps each once with a calculator call and once with its final answer, then clos
 Reported: wall time and requests/s per phase, step latency p50/p99, the server's resident memory with
 all sessions open (VmRSS from /proc), and memory per session. This machine has 2 cores.
 
+Warm pool: two more servers, ``--warm-pool 0`` and ``--warm-pool N``, each run ``--code-sessions``
+``python-code`` sessions one after another: open, ``--code-gap-s`` idle (the model's first turn,
+during which the pool refills), one attempt, close. Reported side by side: open and first-attempt
+latency p50/p99. The attempt's figure is the whole sandboxed run: process start (what the pool
+saves), the code, then killing and reaping the run's uid.
+
 Run: ``python bench/edges_env_sessions.py``; results in ``--out`` (config.json, results.json).
 """
 
@@ -31,6 +37,11 @@ class Config:
     sizes: str = dataclasses.field(default="1000,5000", metadata={"help": "concurrent sessions, comma list"})
     connections: int = dataclasses.field(default=0, metadata={"help": "HTTP connection cap (0: none)"})
     seed: int = dataclasses.field(default=0, metadata={"help": "first task seed"})
+    code_sessions: int = dataclasses.field(
+        default=40, metadata={"help": "python-code sessions per pool size"}
+    )
+    warm_pool: int = dataclasses.field(default=4, metadata={"help": "warm pool of the second code server"})
+    code_gap_s: float = dataclasses.field(default=0.2, metadata={"help": "idle between open and attempt"})
     out: str = dataclasses.field(default="bench-out/edges_env_sessions", metadata={"help": "output dir"})
 
 
@@ -100,6 +111,31 @@ async def run(cfg: Config, url: str, pid: int, n: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+ATTEMPT = "```python\ndef add(a, b):\n    return a + b\n```"
+
+
+async def code_latency(cfg: Config, url: str) -> dict[str, Any]:
+    h = http.new_client(url, timeout_s=60)
+    opens, attempts = [], []
+    try:
+        for i in range(cfg.code_sessions):
+            body = {"env": "python-code", "session_id": f"code-{i}", "seed": cfg.seed + i}
+            t = time.perf_counter()
+            await http.call(h, "POST", "/v1/sessions", json=body)
+            opens.append(time.perf_counter() - t)
+            await asyncio.sleep(cfg.code_gap_s)
+            t = time.perf_counter()
+            await http.call(h, "POST", f"/v1/sessions/code-{i}/step", json={"action": ATTEMPT, "step": 0})
+            attempts.append(time.perf_counter() - t)
+            await http.call(h, "DELETE", f"/v1/sessions/code-{i}")
+    finally:
+        await h.aclose()
+    return {
+        "open_p50_ms": pct(opens, 0.5) * 1e3, "open_p99_ms": pct(opens, 0.99) * 1e3,
+        "attempt_p50_ms": pct(attempts, 0.5) * 1e3, "attempt_p99_ms": pct(attempts, 0.99) * 1e3,
+    }  # fmt: skip
+
+
 def healthy(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).status_code == 200
@@ -127,6 +163,24 @@ def main() -> None:
                 f"RSS {r['rss_idle_mib']:.0f} -> {r['rss_open_mib']:.0f} MiB "
                 f"({r['kib_per_session']:.1f} KiB/session)"
             )
+    warm: dict[int, dict[str, Any]] = {}
+    for pool in (0, cfg.warm_pool):
+        port = procs.free_port()
+        code_url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "treadle.services.env", "--port", str(port), "--warm-pool", str(pool)]
+        with procs.running("env", argv, lambda: healthy(f"{code_url}/healthz"), timeout=60):  # noqa: B023
+            time.sleep(1.0)  # the pool fills in the background after startup
+            warm[pool] = asyncio.run(code_latency(cfg, code_url))
+    print(
+        f"python-code, {cfg.code_sessions} sessions one after another "
+        f"(open, {cfg.code_gap_s} s idle, one attempt, close):"
+    )
+    for pool, r in warm.items():
+        print(
+            f"  warm pool {pool:>2}: open p50 {r['open_p50_ms']:.2f} ms p99 {r['open_p99_ms']:.2f} ms | "
+            f"first attempt p50 {r['attempt_p50_ms']:.1f} ms p99 {r['attempt_p99_ms']:.1f} ms"
+        )
+    results.append({"python_code_by_warm_pool": warm})
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"results: {out / 'results.json'}")
 

@@ -19,6 +19,7 @@ ENV_SESSIONS_ACTIVE = f"{PREFIX}_env_sessions_active"
 ENV_SESSIONS_OPENED_TOTAL = f"{PREFIX}_env_sessions_opened_total"
 ENV_STEP_SECONDS = f"{PREFIX}_env_step_seconds"
 ENV_FAILURES_TOTAL = f"{PREFIX}_env_failures_total"
+ENV_WARM_READY = f"{PREFIX}_env_warm_ready"
 # Reward gateway (treadle.services.reward).
 REWARD_REQUESTS_TOTAL = f"{PREFIX}_reward_requests_total"
 REWARD_LATENCY_SECONDS = f"{PREFIX}_reward_latency_seconds"

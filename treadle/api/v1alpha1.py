@@ -168,7 +168,9 @@ class ExternalResources(_Model):
     reward_model_gpus: int = Field(default=0, ge=0, le=64)
     """GPUs reserved for LLM-judge reward models."""
     cpu_cores_per_action: Quantity = "1"
-    """CPU cores an environment action (tool call, code run) may use."""
+    """CPU cores an environment action (tool call, code run) may use: each sandboxed run is pinned to
+    this many of the env pod's CPUs, rounded up (``500m`` is 1 CPU) and at most the pod's, with
+    OMP/MKL/OpenBLAS thread counts set to match."""
 
 
 class Environment(_Model):
@@ -183,7 +185,9 @@ class Environment(_Model):
     replicas: int = Field(default=2, ge=0, le=4096)
     """Environment pods."""
     warm_pool: int = Field(default=0, ge=0, le=64)
-    """Pre-started sessions kept ready per pod, so ``env.reset`` does not sit on the critical path."""
+    """Pre-started sessions kept ready per pod, so ``env.reset`` does not sit on the critical path.
+    python-code keeps that many sandbox processes started (interpreter, namespaces, limits) for its
+    attempts; math-tool and frozenlake open from the seed in microseconds and pre-start nothing."""
 
 
 class Reward(_Model):

@@ -10,7 +10,22 @@ Containment, when the service runs as root (the env/reward pods, and this dev ma
   cleanup kills every process of that uid with ``kill(-1)`` from a child that took the uid, which also
   catches processes that left the process group;
 - rlimits: CPU seconds, address space (memory), processes, file size, open files, no core dumps;
-- a wall-clock timeout and an output cap enforced by the parent.
+- a wall-clock timeout and an output cap enforced by the parent;
+- with ``cpus``, a **CPU cap** per run: the run is pinned (``sched_setaffinity``) to that many of the
+  CPUs this process may use, the least used by runs in flight first so concurrent runs spread, and
+  ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` say the same to thread pools.
+  Affinity rather than a cgroup quota: a pod's container may not write its own cgroup, and pinning
+  bounds parallelism exactly (a quota would let N threads burst on N cores and then throttle).
+
+Each run is started in two halves: **start** (working directory, uid, namespaces, rlimits, the
+interpreter itself, which then blocks reading one line from stdin) and **go** (write ``main.py``, pin
+the CPUs, send the line and the run's stdin; the wall clock starts here). Start is what a run pays
+before any user code: fork, namespaces and the interpreter's boot, tens of milliseconds on the dev
+machine, against some 35 us for the directory. With ``warm=N`` the sandbox keeps N started
+processes ready (their own uids, beyond the ``concurrency`` slots) and refills in the background
+after a run takes one; a run under other limits than the sandbox's starts its own. A warm process
+is indistinguishable to the code it runs: the same bootstrap, environment and limits, a fresh
+directory, and nothing of it outlives its run.
 
 Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
 replaces the ``socket`` module's constructors inside the child before user code runs (which code
@@ -21,10 +36,12 @@ mode ran, so callers and tests can tell.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import logging
 import os
 import resource
 import shutil
@@ -32,8 +49,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
+
+log = logging.getLogger(__name__)
 
 REAP_TIMEOUT_S = 10.0
 """How long a killed run's pipes and exit status are awaited before giving up on them."""
@@ -47,9 +66,16 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
 
-# Runs in the child before the user's file: the fallback socket block, then the user code as __main__.
+GO = b"go\n"
+"""The line a started process waits for before it runs ``main.py``; the run's stdin follows it."""
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+# Runs in the child before the user's file: wait for the go line, the fallback socket block, then the
+# user code as __main__. The line is read from the same buffer sys.stdin wraps, so the rest is the run's.
 _BOOTSTRAP = """
 import os, runpy, sys
+if sys.stdin.buffer.readline() != b"go\\n":
+    sys.exit(0)
 if os.environ.get("TREADLE_SANDBOX_BLOCK_SOCKETS") == "1":
     import socket, _socket
     def _blocked(*a, **k):
@@ -91,16 +117,46 @@ class Result:
         return self.status == "ok"
 
 
+@dataclasses.dataclass
+class _Started:
+    """A process past the start half of a run, blocked on the go line."""
+
+    proc: asyncio.subprocess.Process
+    workdir: str
+    slot: int
+
+
 class Sandbox:
-    """Runs code under ``limits``; at most ``concurrency`` runs at once (each takes a uid slot)."""
+    """Runs code under ``limits``; at most ``concurrency`` runs at once, each under a uid of its own.
+
+    ``cpus``: CPUs each run may use (None: every CPU of this process, and no thread variables set).
+    ``warm``: started processes kept ready (see the module docstring); ``start_warm`` begins filling.
+    """
 
     def __init__(
-        self, *, limits: Limits | None = None, concurrency: int = 8, python: str | None = None
+        self,
+        *,
+        limits: Limits | None = None,
+        concurrency: int = 8,
+        python: str | None = None,
+        cpus: int | None = None,
+        warm: int = 0,
     ) -> None:
         self.limits = limits or Limits()
+        self.warm = warm
+        self._running = asyncio.Semaphore(concurrency)
+        # One uid per run in flight plus one per warm process: a warm process never shares a uid
+        # with a run, whose cleanup kills every process of its uid.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
-        for slot in range(concurrency):
+        for slot in range(concurrency + warm):
             self._slots.put_nowait(slot)
+        self._ready: collections.deque[_Started] = collections.deque()
+        self._refill: asyncio.Task[None] | None = None
+        self._closed = False
+        allowed = sorted(os.sched_getaffinity(0))
+        self.cpus = None if cpus is None else max(1, min(cpus, len(allowed)))
+        self._cpu_load = dict.fromkeys(allowed, 0)
+        self._turn = 0
         self.isolation: Isolation = (
             "namespaces" if os.geteuid() == 0 and _libc() is not None else "socket-block"
         )
@@ -119,31 +175,69 @@ class Sandbox:
             if libc is not None:
                 libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
+    @property
+    def warm_ready(self) -> int:
+        """Started processes waiting for a run."""
+        return len(self._ready)
+
+    def start_warm(self) -> None:
+        """Fill the warm processes in the background (no-op without ``warm`` or while filling)."""
+        if self.warm and not self._closed and (self._refill is None or self._refill.done()):
+            self._refill = asyncio.create_task(self._fill())
+
+    async def close(self) -> None:
+        """Stop refilling and end the warm processes; runs in flight finish on their own."""
+        self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refill
+        while self._ready:
+            await self._end(self._ready.popleft())
+
     async def run(self, code: str, *, stdin: str = "", limits: Limits | None = None) -> Result:
         limits = limits or self.limits
-        slot = await self._slots.get()
-        try:
-            return await self._run(code, stdin, limits, UID_BASE + slot)
-        finally:
-            self._slots.put_nowait(slot)
+        async with self._running:
+            # Taken only once running: a run that waits holds no uid, so uids never run out.
+            warm = self._ready.popleft() if self._ready and limits == self.limits else None
+            if warm is not None and warm.proc.returncode is not None:  # it died waiting: start afresh
+                await self._end(warm)
+                warm = None
+            self.start_warm()
+            started = warm or await self._start(limits)
+            try:
+                return await self._go(started, code, stdin, limits)
+            finally:
+                await self._end(started)
 
-    async def _run(self, code: str, stdin: str, limits: Limits, uid: int) -> Result:
+    async def _fill(self) -> None:
+        while len(self._ready) < self.warm and not self._closed:
+            try:
+                started = await self._start(self.limits)
+            except OSError:
+                log.warning("starting a warm sandbox process failed; the next run retries", exc_info=True)
+                return
+            if self._closed:
+                await self._end(started)
+                return
+            self._ready.append(started)
+
+    async def _start(self, limits: Limits) -> _Started:
+        slot = await self._slots.get()
+        uid = UID_BASE + slot
         workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
-        started = time.monotonic()
         try:
-            # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
-            with open(os.path.join(workdir, "main.py"), "w") as f:  # noqa: ASYNC230
-                f.write(code)
             isolated = self.isolation == "namespaces"
             if isolated:
                 os.chown(workdir, uid, uid)
-                os.chown(os.path.join(workdir, "main.py"), uid, uid)
             env = {
                 "PATH": "/usr/bin:/bin",
                 "HOME": workdir,
                 "PYTHONDONTWRITEBYTECODE": "1",
                 "LANG": "C.UTF-8",
             }
+            if self.cpus is not None:
+                env.update(dict.fromkeys(THREAD_VARS, str(self.cpus)))
             if not isolated:
                 env["TREADLE_SANDBOX_BLOCK_SOCKETS"] = "1"
             proc = await asyncio.create_subprocess_exec(
@@ -152,26 +246,67 @@ class Sandbox:
                 stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
                 preexec_fn=_child_setup(limits, uid if isolated else None),
             )  # fmt: skip
-            status, out, err = await self._collect(proc, stdin, limits)
-            if isolated:
-                _kill_uid(uid)
-                await _reap_uid(uid)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._slots.put_nowait(slot)
+            raise
+        return _Started(proc, workdir, slot)
+
+    async def _go(self, started: _Started, code: str, stdin: str, limits: Limits) -> Result:
+        begun = time.monotonic()
+        main = os.path.join(started.workdir, "main.py")
+        # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
+        with open(main, "w") as f:  # noqa: ASYNC230
+            f.write(code)
+        if self.isolation == "namespaces":
+            os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
+        cpus = self._take_cpus()
+        try:
+            if cpus:
+                with contextlib.suppress(ProcessLookupError):  # it died starting: its status says why
+                    os.sched_setaffinity(started.proc.pid, cpus)
+            status, out, err = await self._collect(started.proc, GO + stdin.encode(), limits)
+        finally:
+            for cpu in cpus:
+                self._cpu_load[cpu] -= 1
+        code_ = started.proc.returncode
+        if status is None:
+            status = _classify(code_, err)
+        return Result(
+            status=status, exit_code=code_, stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"), wall_s=time.monotonic() - begun,
+            isolation=self.isolation,
+        )  # fmt: skip
+
+    def _take_cpus(self) -> list[int]:
+        if self.cpus is None:
+            return []
+        self._turn += 1
+        cpus = least_used(self._cpu_load, self.cpus, turn=self._turn)
+        for cpu in cpus:
+            self._cpu_load[cpu] += 1
+        return cpus
+
+    async def _end(self, started: _Started) -> None:
+        """Kill every process of the run, remove its directory, free its uid."""
+        try:
+            if self.isolation == "namespaces":
+                _kill_uid(UID_BASE + started.slot)
+                await _reap_uid(UID_BASE + started.slot)
             else:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            code_ = proc.returncode
-            if status is None:
-                status = _classify(code_, err)
-            return Result(
-                status=status, exit_code=code_, stdout=out.decode(errors="replace"),
-                stderr=err.decode(errors="replace"), wall_s=time.monotonic() - started,
-                isolation=self.isolation,
-            )  # fmt: skip
+                    os.killpg(started.proc.pid, signal.SIGKILL)
+            if started.proc.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_discard_until_eof(started.proc), REAP_TIMEOUT_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(started.proc.wait(), REAP_TIMEOUT_S)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(started.workdir, ignore_errors=True)
+            self._slots.put_nowait(started.slot)
 
     async def _collect(
-        self, proc: asyncio.subprocess.Process, stdin: str, limits: Limits
+        self, proc: asyncio.subprocess.Process, stdin: bytes, limits: Limits
     ) -> tuple[Status | None, bytes, bytes]:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         out, err = bytearray(), bytearray()
@@ -186,7 +321,7 @@ class Sandbox:
 
         async def feed() -> None:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(stdin.encode())  # type: ignore[union-attr]
+                proc.stdin.write(stdin)  # type: ignore[union-attr]
                 await proc.stdin.drain()  # type: ignore[union-attr]
                 proc.stdin.close()  # type: ignore[union-attr]
 
@@ -214,6 +349,13 @@ class Sandbox:
         overflowed.cancel()
         cap = limits.max_output_bytes
         return status, bytes(out[:cap]), bytes(err[:cap])
+
+
+def least_used(load: Mapping[int, int], n: int, *, turn: int) -> list[int]:
+    """The ``n`` CPUs with the fewest runs on them; ties go round-robin from ``turn``."""
+    ring = sorted(load)
+    order = sorted(ring, key=lambda cpu: (load[cpu], (ring.index(cpu) - turn) % len(ring)))
+    return sorted(order[:n])
 
 
 def _interpreter(*, needs_world_access: bool) -> str:

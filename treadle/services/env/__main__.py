@@ -2,30 +2,72 @@
 
 A pod started by the operator lists the environments its job needs in ``TREADLE_ENVIRONMENTS``;
 one this image does not serve is a startup error, not a failure on the first trajectory.
+``TREADLE_WARM_POOL`` (``spec.environment.warmPool``) and ``TREADLE_CPU_PER_ACTION``
+(``spec.externalResources.cpuCoresPerAction``) fill ``--warm-pool`` and ``--cpu-per-action``.
 """
 
 from __future__ import annotations
 
 import argparse
+import decimal
+import math
 import os
+import re
 from collections.abc import Mapping
 
 from treadle import errors
 from treadle.services import podenv
-from treadle.services.env import http_app, service
+from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
 
 PROG = "python -m treadle.services.env"
+MAX_WARM_POOL = 64
+"""The CRD's bound on ``spec.environment.warmPool``."""
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$")
+_SUFFIX = {
+    "": decimal.Decimal(1), "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"),
+    "m": decimal.Decimal("1e-3"), **{s: decimal.Decimal(10) ** (3 * i) for i, s in enumerate("kMGTPE", 1)},
+    **{f"{s}i": decimal.Decimal(1024**i) for i, s in enumerate("KMGTPE", 1)},
+}  # fmt: skip
 
 
 def check_environments(environ: Mapping[str, str]) -> None:
     """Refuse to start without every environment the job's tasks name."""
-    wanted = {name for name in environ.get(podenv.ENVIRONMENTS, "").split(",") if name}
-    if missing := sorted(wanted - set(service.BUILTIN)):
+    if missing := sorted(served(environ) - set(service.BUILTIN)):
         raise errors.SpecError(
             f"this image serves no environment {missing}; it serves {sorted(service.BUILTIN)}",
             field=podenv.ENVIRONMENTS, value=missing,
         )  # fmt: skip
+
+
+def served(environ: Mapping[str, str]) -> set[str]:
+    """The environments the pod's job names; empty when unset (local mode: every builtin)."""
+    return {name for name in environ.get(podenv.ENVIRONMENTS, "").split(",") if name}
+
+
+def cpus_per_action(raw: str) -> int:
+    """CPUs one action is pinned to: the Kubernetes quantity rounded up (``500m`` is 1 CPU)."""
+    match = _QUANTITY.match(raw.strip())
+    if match is None:
+        raise errors.SpecError(
+            f"must be a Kubernetes CPU quantity such as 1, 2 or 500m, got {raw!r}",
+            field=podenv.CPU_PER_ACTION, value=raw,
+        )  # fmt: skip
+    number, suffix = decimal.Decimal(match.group(1)), match.group(2) or ""
+    cores = number.scaleb(int(suffix[1:])) if suffix[:1] in ("e", "E") else number * _SUFFIX[suffix]
+    if cores <= 0:
+        raise errors.SpecError("must be more than 0 cores", field=podenv.CPU_PER_ACTION, value=raw)
+    return math.ceil(cores)
+
+
+def warm_pool(flag: int | None, environ: Mapping[str, str]) -> int:
+    """Warm sandbox processes for python-code: 0 when the pod's job runs no python-code task."""
+    value = flag if flag is not None else podenv.integer(environ, podenv.WARM_POOL) or 0
+    if not 0 <= value <= MAX_WARM_POOL:
+        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field=podenv.WARM_POOL, value=value)
+    wanted = served(environ)
+    return value if not wanted or pythoncode.SPEC.name in wanted else 0
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
@@ -36,11 +78,16 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--step-timeout-s", type=float, default=30.0)
     p.add_argument("--idle-ttl-s", type=float, default=900.0)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
+    p.add_argument("--warm-pool", type=int, default=None, help=f"default: ${podenv.WARM_POOL} or 0")
+    p.add_argument("--cpu-per-action", default=None, help=f"default: ${podenv.CPU_PER_ACTION} or 1")
     a = p.parse_args(argv)
     podenv.or_exit(lambda: check_environments(environ), prog=PROG)
+    warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, environ), prog=PROG)
+    raw_cpu = a.cpu_per_action or environ.get(podenv.CPU_PER_ACTION) or "1"
+    cpus = podenv.or_exit(lambda: cpus_per_action(raw_cpu), prog=PROG)
     app = http_app.build_app(
         max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
-        sandbox_concurrency=a.sandbox_concurrency,
+        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm, cpus_per_action=cpus,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

@@ -5,6 +5,9 @@ direction (``left``/``down``/``right``/``up``, optionally inside ``<action>...</
 drawn from the seed with a guaranteed path. Reward comes from the env: 1.0 on reaching G, else 0.0
 when the episode ends; ``info["reward_fn"]`` is ``env`` (the gateway returns ``metadata.env_reward``).
 With ``slippery`` the move goes sideways with probability 2/3, from the session's own seeded RNG.
+
+Opening a session costs some 25 us (the map is drawn from the seed) and has no seed-independent part, so
+the pod's warm pool (``spec.environment.warmPool``) pre-starts nothing for it.
 """
 
 from __future__ import annotations

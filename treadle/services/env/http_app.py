@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import fastapi
 import prometheus_client
 
+from treadle import metrics
 from treadle.sandbox import runner
-from treadle.services.env import base, protocol, service
+from treadle.services.env import base, protocol, pythoncode, service
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
 
@@ -22,17 +23,33 @@ def build_app(
     step_timeout_s: float = 30.0,
     idle_ttl_s: float = 900.0,
     sandbox_concurrency: int = 4,
+    warm_pool: int = 0,
+    cpus_per_action: int | None = None,
     svc: service.EnvService | None = None,
 ) -> fastapi.FastAPI:
+    """``warm_pool``: started sandbox processes kept ready for python-code's runs (``runner.Sandbox``
+    ``warm``); math-tool and frozenlake open in some 20 us from the seed alone, so nothing of theirs
+    is pre-started. ``cpus_per_action``: CPUs each sandboxed run is pinned to."""
     registry = registry or http_app.registry()
     svc = svc or service.EnvService(
-        registry=registry, context=base.Context(sandbox=runner.Sandbox(concurrency=sandbox_concurrency)),
+        registry=registry,
+        context=base.Context(
+            sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cpus=cpus_per_action, warm=warm_pool)
+        ),
         max_sessions=max_sessions, step_timeout_s=step_timeout_s, idle_ttl_s=idle_ttl_s,
     )  # fmt: skip
+    box = svc.context.sandbox
+    if isinstance(box, runner.Sandbox):
+        ready = prometheus_client.Gauge(
+            metrics.ENV_WARM_READY, "Started sandbox processes ready for a run", ["env"], registry=registry
+        )
+        ready.labels(pythoncode.SPEC.name).set_function(lambda: box.warm_ready)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(_reap_forever(svc))
+        if isinstance(box, runner.Sandbox):
+            box.start_warm()
         try:
             yield
         finally:
@@ -40,6 +57,8 @@ def build_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await svc.close_all()
+            if isinstance(box, runner.Sandbox):
+                await box.close()
 
     app = http_app.new_app(title="treadle-env", registry=registry, lifespan=lifespan)
     app.state.svc = svc

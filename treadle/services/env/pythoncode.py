@@ -4,6 +4,12 @@ The model answers with a fenced Python block; the env runs it together with the 
 ``treadle.sandbox`` and returns the outcome as the next observation, until the tests pass or the turns
 run out. The reward gateway re-runs the tests on the final response (``code-tests``) with
 ``info["reference"]`` as the test code.
+
+Opening a session costs some 2 us (the task is picked by the seed); what costs is each attempt's
+sandbox process (fork, namespaces, interpreter boot: tens of ms on the dev machine). The pod's warm pool
+(``spec.environment.warmPool``) keeps that many started processes ready in the sandbox, so an
+attempt, the first one included, skips the start while one is ready. Each attempt is pinned to
+``spec.externalResources.cpuCoresPerAction`` CPUs (``runner.Sandbox`` ``cpus``).
 """
 
 from __future__ import annotations

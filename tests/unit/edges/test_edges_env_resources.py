@@ -1,0 +1,63 @@
+"""The env pod's two resource variables (warm pool, CPUs per action) and the sandbox's CPU choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle import errors
+from treadle.sandbox import runner
+from treadle.services import podenv
+from treadle.services.env import __main__ as env_main
+
+
+@pytest.mark.parametrize(
+    ("raw", "cpus"),
+    [
+        ("1", 1),
+        ("2", 2),
+        ("500m", 1),
+        ("1500m", 2),
+        ("2000m", 2),
+        ("0.25", 1),
+        ("1.5", 2),
+        ("3e0", 3),
+        ("1k", 1000),
+    ],
+)
+def test_cpu_quantity_rounds_up_to_whole_cpus(raw: str, cpus: int) -> None:
+    assert env_main.cpus_per_action(raw) == cpus
+
+
+@pytest.mark.parametrize("raw", ["", "abc", "-1", "1 core", "0", "0m", "1x"])
+def test_bad_cpu_quantity_names_the_variable(raw: str) -> None:
+    with pytest.raises(errors.SpecError) as info:
+        env_main.cpus_per_action(raw)
+    assert info.value.field == podenv.CPU_PER_ACTION
+
+
+def test_warm_pool_from_the_flag_or_the_variable() -> None:
+    assert env_main.warm_pool(None, {}) == 0
+    assert env_main.warm_pool(None, {podenv.WARM_POOL: "3"}) == 3
+    assert env_main.warm_pool(5, {podenv.WARM_POOL: "3"}) == 5
+
+
+def test_warm_pool_only_for_a_pod_that_runs_python_code() -> None:
+    # math-tool and frozenlake have nothing seed-independent to pre-start
+    assert env_main.warm_pool(None, {podenv.WARM_POOL: "3", podenv.ENVIRONMENTS: "math-tool"}) == 0
+    both = {podenv.WARM_POOL: "3", podenv.ENVIRONMENTS: "math-tool,python-code"}
+    assert env_main.warm_pool(None, both) == 3
+
+
+@pytest.mark.parametrize("raw", ["65", "-1", "many"])
+def test_bad_warm_pool_names_the_variable(raw: str) -> None:
+    with pytest.raises(errors.SpecError) as info:
+        env_main.warm_pool(None, {podenv.WARM_POOL: raw})
+    assert info.value.field == podenv.WARM_POOL
+
+
+def test_least_used_cpus_first_ties_round_robin() -> None:
+    assert runner.least_used({0: 1, 1: 0, 2: 0, 3: 2}, 2, turn=0) == [1, 2]
+    assert runner.least_used({0: 0, 1: 0}, 1, turn=0) == [0]
+    assert runner.least_used({0: 0, 1: 0}, 1, turn=1) == [1]
+    assert runner.least_used({0: 0, 1: 0, 2: 0}, 2, turn=2) == [0, 2]
+    assert runner.least_used({0: 3, 1: 3}, 2, turn=7) == [0, 1]
