@@ -23,9 +23,9 @@ the CPUs, send the line and the run's stdin; the wall clock starts here). Start 
 before any user code: fork, namespaces and the interpreter's boot, tens of milliseconds on the dev
 machine, against some 35 us for the directory. With ``warm=N`` the sandbox keeps N started
 processes ready (their own uids, beyond the ``concurrency`` slots) and refills in the background
-after a run takes one; a run under other limits than the sandbox's starts its own. A warm process
-is indistinguishable to the code it runs: the same bootstrap, environment and limits, a fresh
-directory, and nothing of it outlives its run.
+once a run that took one has ended (a start beside it would take CPU from it); a run under other
+limits than the sandbox's starts its own. A warm process is indistinguishable to the code it runs:
+the same bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
 
 Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
 replaces the ``socket`` module's constructors inside the child before user code runs (which code
@@ -203,12 +203,12 @@ class Sandbox:
             if warm is not None and warm.proc.returncode is not None:  # it died waiting: start afresh
                 await self._end(warm)
                 warm = None
-            self.start_warm()
             started = warm or await self._start(limits)
             try:
                 return await self._go(started, code, stdin, limits)
             finally:
                 await self._end(started)
+                self.start_warm()
 
     async def _fill(self) -> None:
         while len(self._ready) < self.warm and not self._closed:
