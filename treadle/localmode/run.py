@@ -38,6 +38,7 @@ from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
 from treadle.services import podenv
 from treadle.services.agent import client as agent_client
+from treadle.services.agent import swap
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.placement import rebalance
@@ -91,7 +92,8 @@ async def start_services(
         engines[w.worker_id] = eng.url
         agent = await stack.start(
             f"agent-{w.worker_id}", "treadle.services.agent",
-            ["--engine-url", eng.url, "--worker-id", w.worker_id, "--poll-interval-s", "0.2"], kind="http",
+            ["--engine-url", eng.url, "--worker-id", w.worker_id, "--poll-interval-s", "0.2",
+             "--agent", plan.config.pool_agents[w.pool]], kind="http",
         )  # fmt: skip
         agents[w.worker_id] = agent.url
     envs = [
@@ -214,44 +216,48 @@ async def simulated_trainer(
     With several ``agents``, FlexMARL's unified update: each agent's trainer takes ``batch_size`` rows
     from its own experience table, and once every agent has its batch all move to the next version
     together. Each engine's label then names the agent it serves now (``rebalance.label``), as
-    placement lists it; a worker placement is moving is skipped: its move labels it with its new
-    agent's version when it lands.
+    placement lists it. Labels go through the swap sequence every weight change uses
+    (``agent.swap``), expecting that agent: a worker placement is moving, or moved since the list was
+    read, refuses it (``SwapContended``), and its move labels it with its new agent's version.
     """
     buffer = buffer_client.BufferClient(services.buffer)
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
     placement = placement_client.PlacementClient(services.placement)
     tables = list(agents) or [""]
+
+    async def relabel(wid: str, serves: str, version: int) -> None:
+        label = rebalance.label(serves, version) if serves else str(version)
+        with contextlib.suppress(swap.SwapContended):
+            await swap.swap(
+                services.agents[wid], services.engines[wid], label=label, apply_version=None,
+                timeout_s=10.0, expect_agent=serves,
+            )  # fmt: skip
+
     try:
-        async with httpx.AsyncClient(timeout=10.0) as http:
-            while True:
-                got: dict[str, buffer_pb2.Batch] = {}
-                while len(got) < len(tables):
-                    for agent in tables:
-                        if agent not in got:
-                            with contextlib.suppress(TimeoutError):
-                                got[agent] = await buffer.get_batch(
-                                    batch_size=batch_size, version=out.version, timeout_s=1.0, agent=agent
-                                )
-                await scheduler.suspend()
-                out.version += 1
-                labels = {wid: str(out.version) for wid in services.engines}
-                if agents:
-                    state = await placement.pool_state()
-                    labels = {
-                        w.worker.worker_id: rebalance.label(w.agent, out.version)
-                        for w in state.workers if not w.moving_to
-                    }  # fmt: skip
-                for wid, version_label in labels.items():
-                    url = services.engines[wid]
-                    await http.post(url + "/update_weight_version", json={"new_version": version_label})
-                await scheduler.commit_version(out.version)
-                await scheduler.resume()
-                for batch in got.values():
-                    await buffer.ack(batch.batch_id)
-                    out.trajectories += len(batch.trajectories)
-                    out.evicted_groups += batch.evicted_groups
-                    out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
-                out.batches += len(got)
+        while True:
+            got: dict[str, buffer_pb2.Batch] = {}
+            while len(got) < len(tables):
+                for agent in tables:
+                    if agent not in got:
+                        with contextlib.suppress(TimeoutError):
+                            got[agent] = await buffer.get_batch(
+                                batch_size=batch_size, version=out.version, timeout_s=1.0, agent=agent
+                            )
+            await scheduler.suspend()
+            out.version += 1
+            serving = {wid: "" for wid in services.engines}
+            if agents:
+                state = await placement.pool_state()
+                serving = {w.worker.worker_id: w.agent for w in state.workers if not w.moving_to}
+            await asyncio.gather(*(relabel(wid, serves, out.version) for wid, serves in serving.items()))
+            await scheduler.commit_version(out.version)
+            await scheduler.resume()
+            for batch in got.values():
+                await buffer.ack(batch.batch_id)
+                out.trajectories += len(batch.trajectories)
+                out.evicted_groups += batch.evicted_groups
+                out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
+            out.batches += len(got)
     finally:
         await buffer.aclose()
         await scheduler.aclose()
