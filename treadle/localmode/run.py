@@ -33,10 +33,9 @@ from typing import Any
 import httpx
 
 from treadle import errors
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
-from treadle.services import podenv
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import swap
 from treadle.services.buffer import client as buffer_client
@@ -153,11 +152,11 @@ async def _start_grpc(
 def reward_env(reward: v1alpha1.Reward) -> dict[str, str]:
     """The reward gateway's environment for ``spec.reward``: what the operator renders into its pod,
     read by the gateway's ``__main__`` (the one place that turns it into judge / external URLs)."""
-    env: dict[str, str] = {podenv.REWARD_TYPE: reward.type}
+    env: dict[str, str] = {env_vars.REWARD_TYPE: reward.type}
     if reward.url is not None:
-        env[podenv.REWARD_EXTERNAL_URL] = reward.url
+        env[env_vars.REWARD_EXTERNAL_URL] = reward.url
     if reward.judge_model is not None:
-        env[podenv.REWARD_JUDGE_MODEL] = reward.judge_model
+        env[env_vars.REWARD_JUDGE_MODEL] = reward.judge_model
     return env
 
 

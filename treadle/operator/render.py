@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.devcluster import nodes
 from treadle.operator import config
 
@@ -140,19 +140,19 @@ def endpoints(job: v1alpha1.RolloutJob) -> dict[str, Any]:
 def _env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     ep = endpoints(job)
     pairs = {
-        "TREADLE_JOB": job.name,
-        "TREADLE_NAMESPACE": job.namespace,
-        "TREADLE_CONFIG": f"{CONFIG_MOUNT}/job.json",
-        "TREADLE_ENDPOINTS": f"{CONFIG_MOUNT}/endpoints.json",
-        "TREADLE_KEY_PREFIX": f"{job.namespace}/{job.name}",
-        "TREADLE_REDIS_URL": cfg.redis_url,
-        "TREADLE_MOONCAKE_MASTER": cfg.mooncake_master,
-        "TREADLE_MOONCAKE_METADATA_URL": cfg.mooncake_metadata_url,
-        "TREADLE_SCHEDULER_ADDR": ep["scheduler"],
-        "TREADLE_PLACEMENT_ADDR": ep["placement"],
-        "TREADLE_BUFFER_ADDR": ep["buffer"],
-        "TREADLE_ENV_URL": ep["env"],
-        "TREADLE_REWARD_URL": ep["reward"],
+        env_vars.JOB: job.name,
+        env_vars.NAMESPACE: job.namespace,
+        env_vars.CONFIG: f"{CONFIG_MOUNT}/job.json",
+        env_vars.ENDPOINTS: f"{CONFIG_MOUNT}/endpoints.json",
+        env_vars.KEY_PREFIX: f"{job.namespace}/{job.name}",
+        env_vars.REDIS_URL: cfg.redis_url,
+        env_vars.MOONCAKE_MASTER: cfg.mooncake_master,
+        env_vars.MOONCAKE_METADATA_URL: cfg.mooncake_metadata_url,
+        env_vars.SCHEDULER_ADDR: ep["scheduler"],
+        env_vars.PLACEMENT_ADDR: ep["placement"],
+        env_vars.BUFFER_ADDR: ep["buffer"],
+        env_vars.ENV_URL: ep["env"],
+        env_vars.REWARD_URL: ep["reward"],
     }
     return [{"name": k, "value": v} for k, v in pairs.items()]
 
@@ -302,10 +302,10 @@ def render_coordination(
 ) -> list[dict[str, Any]]:
     """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
     extra = {
-        "TREADLE_SCHEDULING_POLICY": job.spec.rollout.scheduling_policy,
-        "TREADLE_PLACEMENT_POLICY": job.spec.rollout.placement_policy,
-        "TREADLE_STALENESS": str(job.spec.rollout.staleness),
-        "TREADLE_BATCH_SIZE": str(job.spec.rollout.batch_size),
+        env_vars.SCHEDULING_POLICY: job.spec.rollout.scheduling_policy,
+        env_vars.PLACEMENT_POLICY: job.spec.rollout.placement_policy,
+        env_vars.STALENESS: str(job.spec.rollout.staleness),
+        env_vars.BATCH_SIZE: str(job.spec.rollout.batch_size),
     }
     container = _service_container(job, cfg, component, extra_env=extra)
     pod: dict[str, Any] = {"containers": [container]}
@@ -365,9 +365,9 @@ def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> 
         image=env.image,
         resources={"requests": dict(quantity), "limits": dict(quantity)},
         extra_env={
-            "TREADLE_WARM_POOL": str(env.warm_pool),
-            "TREADLE_CPU_PER_ACTION": job.spec.external_resources.cpu_cores_per_action,
-            "TREADLE_ENVIRONMENTS": ",".join(sorted({t.environment for t in job.spec.tasks})),
+            env_vars.WARM_POOL: str(env.warm_pool),
+            env_vars.CPU_PER_ACTION: job.spec.external_resources.cpu_cores_per_action,
+            env_vars.ENVIRONMENTS: ",".join(sorted({t.environment for t in job.spec.tasks})),
         },
     )
     # CPU pods stay off GPU nodes: the GPU taint already keeps them away, the selector makes it explicit.
@@ -393,11 +393,11 @@ def reward_replicas(job: v1alpha1.RolloutJob) -> int:
 def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """The reward gateway; its replicas follow ``reward_replicas``."""
     reward = job.spec.reward
-    extra: dict[str, str] = {"TREADLE_REWARD_TYPE": reward.type}
+    extra: dict[str, str] = {env_vars.REWARD_TYPE: reward.type}
     if reward.url is not None:
-        extra["TREADLE_REWARD_EXTERNAL_URL"] = reward.url
+        extra[env_vars.REWARD_EXTERNAL_URL] = reward.url
     if reward.judge_model is not None:
-        extra["TREADLE_REWARD_JUDGE_MODEL"] = reward.judge_model
+        extra[env_vars.REWARD_JUDGE_MODEL] = reward.judge_model
     container = _service_container(job, cfg, "reward", extra_env=extra)
     pod: dict[str, Any] = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
     gpus = job.spec.external_resources.reward_model_gpus
@@ -424,14 +424,14 @@ def _weights_env(
     The prefix is the job's; a multi-agent job's agents publish under ``<prefix>/<agent>``
     (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
     """
-    env = {"TREADLE_WEIGHTS_PREFIX": f"{job.namespace}/{job.name}"}
+    env = {env_vars.WEIGHTS_PREFIX: f"{job.namespace}/{job.name}"}
     if len(job.spec.agents) > 1:
-        env["TREADLE_WEIGHTS_AGENT"] = agent.name
+        env[env_vars.WEIGHTS_AGENT] = agent.name
     if job.spec.weights.store == "mooncake":
-        env["TREADLE_WEIGHTS_MASTER"] = cfg.mooncake_master
-        env["TREADLE_WEIGHTS_METADATA"] = cfg.mooncake_metadata_url
+        env[env_vars.WEIGHTS_MASTER] = cfg.mooncake_master
+        env[env_vars.WEIGHTS_METADATA] = cfg.mooncake_metadata_url
     else:
-        env["TREADLE_WEIGHTS_DIR"] = LOCAL_WEIGHTS_DIR
+        env[env_vars.WEIGHTS_DIR] = LOCAL_WEIGHTS_DIR
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
@@ -497,12 +497,11 @@ def render_pool(
         cfg,
         "agent",
         extra_env={
-            "TREADLE_ENGINE_URL": f"http://127.0.0.1:{vllm_port}",
-            "TREADLE_AGENT": agent.name,
-            "TREADLE_POOL": pool.name,
-            "TREADLE_ACCELERATOR": pool.accelerator,
-            "TREADLE_PREFERRED_WORK": pool.preferred_work,
-            "TREADLE_AGENT_STATE": f"{AGENT_STATE_DIR}/agent.json",
+            env_vars.ENGINE_URL: f"http://127.0.0.1:{vllm_port}",
+            env_vars.AGENT: agent.name,
+            env_vars.POOL: pool.name,
+            env_vars.ACCELERATOR: pool.accelerator,
+            env_vars.AGENT_STATE: f"{AGENT_STATE_DIR}/agent.json",
         },
     )
     sidecar["volumeMounts"].append({"name": "agent-state", "mountPath": AGENT_STATE_DIR})

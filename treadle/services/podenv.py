@@ -23,35 +23,9 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from treadle import errors
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan
 from treadle.services.scheduler import protocol as scheduler_protocol
-
-CONFIG = "TREADLE_CONFIG"
-JOB = "TREADLE_JOB"
-NAMESPACE = "TREADLE_NAMESPACE"
-KEY_PREFIX = "TREADLE_KEY_PREFIX"
-REDIS_URL = "TREADLE_REDIS_URL"
-SCHEDULER_ADDR = "TREADLE_SCHEDULER_ADDR"
-PLACEMENT_ADDR = "TREADLE_PLACEMENT_ADDR"
-BUFFER_ADDR = "TREADLE_BUFFER_ADDR"
-ENV_URL = "TREADLE_ENV_URL"
-REWARD_URL = "TREADLE_REWARD_URL"
-SCHEDULING_POLICY = "TREADLE_SCHEDULING_POLICY"
-PLACEMENT_POLICY = "TREADLE_PLACEMENT_POLICY"
-STALENESS = "TREADLE_STALENESS"
-BATCH_SIZE = "TREADLE_BATCH_SIZE"
-ENGINE_URL = "TREADLE_ENGINE_URL"
-POOL = "TREADLE_POOL"
-AGENT = "TREADLE_AGENT"
-AGENT_STATE = "TREADLE_AGENT_STATE"
-ACCELERATOR = "TREADLE_ACCELERATOR"
-ENVIRONMENTS = "TREADLE_ENVIRONMENTS"
-WARM_POOL = "TREADLE_WARM_POOL"
-CPU_PER_ACTION = "TREADLE_CPU_PER_ACTION"
-REWARD_TYPE = "TREADLE_REWARD_TYPE"
-REWARD_EXTERNAL_URL = "TREADLE_REWARD_EXTERNAL_URL"
-REWARD_JUDGE_MODEL = "TREADLE_REWARD_JUDGE_MODEL"
 
 ENGINE_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: sequences one inference replica runs at once."""
@@ -85,27 +59,29 @@ def integer(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> int | 
 
 def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
     """The job from ``TREADLE_CONFIG`` (its spec) plus ``TREADLE_JOB``/``TREADLE_NAMESPACE``."""
-    path = environ.get(CONFIG, "")
+    path = environ.get(env_vars.CONFIG, "")
     if not path:
         raise errors.SpecError("not set: the path of the job's spec (job.json of the job's ConfigMap)",
-                               field=CONFIG)  # fmt: skip
+                               field=env_vars.CONFIG)  # fmt: skip
     try:
         raw = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise errors.SpecError(f"cannot read {path}: {exc.strerror}", field=CONFIG, value=path) from exc
+        raise errors.SpecError(
+            f"cannot read {path}: {exc.strerror}", field=env_vars.CONFIG, value=path
+        ) from exc
     except ValueError as exc:
-        raise errors.SpecError(f"{path} is not JSON: {exc}", field=CONFIG, value=path) from exc
+        raise errors.SpecError(f"{path} is not JSON: {exc}", field=env_vars.CONFIG, value=path) from exc
     if not isinstance(raw, dict):
-        raise errors.SpecError(f"{path} must hold a JSON object (the job's spec)", field=CONFIG)
+        raise errors.SpecError(f"{path} must hold a JSON object (the job's spec)", field=env_vars.CONFIG)
     try:
         spec = v1alpha1.parse_spec(raw)
     except errors.SpecError as exc:
-        raise errors.SpecError(str(exc), field=f"{CONFIG}:{exc.field}", value=exc.value) from exc
-    name = environ.get(JOB, "")
+        raise errors.SpecError(str(exc), field=f"{env_vars.CONFIG}:{exc.field}", value=exc.value) from exc
+    name = environ.get(env_vars.JOB, "")
     if not name:
-        raise errors.SpecError("not set: the job's name", field=JOB)
+        raise errors.SpecError("not set: the job's name", field=env_vars.JOB)
     return v1alpha1.RolloutJob(
-        metadata={"name": name, "namespace": environ.get(NAMESPACE, "default")}, spec=spec
+        metadata={"name": name, "namespace": environ.get(env_vars.NAMESPACE, "default")}, spec=spec
     )
 
 
@@ -125,7 +101,7 @@ class Job:
     @property
     def present(self) -> bool:
         """Whether the pod names a job config at all (local mode passes flags instead)."""
-        return bool(self.environ.get(CONFIG))
+        return bool(self.environ.get(env_vars.CONFIG))
 
 
 def job_config(environ: Mapping[str, str]) -> plan.JobConfig:
@@ -143,20 +119,20 @@ def job_config(environ: Mapping[str, str]) -> plan.JobConfig:
         max_concurrent_generations=max(1, sum(p.replicas for p in job.spec.pools)) * ENGINE_MAX_NUM_SEQS,
     )
     # The operator renders these from the same spec; a hand-edited Deployment may change them.
-    alpha = integer(environ, STALENESS)
-    batch_size = integer(environ, BATCH_SIZE, minimum=1)
+    alpha = integer(environ, env_vars.STALENESS)
+    batch_size = integer(environ, env_vars.BATCH_SIZE, minimum=1)
     settings = dataclasses.replace(
         cfg.settings,
         alpha=cfg.settings.alpha if alpha is None else alpha,
         batch_size=cfg.settings.batch_size if batch_size is None else batch_size,
-        scheduling_policy=environ.get(SCHEDULING_POLICY) or cfg.settings.scheduling_policy,
+        scheduling_policy=environ.get(env_vars.SCHEDULING_POLICY) or cfg.settings.scheduling_policy,
     )
     return dataclasses.replace(
         cfg,
         settings=settings,
         alpha=settings.alpha,
         batch_size=settings.batch_size,
-        placement_policy=environ.get(PLACEMENT_POLICY) or cfg.placement_policy,
+        placement_policy=environ.get(env_vars.PLACEMENT_POLICY) or cfg.placement_policy,
     )
 
 

@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from treadle.api import env_vars
+
 EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
 
 
@@ -28,11 +30,11 @@ def argv_and_env(args: argparse.Namespace, environ: dict[str, str]) -> tuple[lis
     env = {
         **environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_CACHE_ROOT": str(args.cache_dir), "TREADLE_WEIGHTS_DIR": str(args.weights_dir),
-        "TREADLE_WEIGHTS_PREFIX": args.weights_prefix,
+        "VLLM_CACHE_ROOT": str(args.cache_dir), env_vars.WEIGHTS_DIR: str(args.weights_dir),
+        env_vars.WEIGHTS_PREFIX: args.weights_prefix,
     }  # fmt: skip
     if args.weights_agent:
-        env["TREADLE_WEIGHTS_AGENT"] = args.weights_agent
+        env[env_vars.WEIGHTS_AGENT] = args.weights_agent
     iomp = Path(sys.executable).parent.parent / "lib" / "libiomp5.so"
     if iomp.exists():
         env["LD_PRELOAD"] = str(iomp)

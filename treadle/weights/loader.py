@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from treadle import errors
+from treadle.api import env_vars
 from treadle.weights import layout, mooncake_client, objects, pull, tensors
 
 log = logging.getLogger(__name__)
@@ -87,21 +88,21 @@ def store_from_env(env: Mapping[str, str]) -> tuple[objects.ObjectStore, str]:
     TREADLE_WEIGHTS_AGENT, a multi-agent job, that agent's ``layout.agent_prefix``) plus either
     TREADLE_WEIGHTS_DIR (local FileStore) or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA
     (Mooncake; TREADLE_WEIGHTS_REPLICAS, default 2, only matters to writers)."""
-    prefix = env.get("TREADLE_WEIGHTS_PREFIX")
+    prefix = env.get(env_vars.WEIGHTS_PREFIX)
     if not prefix:
-        raise errors.SpecError("is required", field="TREADLE_WEIGHTS_PREFIX")
-    agent = env.get("TREADLE_WEIGHTS_AGENT")
+        raise errors.SpecError("is required", field=env_vars.WEIGHTS_PREFIX)
+    agent = env.get(env_vars.WEIGHTS_AGENT)
     if agent:
         prefix = layout.agent_prefix(prefix, agent)
-    if env.get("TREADLE_WEIGHTS_DIR"):
-        return objects.FileStore(env["TREADLE_WEIGHTS_DIR"]), prefix
-    master, metadata = env.get("TREADLE_WEIGHTS_MASTER"), env.get("TREADLE_WEIGHTS_METADATA")
+    if env.get(env_vars.WEIGHTS_DIR):
+        return objects.FileStore(env[env_vars.WEIGHTS_DIR]), prefix
+    master, metadata = env.get(env_vars.WEIGHTS_MASTER), env.get(env_vars.WEIGHTS_METADATA)
     if not master or not metadata:
         raise errors.SpecError(
             "set TREADLE_WEIGHTS_DIR, or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA",
-            field="TREADLE_WEIGHTS_MASTER",
+            field=env_vars.WEIGHTS_MASTER,
         )
-    replicas = int(env.get("TREADLE_WEIGHTS_REPLICAS", "2"))
+    replicas = int(env.get(env_vars.WEIGHTS_REPLICAS, "2"))
     return mooncake_client.MooncakeStore(
         mooncake_client.MooncakeConfig(master, metadata, replicas=replicas)
     ), prefix

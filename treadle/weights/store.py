@@ -30,6 +30,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from treadle import errors
+from treadle.api import env_vars
 from treadle.weights import mooncake_client
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -45,20 +46,15 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
 
 
-MASTER_ENV = "TREADLE_MOONCAKE_MASTER"
-METADATA_ENV = "TREADLE_MOONCAKE_METADATA_URL"
-"""What ``treadle.operator.render`` gives every pod of a job: the cluster's Mooncake master."""
-
-
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
     parser.add_argument(
         "--master",
-        default=environ.get(MASTER_ENV),
-        help=f"mooncake_master RPC address, host:port (${MASTER_ENV})",
+        default=environ.get(env_vars.MOONCAKE_MASTER),
+        help=f"mooncake_master RPC address, host:port (${env_vars.MOONCAKE_MASTER})",
     )
     parser.add_argument(
-        "--metadata", default=environ.get(METADATA_ENV),
-        help=f"metadata URL, e.g. http://host:port/metadata (${METADATA_ENV})",
+        "--metadata", default=environ.get(env_vars.MOONCAKE_METADATA_URL),
+        help=f"metadata URL, e.g. http://host:port/metadata (${env_vars.MOONCAKE_METADATA_URL})",
     )  # fmt: skip
     parser.add_argument(
         "--segment", default="4GiB", help="memory this store lends to the pool (default 4GiB)"
@@ -77,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] = 
 
 def run(args: argparse.Namespace) -> int:
     for value, flag, var in (
-        (args.master, "--master", MASTER_ENV),
-        (args.metadata, "--metadata", METADATA_ENV),
+        (args.master, "--master", env_vars.MOONCAKE_MASTER),
+        (args.metadata, "--metadata", env_vars.MOONCAKE_METADATA_URL),
     ):
         if not value:
             print(f"treadle weights store: not set: pass {flag} or set {var}", file=sys.stderr)

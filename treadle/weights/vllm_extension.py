@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from treadle.api import env_vars
 from treadle.weights import layout, loader, pull
 
 
@@ -43,7 +44,7 @@ class WeightsExtension:
         if existing is None:
             store, prefix = loader.store_from_env(os.environ)
             spec = loader.checkpoint_spec(self._treadle_model_dir())
-            initial = int(os.environ.get("TREADLE_WEIGHTS_INITIAL_VERSION", "0"))
+            initial = int(os.environ.get(env_vars.WEIGHTS_INITIAL_VERSION, "0"))
             existing = loader.Loader(
                 pull.Reader(store, prefix), spec, loaded_version=initial, kind="torch",
                 checkpoint=self._treadle_checkpoint,
@@ -77,7 +78,7 @@ class WeightsExtension:
             self.model_runner.reload_weights(weights_iterator=iter(weights))
             self._repack_vocab_embeddings()
 
-        prefix = layout.agent_prefix(os.environ["TREADLE_WEIGHTS_PREFIX"], agent) if agent else None
+        prefix = layout.agent_prefix(os.environ[env_vars.WEIGHTS_PREFIX], agent) if agent else None
         return self._treadle_loader().apply(int(version), load, prefix=prefix)
 
     def _repack_vocab_embeddings(self) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from treadle import errors
+from treadle.api import env_vars
 from treadle.sandbox import runner
-from treadle.services import podenv
 from treadle.services.env import __main__ as env_main
 
 
@@ -32,27 +32,27 @@ def test_cpu_quantity_rounds_up_to_whole_cpus(raw: str, cpus: int) -> None:
 def test_bad_cpu_quantity_names_the_variable(raw: str) -> None:
     with pytest.raises(errors.SpecError) as info:
         env_main.cpus_per_action(raw)
-    assert info.value.field == podenv.CPU_PER_ACTION
+    assert info.value.field == env_vars.CPU_PER_ACTION
 
 
 def test_warm_pool_from_the_flag_or_the_variable() -> None:
     assert env_main.warm_pool(None, {}) == 0
-    assert env_main.warm_pool(None, {podenv.WARM_POOL: "3"}) == 3
-    assert env_main.warm_pool(5, {podenv.WARM_POOL: "3"}) == 5
+    assert env_main.warm_pool(None, {env_vars.WARM_POOL: "3"}) == 3
+    assert env_main.warm_pool(5, {env_vars.WARM_POOL: "3"}) == 5
 
 
 def test_warm_pool_only_for_a_pod_that_runs_python_code() -> None:
     # math-tool and frozenlake have nothing seed-independent to pre-start
-    assert env_main.warm_pool(None, {podenv.WARM_POOL: "3", podenv.ENVIRONMENTS: "math-tool"}) == 0
-    both = {podenv.WARM_POOL: "3", podenv.ENVIRONMENTS: "math-tool,python-code"}
+    assert env_main.warm_pool(None, {env_vars.WARM_POOL: "3", env_vars.ENVIRONMENTS: "math-tool"}) == 0
+    both = {env_vars.WARM_POOL: "3", env_vars.ENVIRONMENTS: "math-tool,python-code"}
     assert env_main.warm_pool(None, both) == 3
 
 
 @pytest.mark.parametrize("raw", ["65", "-1", "many"])
 def test_bad_warm_pool_names_the_variable(raw: str) -> None:
     with pytest.raises(errors.SpecError) as info:
-        env_main.warm_pool(None, {podenv.WARM_POOL: raw})
-    assert info.value.field == podenv.WARM_POOL
+        env_main.warm_pool(None, {env_vars.WARM_POOL: raw})
+    assert info.value.field == env_vars.WARM_POOL
 
 
 def test_least_used_cpus_first_ties_round_robin() -> None:

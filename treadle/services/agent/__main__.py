@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from treadle import errors
+from treadle.api import env_vars
 from treadle.services import podenv
 from treadle.services.agent import http_app, service
 from treadle.services.httputil import serve
@@ -28,40 +29,42 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8200)
     p.add_argument(
-        "--engine-url", default=environ.get(podenv.ENGINE_URL) or "http://127.0.0.1:8000",
-        help=f"the vLLM server beside this agent (${podenv.ENGINE_URL})",
+        "--engine-url", default=environ.get(env_vars.ENGINE_URL) or "http://127.0.0.1:8000",
+        help=f"the vLLM server beside this agent (${env_vars.ENGINE_URL})",
     )  # fmt: skip
     p.add_argument("--worker-id", default=socket.gethostname(), help="default: the pod's name")
     p.add_argument("--poll-interval-s", type=float, default=0.5, help="engine poll and load report period")
     p.add_argument(
-        "--placement", default=environ.get(podenv.PLACEMENT_ADDR),
-        help=f"placement to register with and report to (${podenv.PLACEMENT_ADDR})",
+        "--placement", default=environ.get(env_vars.PLACEMENT_ADDR),
+        help=f"placement to register with and report to (${env_vars.PLACEMENT_ADDR})",
     )  # fmt: skip
-    p.add_argument("--pool", default=environ.get(podenv.POOL), help=f"this worker's pool (${podenv.POOL})")
     p.add_argument(
-        "--agent", default=environ.get(podenv.AGENT, ""),
-        help=f"the agent whose weights the engine starts with (${podenv.AGENT})",
+        "--pool", default=environ.get(env_vars.POOL), help=f"this worker's pool (${env_vars.POOL})"
+    )
+    p.add_argument(
+        "--agent", default=environ.get(env_vars.AGENT, ""),
+        help=f"the agent whose weights the engine starts with (${env_vars.AGENT})",
     )  # fmt: skip
     p.add_argument(
         "--swap-lease-s", type=float, default=service.DEFAULT_SWAP_LEASE_S,
         help="a weight swap's pause not resumed by its caller within this is resumed by the agent",
     )  # fmt: skip
     p.add_argument(
-        "--state-file", type=Path, default=environ.get(podenv.AGENT_STATE) or None,
-        help=f"keeps what a move made this worker serve across restarts (${podenv.AGENT_STATE})",
+        "--state-file", type=Path, default=environ.get(env_vars.AGENT_STATE) or None,
+        help=f"keeps what a move made this worker serve across restarts (${env_vars.AGENT_STATE})",
     )  # fmt: skip
     p.add_argument("--advertise-url", help="URL the scheduler dials; default http://<pod IP>:<port>")
     a = p.parse_args(argv)
 
     def address() -> str:
         if a.placement and not a.pool:
-            raise errors.SpecError(f"not set: pass --pool or set {podenv.POOL}", field=podenv.POOL)
+            raise errors.SpecError(f"not set: pass --pool or set {env_vars.POOL}", field=env_vars.POOL)
         return a.advertise_url or f"http://{podenv.advertised_host(a.host)}:{a.port}"
 
     url = podenv.or_exit(address, prog=PROG)
     if a.placement:
         log.info(
-            "worker %s (%s, pool %s) at %s", a.worker_id, environ.get(podenv.ACCELERATOR, "?"), a.pool, url
+            "worker %s (%s, pool %s) at %s", a.worker_id, environ.get(env_vars.ACCELERATOR, "?"), a.pool, url
         )
     app = http_app.build_app(
         engine_url=a.engine_url, worker_id=a.worker_id, poll_interval_s=a.poll_interval_s,

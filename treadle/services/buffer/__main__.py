@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import prometheus_client as prom
 
+from treadle.api import env_vars
 from treadle.services import podenv
 from treadle.services.buffer import grpc_server, redis_store, service, store
 from treadle.services.grpcutil import server as grpcutil_server
@@ -41,8 +42,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50053)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
-    p.add_argument("--redis", help=f"Redis URL, empty for the embedded memory store (${podenv.REDIS_URL})")
-    p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${podenv.KEY_PREFIX})")
+    p.add_argument("--redis", help=f"Redis URL, empty for the embedded memory store (${env_vars.REDIS_URL})")
+    p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${env_vars.KEY_PREFIX})")
     p.add_argument("--alpha", type=int, help="staleness bound in policy versions (the job's)")
     p.add_argument("--task-weights", help='JSON object task -> batch weight, e.g. {"math": 1} (the job\'s)')
     p.add_argument(
@@ -55,8 +56,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     def build() -> Config:
         return Config(
             host=a.host, port=a.port, metrics_port=a.metrics_port,
-            redis=a.redis if a.redis is not None else environ.get(podenv.REDIS_URL, ""),
-            namespace=a.namespace or environ.get(podenv.KEY_PREFIX) or "default",
+            redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
+            namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
             alpha=a.alpha if a.alpha is not None else job.config.alpha,
             task_weights=json.loads(a.task_weights) if a.task_weights else job.config.task_weights,
             agents=json.loads(a.agents) if a.agents else (job.config.agents if job.present else []),

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 
 from treadle import errors
+from treadle.api import env_vars
 from treadle.services import podenv
 from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
@@ -37,13 +38,13 @@ def check_environments(environ: Mapping[str, str]) -> None:
     if missing := sorted(served(environ) - set(service.BUILTIN)):
         raise errors.SpecError(
             f"this image serves no environment {missing}; it serves {sorted(service.BUILTIN)}",
-            field=podenv.ENVIRONMENTS, value=missing,
+            field=env_vars.ENVIRONMENTS, value=missing,
         )  # fmt: skip
 
 
 def served(environ: Mapping[str, str]) -> set[str]:
     """The environments the pod's job names; empty when unset (local mode: every builtin)."""
-    return {name for name in environ.get(podenv.ENVIRONMENTS, "").split(",") if name}
+    return {name for name in environ.get(env_vars.ENVIRONMENTS, "").split(",") if name}
 
 
 def cpus_per_action(raw: str) -> int:
@@ -52,20 +53,20 @@ def cpus_per_action(raw: str) -> int:
     if match is None:
         raise errors.SpecError(
             f"must be a Kubernetes CPU quantity such as 1, 2 or 500m, got {raw!r}",
-            field=podenv.CPU_PER_ACTION, value=raw,
+            field=env_vars.CPU_PER_ACTION, value=raw,
         )  # fmt: skip
     number, suffix = decimal.Decimal(match.group(1)), match.group(2) or ""
     cores = number.scaleb(int(suffix[1:])) if suffix[:1] in ("e", "E") else number * _SUFFIX[suffix]
     if cores <= 0:
-        raise errors.SpecError("must be more than 0 cores", field=podenv.CPU_PER_ACTION, value=raw)
+        raise errors.SpecError("must be more than 0 cores", field=env_vars.CPU_PER_ACTION, value=raw)
     return math.ceil(cores)
 
 
 def warm_pool(flag: int | None, environ: Mapping[str, str]) -> int:
     """Warm sandbox processes for python-code: 0 when the pod's job runs no python-code task."""
-    value = flag if flag is not None else podenv.integer(environ, podenv.WARM_POOL) or 0
+    value = flag if flag is not None else podenv.integer(environ, env_vars.WARM_POOL) or 0
     if not 0 <= value <= MAX_WARM_POOL:
-        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field=podenv.WARM_POOL, value=value)
+        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field=env_vars.WARM_POOL, value=value)
     wanted = served(environ)
     return value if not wanted or pythoncode.SPEC.name in wanted else 0
 
@@ -78,12 +79,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--step-timeout-s", type=float, default=30.0)
     p.add_argument("--idle-ttl-s", type=float, default=900.0)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
-    p.add_argument("--warm-pool", type=int, default=None, help=f"default: ${podenv.WARM_POOL} or 0")
-    p.add_argument("--cpu-per-action", default=None, help=f"default: ${podenv.CPU_PER_ACTION} or 1")
+    p.add_argument("--warm-pool", type=int, default=None, help=f"default: ${env_vars.WARM_POOL} or 0")
+    p.add_argument("--cpu-per-action", default=None, help=f"default: ${env_vars.CPU_PER_ACTION} or 1")
     a = p.parse_args(argv)
     podenv.or_exit(lambda: check_environments(environ), prog=PROG)
     warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, environ), prog=PROG)
-    raw_cpu = a.cpu_per_action or environ.get(podenv.CPU_PER_ACTION) or "1"
+    raw_cpu = a.cpu_per_action or environ.get(env_vars.CPU_PER_ACTION) or "1"
     cpus = podenv.or_exit(lambda: cpus_per_action(raw_cpu), prog=PROG)
     app = http_app.build_app(
         max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,

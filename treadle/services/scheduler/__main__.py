@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import prometheus_client as prom
 
+from treadle.api import env_vars
 from treadle.services import podenv, runtime
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
@@ -64,15 +65,15 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--tasks", help="JSON list of TaskConfig fields, one object per task (the job's)")
     p.add_argument("--settings", help="JSON object of Settings fields (the job's)")
     p.add_argument(
-        "--env-url", action="append", help=f"environment server base URL, repeatable (${podenv.ENV_URL})"
+        "--env-url", action="append", help=f"environment server base URL, repeatable (${env_vars.ENV_URL})"
     )
     p.add_argument(
         "--env-resolve-interval-s", type=float, default=ENV_RESOLVE_INTERVAL_S,
         help="seconds between resolutions of the env URLs into env pods (0: only at start)",
     )  # fmt: skip
-    p.add_argument("--reward-url", help=f"reward gateway base URL (${podenv.REWARD_URL})")
-    p.add_argument("--placement", help=f"placement gRPC address host:port (${podenv.PLACEMENT_ADDR})")
-    p.add_argument("--buffer", help=f"buffer gRPC address host:port (${podenv.BUFFER_ADDR})")
+    p.add_argument("--reward-url", help=f"reward gateway base URL (${env_vars.REWARD_URL})")
+    p.add_argument("--placement", help=f"placement gRPC address host:port (${env_vars.PLACEMENT_ADDR})")
+    p.add_argument("--buffer", help=f"buffer gRPC address host:port (${env_vars.BUFFER_ADDR})")
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
@@ -81,13 +82,13 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         settings = (
             protocol.Settings(**json.loads(a.settings)) if a.settings is not None else job.config.settings
         )
-        env_urls = a.env_url or [podenv.pick(None, environ, podenv.ENV_URL, flag="--env-url")]
+        env_urls = a.env_url or [podenv.pick(None, environ, env_vars.ENV_URL, flag="--env-url")]
         return Config(
             host=a.host, port=a.port, metrics_port=a.metrics_port, tasks=tasks, settings=settings,
             env_urls=env_urls, env_resolve_interval_s=a.env_resolve_interval_s,
-            reward_url=podenv.pick(a.reward_url, environ, podenv.REWARD_URL, flag="--reward-url"),
-            placement=podenv.pick(a.placement, environ, podenv.PLACEMENT_ADDR, flag="--placement"),
-            buffer=podenv.pick(a.buffer, environ, podenv.BUFFER_ADDR, flag="--buffer"),
+            reward_url=podenv.pick(a.reward_url, environ, env_vars.REWARD_URL, flag="--reward-url"),
+            placement=podenv.pick(a.placement, environ, env_vars.PLACEMENT_ADDR, flag="--placement"),
+            buffer=podenv.pick(a.buffer, environ, env_vars.BUFFER_ADDR, flag="--buffer"),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)

@@ -24,9 +24,8 @@ import kubernetes
 import urllib3
 
 from treadle import kubeapi
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.errors import SpecError
-from treadle.services import podenv
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class RewardDemandReporter:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RewardDemandReporter | None:
         """A reporter for ``$TREADLE_NAMESPACE/$TREADLE_JOB``; ``None`` outside a cluster."""
-        job, namespace = environ.get(podenv.JOB), environ.get(podenv.NAMESPACE)
+        job, namespace = environ.get(env_vars.JOB), environ.get(env_vars.NAMESPACE)
         if not job or not namespace:
             return None
         try:
