@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import prometheus_client as prom
 
 from treadle.api import env_vars
-from treadle.services import podenv
+from treadle.services import podenv, runtime
 from treadle.services.buffer import grpc_server, redis_store, service, store
 from treadle.services.grpcutil import server as grpcutil_server
 
@@ -80,6 +80,7 @@ async def main(cfg: Config) -> None:
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    runtime.settle_heap()
     logging.info("buffer serving on %s:%d (%s)", cfg.host, served.port, "redis" if cfg.redis else "memory")
     await grpcutil_server.serve_forever(served, on_stop=backend.aclose)
 

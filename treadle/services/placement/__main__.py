@@ -29,7 +29,7 @@ from treadle.api import v1alpha1
 from treadle.localmode import plan
 from treadle.policy import registry
 from treadle.policy.flexmarl import load_balance
-from treadle.services import podenv
+from treadle.services import podenv, runtime
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import grpc_server, rebalance, service
 
@@ -131,6 +131,7 @@ async def main(cfg: Config) -> None:
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    runtime.settle_heap()
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None
     if cfg.rebalance_interval_s > 0 and len(set(cfg.pool_agents.values())) > 1:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -139,6 +140,9 @@ class PlacementService:
             metrics.PLACEMENT_OUTSTANDING, "Turns assigned and not released, by worker", ["worker"],
             registry=self.registry,
         )  # fmt: skip
+        # Children looked up once: labels() takes a lock and hashes per call, on every assign and release.
+        self._assigned_to = functools.cache(self._assigned.labels)
+        self._outstanding_of = functools.cache(self._outstanding.labels)
         self._migrated = prom.Counter(
             metrics.PLACEMENT_MIGRATIONS_TOTAL,
             "Trajectories moved to another worker during a tool call (re-route + re-prefill on vLLM)",
@@ -208,8 +212,8 @@ class PlacementService:
         w = self._workers[decision.worker_id]
         w.outstanding += 1
         self._sticky[sticky] = decision.worker_id
-        self._assigned.labels(w.info.pool, decision.reason).inc()
-        self._outstanding.labels(decision.worker_id).set(w.outstanding)
+        self._assigned_to(w.info.pool, decision.reason).inc()
+        self._outstanding_of(decision.worker_id).set(w.outstanding)
         return placement_pb2.Assignment(
             worker_id=decision.worker_id,
             address=w.info.address,
@@ -311,7 +315,7 @@ class PlacementService:
             w = self._worker(req.worker_id, field="worker_id")
             if w.outstanding > 0:
                 w.outstanding -= 1
-            self._outstanding.labels(req.worker_id).set(w.outstanding)
+            self._outstanding_of(req.worker_id).set(w.outstanding)
             self._first_prompt.setdefault(req.trajectory_id, req.prompt_tokens)
             profile.output_tokens += req.output_tokens
             profile.released_turns += 1
