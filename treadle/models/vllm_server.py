@@ -28,12 +28,13 @@ def installed() -> bool:
 
 
 def argv(
-    model_dir: pathlib.Path, *, port: int, served_name: str = "tiny", max_model_len: int = 256
-) -> list[str]:
+    model_dir: pathlib.Path, *, port: int, served_name: str = "tiny", max_model_len: int = 256,
+    max_num_seqs: int = 8,
+) -> list[str]:  # fmt: skip
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", str(max_model_len), "--max-num-seqs", "8",
+        "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
     ]  # fmt: skip
 
 

@@ -1,0 +1,231 @@
+"""Heddle against sticky least-loaded on REAL vLLM (CPU build): time to finish a long-tailed rollout step.
+
+REAL ENGINE, TOY MODEL: the engines are real vLLM (the CPU build in the venv, started with
+``treadle.models.vllm_server``'s recipe) serving the tiny random Llama of ``treadle.models.tiny``
+(2 layers, hidden 128, vocab ~512, random weights, so it never solves anything). Its
+``max_position_embeddings`` is raised in the generated ``config.json`` to ``--max-model-len``
+(RoPE has no learned position table; the weights are random either way) so that multi-turn
+trajectories fit. Every other service is its own process on 127.0.0.1, started as
+``bench/heddle_live.py`` starts them (reward gateway, math-tool environment server, one inference
+agent per routing target, and per configuration fresh buffer, placement and scheduler processes);
+the configurations, the workload and the per-step measurement are ``heddle_live``'s own
+(``heddle_live.run_config``, ``heddle_live.workload``), imported, not copied.
+
+What it shows: whether the scheduler's ordering and preemption (ABORT + re-issue against real
+vLLM) and the placement's routing and migration (a migrated turn re-prefills its whole context on
+the other engine, with vLLM's real prefix cache) finish a long-tailed step sooner than FIFO with
+sticky least-loaded, with real continuous batching, real prefill and real aborts. What it does not
+show: anything about GPU timing, a real model's output lengths or batch interference at scale; a
+CPU decode step of this model is dominated by vLLM's per-step overhead, not by the batch size.
+
+Workload: math-tool (the random model never writes ``<answer>``, so a trajectory runs exactly its
+group's ``max_turns``), ``--groups`` groups of ``--group-size``, turns per group lognormal (median
+``--median-turns``, sigma ``--sigma``, capped at ``--max-turns``), ``--tokens`` tokens a turn; the
+scheduler's global gate (``--gate``) is smaller than the trajectories in flight, so turns queue in
+the gate, where the scheduling policy orders (and, for heddle, preempts) them.
+
+Engines: ``--engines`` vLLM processes, ``--agents-per-engine`` inference agents (routing targets,
+placement workers) in front of each. ``--omp-threads`` 0 keeps vLLM's own thread binding (one
+engine: it takes the cores); n > 0 runs each engine unbound with ``OMP_NUM_THREADS=n`` (two
+engines on two cores: 1 each).
+
+Run: ``PYTHONPATH=bench:. python bench/heddle_vllm.py [--out DIR]``; results in ``DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchcli
+import heddle_live
+
+from treadle.localmode import stack as stack_mod
+from treadle.models import tiny, vllm_server
+from treadle.testing import procs
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    engines: int = dataclasses.field(default=2, metadata={"help": "real vLLM (CPU) engines"})
+    agents_per_engine: int = dataclasses.field(
+        default=1, metadata={"help": "inference agents (placement workers) in front of each engine"}
+    )
+    omp_threads: int = dataclasses.field(
+        default=1,
+        metadata={"help": "0: vLLM's own CPU binding; n: each engine unbound with OMP_NUM_THREADS=n"},
+    )
+    max_model_len: int = dataclasses.field(default=4096, metadata={"help": "vLLM --max-model-len"})
+    max_num_seqs: int = dataclasses.field(default=8, metadata={"help": "vLLM --max-num-seqs per engine"})
+    groups: int = dataclasses.field(default=24, metadata={"help": "prompt groups per rollout step"})
+    group_size: int = dataclasses.field(default=2, metadata={"help": "trajectories per prompt group"})
+    gate: int = dataclasses.field(
+        default=4,
+        metadata={"help": "turns generating at once over all workers (Settings.max_concurrent_generations)"},
+    )
+    tokens: int = dataclasses.field(default=16, metadata={"help": "max tokens a turn generates"})
+    median_turns: float = dataclasses.field(
+        default=2.0, metadata={"help": "median turns per group (lognormal)"}
+    )
+    sigma: float = dataclasses.field(default=1.3, metadata={"help": "sigma of the lognormal turns per group"})
+    max_turns: int = dataclasses.field(default=24, metadata={"help": "cap on turns per group"})
+    steps: int = dataclasses.field(
+        default=3, metadata={"help": "rollout steps per configuration (the first warms the predictor)"}
+    )
+    rounds: int = dataclasses.field(
+        default=2, metadata={"help": "each configuration once per round; the order alternates per round"}
+    )
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the workload"})
+    configs: str = dataclasses.field(
+        default="baseline,heddle-sched,heddle",
+        metadata={"help": "comma-separated configurations of bench/heddle_live.py to run"},
+    )
+    step_timeout_s: float = dataclasses.field(
+        default=300.0, metadata={"help": "a step not done in this many seconds fails the run"}
+    )
+    probe_s: float = dataclasses.field(
+        default=0.25, metadata={"help": "sample per-worker load and predictions this often (0: never)"}
+    )
+    out: str = dataclasses.field(
+        default="", metadata={"help": "directory for results.json (empty: a new temporary one)"}
+    )
+
+
+def live_config(cfg: Config) -> heddle_live.Config:
+    """The same run in ``heddle_live``'s terms (its ``engines`` counts routing targets, for worker_slots)."""
+    return heddle_live.Config(
+        groups=cfg.groups, group_size=cfg.group_size, engines=cfg.engines * cfg.agents_per_engine,
+        slots=cfg.max_num_seqs, gate=cfg.gate, tokens=cfg.tokens, median_turns=cfg.median_turns,
+        sigma=cfg.sigma, max_turns=cfg.max_turns, steps=cfg.steps, seed=cfg.seed,
+        step_timeout_s=cfg.step_timeout_s, configs=cfg.configs, rounds=cfg.rounds, probe_s=cfg.probe_s,
+    )  # fmt: skip
+
+
+def make_model(out: Path, max_model_len: int) -> Path:
+    model = tiny.generate(out / "tiny-llama", seed=0)
+    config_path = model / "config.json"
+    config = json.loads(config_path.read_text())
+    config["max_position_embeddings"] = max(config["max_position_embeddings"], max_model_len)
+    config_path.write_text(json.dumps(config, indent=2))
+    return model
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+async def start_shared(stack: stack_mod.Stack, cfg: Config, model: Path, out: Path) -> dict[str, Any]:
+    """vLLM engines, their agents, one environment server and the reward gateway, kept across runs."""
+    reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
+    env = (await stack.start("env", "treadle.services.env", [], kind="http")).url
+    threads = (
+        {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(cfg.omp_threads)}
+        if cfg.omp_threads > 0
+        else {}
+    )
+    engines = []
+    for i in range(cfg.engines):
+        port = procs.free_port()
+        argv = vllm_server.argv(
+            model, port=port, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs
+        )
+        began = time.monotonic()
+        engine = await stack.launch(
+            f"vllm-{i}", argv, port=port, kind="http", health_path="/health", timeout_s=600.0,
+            env={**vllm_server.environment(out / f"vllm-cache-{i}"), **threads},
+        )  # fmt: skip
+        print(f"vllm-{i} healthy after {time.monotonic() - began:.0f} s (load {load()})", flush=True)
+        engines.append(engine.url)
+    agents = {}
+    for i, url in enumerate(engines):
+        for j in range(cfg.agents_per_engine):
+            worker = f"w{i * cfg.agents_per_engine + j}"
+            agent = await stack.start(
+                f"agent-{worker}", "treadle.services.agent",
+                ["--engine-url", url, "--worker-id", worker, "--poll-interval-s", "0.5"], kind="http",
+            )  # fmt: skip
+            agents[worker] = agent.url
+    return {"reward": reward, "env": env, "agents": agents, "engines": engines}
+
+
+async def main(cfg: Config, out: Path) -> dict[str, Any]:
+    live = live_config(cfg)
+    turns = heddle_live.workload(live)
+    results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "turns_per_group": turns, "configs": {}}
+    model = make_model(out, cfg.max_model_len)
+    with stack_mod.Stack(out / "shared") as stack:
+        shared = await start_shared(stack, cfg, model, out)
+        names = cfg.configs.split(",")
+        for rnd in range(cfg.rounds):
+            # alternate the order every round, so drifting machine load does not favour one configuration
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                before = load()
+                # trajectory ids repeat across runs and the gateway's scores are idempotent per id (a
+                # different text for a known id is a conflict): a fresh gateway per run, same port
+                await stack.restart("reward")
+                run = await heddle_live.run_config(name, shared, live, turns, out / f"round{rnd}")
+                run |= {"round": rnd, "load_before": before, "load_after": load()}
+                run["measured_s"] = run["step_s"][1:] or run["step_s"]  # the first step warms the predictor
+                results["configs"].setdefault(name, []).append(run)
+                print(f"round {rnd} {name}: steps {[round(s, 2) for s in run['step_s']]} s, load "
+                      f"{before} -> {run['load_after']}", flush=True)  # fmt: skip
+                (out / "results.json").write_text(json.dumps(results, indent=2))  # kept if a later run fails
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    cfg = results["config"]
+    turns = results["turns_per_group"]
+    print(
+        "REAL vLLM (CPU build), tiny random Llama (treadle.models.tiny); every service a process on 127.0.0.1"
+    )
+    print(f"load average at start {results['load_average_start']}, at end {results['load_average_end']}")
+    print(f"workload: math-tool, {cfg['groups']} groups x {cfg['group_size']}, turns per group median "
+          f"{statistics.median(turns)}, max {max(turns)}, {sum(turns) * cfg['group_size']} turns of at most "
+          f"{cfg['tokens']} tokens; {cfg['engines']} engine(s) x {cfg['agents_per_engine']} agents, "
+          f"max-num-seqs {cfg['max_num_seqs']}, max-model-len {cfg['max_model_len']}, omp threads "
+          f"{cfg['omp_threads'] or 'vLLM default'}; gate {cfg['gate']}")  # fmt: skip
+    print(f"turns per group: {sorted(turns, reverse=True)}")
+    base = {r["round"]: statistics.mean(r["measured_s"]) for r in results["configs"].get("baseline", [])}
+    for name, runs in results["configs"].items():
+        for r in runs:
+            steps = ", ".join(f"{s:.2f}" for s in r["step_s"])
+            print(f"  {name:12s} round {r['round']} ({r['placement']} / {r['scheduling']}): step s [{steps}] "
+                  f"completed {r['completed']} failed {r['failed']} {r['failed_by_reason']} preemptions "
+                  f"{r['preemptions']} migrations {r['migrations']}; load {r['load_before']} -> "
+                  f"{r['load_after']}")  # fmt: skip
+        measured = [s for r in runs for s in r["measured_s"]]
+        sd = statistics.stdev(measured) if len(measured) > 1 else 0.0
+        steps_run = sum(len(r["step_s"]) for r in runs)
+        paired = [statistics.mean(r["measured_s"]) - base[r["round"]] for r in runs if r["round"] in base]
+        print(f"  {name:12s} warm steps mean {statistics.mean(measured):.2f} s (sd {sd:.2f}, n "
+              f"{len(measured)}); per step (all steps): preemptions "
+              f"{sum(r['preemptions'] for r in runs) / steps_run:.1f}, migrations "
+              f"{sum(r['migrations'] for r in runs) / steps_run:.1f}; minus baseline per round "
+              f"{[round(d, 2) for d in paired]} s")  # fmt: skip
+        warm = [c for r in runs for c in r["prefix_cache"][1:]]
+        if warm and any(c["queries"] for c in warm):
+            queries = statistics.mean(c["queries"] for c in warm)
+            hits = statistics.mean(c["hits"] for c in warm)
+            print(f"  {name:12s} warm steps: prompt tokens {queries:,.0f}/step, prefix cache hits "
+                  f"{hits / queries:.1%}")  # fmt: skip
+    heddle_live.report_probes(results)
+
+
+if __name__ == "__main__":
+    config = benchcli.parse(Config, __doc__)
+    out_dir = Path(config.out or tempfile.mkdtemp(prefix="heddle-vllm-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load_start = load()
+    res = asyncio.run(main(config, out_dir))
+    res |= {"load_average_start": load_start, "load_average_end": load()}
+    (out_dir / "results.json").write_text(json.dumps(res, indent=2))
+    report(res)
+    print(f"results in {out_dir / 'results.json'}")
