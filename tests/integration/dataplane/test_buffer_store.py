@@ -15,7 +15,7 @@ import pytest
 from treadle.errors import NotFound, SpecError
 from treadle.services.buffer import redis_store, service, store
 from treadle.testing import redis_server as redis_server_mod
-from treadle.v1 import common_pb2
+from treadle.v1 import buffer_pb2, common_pb2
 
 
 class Clock:
@@ -339,3 +339,37 @@ async def test_a_stream_with_nothing_ready_times_out(backend: store.Store) -> No
             batch_size=2, micro_batch_size=1, version=0, timeout_s=0.05, agent="planner"
         ):
             pass
+
+
+async def test_a_stream_whose_step_closes_under_it_ends_and_leaves_the_rest_stored(
+    backend: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's second stream (a reconnect while the first is still open) takes the rest of the
+    step, and its acks close the step while the first stream awaits the store: the first stream then
+    ends without an error and releases nothing of the next step."""
+    svc = make(backend)
+    await svc.put([*group("g1"), *group("g2"), *group("g3")])
+    ready = svc._ready
+    second: list[buffer_pb2.Batch] = []
+    reconnected = False
+
+    async def ready_then_close(agent: str, *, version: int) -> int:
+        nonlocal reconnected
+        if first and not reconnected:  # once, after the first stream's first micro-batch
+            reconnected = True
+            second.extend(
+                [m async for m in svc.stream_batch(batch_size=4, micro_batch_size=2, version=0, timeout_s=0)]
+            )
+            for m in [*first, *second]:
+                await svc.ack(m.batch_id)
+        return await ready(agent, version=version)
+
+    monkeypatch.setattr(svc, "_ready", ready_then_close)
+    first: list[buffer_pb2.Batch] = []
+    async for m in svc.stream_batch(batch_size=4, micro_batch_size=2, version=0, timeout_s=0):
+        first.append(m)
+    assert [list(m.group_ids) for m in first] == [["g1"]]
+    assert [list(m.group_ids) for m in second] == [["g2"]]
+    assert svc.pipeline.step == 1  # the step closed with g1 and g2
+    stats = await svc.stats()
+    assert (stats.stored, stats.acked) == (2, 4)  # g3 waits for the next step

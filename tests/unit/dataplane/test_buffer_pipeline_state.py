@@ -110,3 +110,17 @@ def test_an_expired_release_is_unreleased_and_its_late_ack_ignored() -> None:
     assert state.states["a"].released == 2 and set(state.batches) == {"y"}
     state.acked("x")  # the store refuses this ack; the pipeline must not count it either
     assert state.states["a"].trained == 0
+
+
+def test_a_stream_still_open_when_its_step_closed_gets_nothing_more() -> None:
+    state = pipeline.MicroBatchPipeline(["a"])
+    state.begin("a", target=16)
+    release = state.next_release("a", ready=16, micro_batch=16)
+    assert release is not None
+    state.released("a", batch_id="b0", samples=release.samples, deadline=10.0)
+    state.acked("b0")
+    assert state.try_update() is not None  # the last ack closed the step
+    # What a second stream of the same trainer (or the first, before it saw the close) does next:
+    assert state.next_release("a", ready=32, micro_batch=16) is None
+    state.rollout_done("a")
+    assert state.finished("a") and not state.states and state.step == 1

@@ -63,6 +63,10 @@ class MicroBatchPipeline:
         return state
 
     def next_release(self, agent: str, *, ready: int, micro_batch: int) -> pipeline.Release | None:
+        """The agent's next micro-batch by the policy; ``None`` too once its step has closed (a stream
+        still open when the last ack closed it, or a second stream of the same trainer)."""
+        if agent not in self.states:
+            return None
         state = self.states[agent] = dataclasses.replace(self.states[agent], ready=ready)
         return pipeline.next_release(state, micro_batch=micro_batch)
 
@@ -74,7 +78,8 @@ class MicroBatchPipeline:
         self.batches[batch_id] = Outstanding(agent, samples, deadline)
 
     def rollout_done(self, agent: str) -> None:
-        self.states[agent] = dataclasses.replace(self.states[agent], rollout_done=True)
+        if agent in self.states:  # not once the step has closed
+            self.states[agent] = dataclasses.replace(self.states[agent], rollout_done=True)
 
     def finished(self, agent: str) -> bool:
         """Nothing more will be released to the agent this step (or the step has closed)."""

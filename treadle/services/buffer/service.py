@@ -307,6 +307,8 @@ class BufferService:
                 planned = set(plan)
                 samples = sum(g.completed for g in live if g.group_id in planned)
                 async with self._changing() as p:
+                    if release_to not in p.states:
+                        return None  # the step closed while this micro-batch was formed: it stays stored
                     p.released(release_to, batch_id=batch_id, samples=samples, deadline=deadline)
                     leased = await self.store.lease(
                         plan, batch_id=batch_id, deadline=deadline, pipeline=p.dump()
