@@ -35,19 +35,6 @@ PROMPT = "the calculator answer is"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("vllm")
-    from treadle.models import tiny
-
-    return tiny.generate(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture(scope="module")
-def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("weights")
-
-
-@pytest.fixture(scope="module")
 def vllm_url(model_dir: Path, weights_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = procs.free_port()
     argv = [
