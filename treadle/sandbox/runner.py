@@ -46,6 +46,7 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,10 +72,17 @@ GO = b"go\n"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 # Runs in the child before the user's file: wait for the go line, the fallback socket block, then the
-# user code as __main__. The line is read from the same buffer sys.stdin wraps, so the rest is the run's.
+# user code as __main__. The line is read from fd 0 itself, exactly its bytes: a buffered read would
+# take the run's stdin along into sys.stdin's buffer, out of reach of code that reads fd 0.
 _BOOTSTRAP = """
 import os, runpy, sys
-if sys.stdin.buffer.readline() != b"go\\n":
+go = b""
+while len(go) < 3:
+    chunk = os.read(0, 3 - len(go))
+    if not chunk:
+        sys.exit(0)
+    go += chunk
+if go != b"go\\n":
     sys.exit(0)
 if os.environ.get("TREADLE_SANDBOX_BLOCK_SOCKETS") == "1":
     import socket, _socket
@@ -214,7 +222,7 @@ class Sandbox:
         while len(self._ready) < self.warm and not self._closed:
             try:
                 started = await self._start(self.limits)
-            except OSError:
+            except (OSError, subprocess.SubprocessError):  # e.g. a preexec_fn step refused (unshare)
                 log.warning("starting a warm sandbox process failed; the next run retries", exc_info=True)
                 return
             if self._closed:

@@ -93,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
         local_hostname=hostname,
         protocol=args.protocol,
     )
-    health_server = None if args.port is None else _HealthServer(args.host, args.port)
-    # Block the signals before mounting so one arriving during setup is not lost.
+    # Block the signals before mounting so one arriving during setup is not lost, and before the health
+    # server's threads start, so they inherit the mask and the signal reaches sigwait below.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    health_server = None if args.port is None else _HealthServer(args.host, args.port)
     try:
         client = mooncake_client.connect(config, segment_bytes=segment)
     except errors.Unavailable as exc:

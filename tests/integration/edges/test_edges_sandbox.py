@@ -24,6 +24,12 @@ async def test_plain_code_runs_with_stdin(sandbox: runner.Sandbox) -> None:
     assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "HELLO\n")
 
 
+async def test_code_reading_fd_0_gets_all_of_stdin(sandbox: runner.Sandbox) -> None:
+    # The go line that starts a run must not take the run's stdin into a buffer fd 0 readers miss.
+    result = await sandbox.run("import os\nprint(open(0).read().split())", stdin="1 2 3\n4 5 6\n")
+    assert (result.status, result.stdout) == ("ok", "['1', '2', '3', '4', '5', '6']\n")
+
+
 async def test_socket_is_blocked(sandbox: runner.Sandbox) -> None:
     code = (
         "import socket\n"

@@ -40,6 +40,10 @@ async def test_the_pool_follows_the_resolved_urls() -> None:
 def test_env_urls_resolve_to_one_url_per_address() -> None:
     # An address literal resolves without DNS; a port-less URL keeps no port.
     assert scheduler_main.expand_headless("http://127.0.0.1:9000/") == ["http://127.0.0.1:9000/"]
+    # TLS names the host: an https endpoint is kept as given, never turned into addresses.
+    assert scheduler_main.expand_headless("https://envs.example.invalid/") == [
+        "https://envs.example.invalid/"
+    ]
     assert scheduler_main.resolve_envs(["http://127.0.0.1:9000", "http://127.0.0.2"]) == [
         "http://127.0.0.1:9000",
         "http://127.0.0.2",

@@ -99,8 +99,12 @@ def expand_headless(url: str) -> list[str]:
 
     The env Service is headless: a session lives in one pod, so every pod needs its own client
     (a single URL would let DNS scatter one session's steps, once the Service has a second pod).
+    An ``https`` URL is kept as given: its certificate and SNI name the host, not the pods' IPs, so it
+    is one endpoint that keeps sessions itself (a balancer with affinity, not a headless Service).
     """
     parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return [url]
     host, port = parts.hostname or "", parts.port
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
