@@ -17,6 +17,7 @@ import fastapi
 import httpx
 
 from treadle.services.agent import http_app as agent_app
+from treadle.services.fakevllm import engine as fake_engine
 from treadle.services.fakevllm import http_app as fake_app
 from treadle.services.httputil import serve
 from treadle.services.placement import grpc_server as placement_grpc
@@ -129,6 +130,24 @@ async def test_a_moved_worker_stays_the_receivers_when_its_agent_container_resta
             async with serve.running(restarted, port=agent_port):
                 assert await serving(restarted) == ("planner", "plan")
                 await wait_for(lambda: pool_of(svc, "e0") == "plan", "e0 to register as the planner's")
+            # The agent restarts while its engine does not answer yet: it registers only once the
+            # engine does, still labelled by the move, and then as the receiver's.
+            moved_label = rebalance.label("planner", 3)
+            await served.stop(None)  # and a placement that knows nothing, to see when it registers
+            svc = new_placement()
+            served = await placement_grpc.build_server(svc, port=served.port)
+            late_engine_port = procs.free_port()
+            waiting = agent(f"http://127.0.0.1:{late_engine_port}")
+            async with serve.running(waiting, port=agent_port):
+                await asyncio.sleep(0.3)  # several polls of an engine that is not there
+                assert pool_of(svc, "e0") == ""
+                engine = fake_engine.SimulatedEngine()
+                engine.weight_version = moved_label
+                async with serve.running(fake_app.build_app(engine=engine), port=late_engine_port):
+                    await wait_for(
+                        lambda: pool_of(svc, "e0") == "plan", "e0 to register once its engine answers"
+                    )
+                    assert await serving(waiting) == ("planner", "plan")
         async with serve.running(fake_app.build_app()) as fresh_engine_url:  # the engine restarted too
             rendered = agent(fresh_engine_url)
             async with serve.running(rendered, port=agent_port):

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from treadle import errors
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import http_app as agent_app
 from treadle.services.agent import swap
@@ -83,7 +84,7 @@ async def test_a_pause_whose_caller_never_resumes_is_resumed_when_its_lease_ends
             worker = engines.Replica("w0", engine_url, agent_url)
             client = agent_client.AgentClient(agent_url)
             try:
-                await client.pause("wait")  # the caller (say placement, mid-move) dies here
+                late = await client.pause("wait")  # the caller (say placement, mid-move) hangs here
                 async with httpx.AsyncClient(timeout=10) as http:
                     assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is True
                     trainer = engines.EngineSwapper([worker], extension=False, agent="executor")
@@ -93,5 +94,13 @@ async def test_a_pause_whose_caller_never_resumes_is_resumed_when_its_lease_ends
                     assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is False
                     scraped = (await http.get(f"{agent_url}/metrics")).text
                 assert "treadle_agent_swap_leases_expired_total 1.0" in scraped
+                # The hung caller wakes up during the next caller's swap: its resume is refused and the
+                # engine stays paused for the swap under way.
+                current = await client.pause("wait")
+                with pytest.raises(errors.Conflict):
+                    await client.resume(swap_id=late)
+                async with httpx.AsyncClient(timeout=10) as http:
+                    assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is True
+                await client.resume(swap_id=current)
             finally:
                 await client.aclose()

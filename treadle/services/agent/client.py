@@ -28,14 +28,20 @@ class AgentClient:
     async def load(self) -> protocol.WorkerLoad:
         return protocol.WorkerLoad.model_validate(await http.call(self._http, "GET", "/v1/load"))
 
-    async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep", *, expect_agent: str = "") -> None:
-        """Start a swap; ``Conflict`` while another is under way, or if the engine serves another agent
-        than ``expect_agent``."""
-        await http.call(self._http, "POST", "/v1/pause", json={"mode": mode, "expect_agent": expect_agent})
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep", *, expect_agent: str = "") -> str:
+        """Start a swap and return its id; ``Conflict`` while another is under way, or if the engine
+        serves another agent than ``expect_agent``."""
+        body = await http.call(
+            self._http, "POST", "/v1/pause", json={"mode": mode, "expect_agent": expect_agent}
+        )
+        return str(body["swap_id"])
 
-    async def resume(self, pool: str = "", agent: str = "") -> None:
-        """End a swap; ``pool`` and ``agent`` name what a rebalancing move just gave this worker."""
-        await http.call(self._http, "POST", "/v1/resume", json={"pool": pool, "agent": agent})
+    async def resume(self, pool: str = "", agent: str = "", *, swap_id: str = "") -> None:
+        """End the swap ``swap_id`` (empty: whichever is under way); ``pool`` and ``agent`` name what a
+        rebalancing move just gave this worker."""
+        await http.call(
+            self._http, "POST", "/v1/resume", json={"pool": pool, "agent": agent, "swap_id": swap_id}
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

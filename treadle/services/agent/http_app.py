@@ -72,11 +72,9 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
         await svc.start()
-        if state_file is not None:
-            restore(state_file)
         background = [asyncio.create_task(svc.poll_forever(poll_interval_s), name="engine poller")]
-        if report is not None:
-            background.append(asyncio.create_task(report.run_forever(), name="load reporter"))
+        if state_file is not None or report is not None:
+            background.append(asyncio.create_task(restore_then_report(), name="load reporter"))
         try:
             yield
         finally:
@@ -86,6 +84,15 @@ def build_app(
             if report is not None:
                 await report.aclose()
             await svc.aclose()
+
+    async def restore_then_report() -> None:
+        # Register only once it is known whose weights the engine serves: a record of a move is
+        # checked against the engine's label, which a busy or restarting engine may not give at once.
+        if state_file is not None:
+            await svc.answered.wait()
+            restore(state_file)
+        if report is not None:
+            await report.run_forever()
 
     def restore(path: Path) -> None:
         saved = served.read(path)
@@ -138,13 +145,14 @@ def build_app(
 
     @app.post("/v1/pause", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
     async def pause(req: protocol.PauseRequest) -> dict[str, str]:
-        await svc.pause(req.mode, expect_agent=req.expect_agent)
-        return {"status": "paused"}
+        swap_id = await svc.pause(req.mode, expect_agent=req.expect_agent)
+        return {"status": "paused", "swap_id": swap_id}
 
     @app.post("/v1/resume", tags=["agent"], responses=http_errors.ERROR_RESPONSES)
     async def resume(req: protocol.ResumeRequest | None = None) -> dict[str, str]:
-        await svc.resume(agent=req.agent if req is not None else "")
-        if req is not None and req.pool and report is not None:
+        req = req or protocol.ResumeRequest()
+        await svc.resume(agent=req.agent, swap_id=req.swap_id)
+        if req.pool and report is not None:
             report.rehome(req.pool)
         if state_file is not None and report is not None:
             now = served.Served(agent=svc.agent, pool=report.worker.pool, label=svc.label or "")

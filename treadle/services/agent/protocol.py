@@ -81,3 +81,8 @@ class ResumeRequest(BaseModel):
         default="", max_length=200,
         description="the agent whose weights the engine serves from now on. Empty: unchanged",
     )  # fmt: skip
+    swap_id: str = Field(
+        default="", max_length=64,
+        description="what the pause answered: resume only that swap (409 if its lease already ended it). "
+        "Empty: whichever swap is under way",
+    )  # fmt: skip

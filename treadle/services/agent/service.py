@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import re
 import time
+import uuid
 
 import msgspec
 import prometheus_client
@@ -120,6 +121,8 @@ class AgentService:
         """A pause (the start of a swap) has not been resumed yet."""
         self.swap_lease_s = swap_lease_s
         self._swap_lease: asyncio.TimerHandle | None = None
+        self._swap_id = ""
+        """The swap under way, as ``pause`` named it to its caller ("": none)."""
         self._lease_resume: asyncio.Task[None] | None = None
         # vLLM closes idle keep-alive connections after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); drop ours first.
         self.engine = http.new_client(
@@ -130,6 +133,8 @@ class AgentService:
         """The engine's weight-version label at the last poll (``None``: not read yet)."""
         self.version = 0
         self.healthy = False
+        self.answered = asyncio.Event()
+        """Set at the engine's first answered poll (its label is known from then on)."""
         self.engine_waiting = 0
         self.kv_cache_usage = 0.0
         self.inflight: dict[str, _InFlight] = {}
@@ -255,7 +260,7 @@ class AgentService:
             finish_reason=_FINISH.get(choice.finish_reason, "stop"), engine_seconds=engine_s,
         )  # fmt: skip
 
-    async def pause(self, mode: str, *, expect_agent: str = "") -> None:
+    async def pause(self, mode: str, *, expect_agent: str = "") -> str:
         """Start a swap. The trainer and placement's rebalancer both swap weights; one swap at a time,
         and none for a caller that read another agent than the engine now serves, so a worker moved
         between a caller's read and its swap never gets the wrong agent's weights (``Conflict``)."""
@@ -272,9 +277,20 @@ class AgentService:
             self.swapping = False
             raise
         self._swap_lease = asyncio.get_running_loop().call_later(self.swap_lease_s, self._lease_expired)
+        self._swap_id = uuid.uuid4().hex
+        return self._swap_id
 
-    async def resume(self, *, agent: str = "") -> None:
-        """End a swap; ``agent`` is whose weights the engine serves now (a move's receiver)."""
+    async def resume(self, *, agent: str = "", swap_id: str = "") -> None:
+        """End a swap; ``agent`` is whose weights the engine serves now (a move's receiver).
+
+        ``swap_id`` (what ``pause`` returned): resume only that swap. A caller whose swap the lease
+        already ended must not end the next caller's, maybe in the middle of its weight load."""
+        if swap_id and swap_id != self._swap_id:
+            raise errors.Conflict(
+                f"worker {self.worker_id!r}: swap {swap_id} is not under way (its lease ended, or it was "
+                "resumed); nothing was resumed"
+            )
+        self._swap_id = ""
         self._end_lease()
         try:
             await http.call(self.engine, "POST", "/resume")
@@ -327,6 +343,7 @@ class AgentService:
             self.engine_waiting = int(scraped.get(metrics.VLLM_NUM_REQUESTS_WAITING, 0))
             self.kv_cache_usage = float(scraped.get(metrics.VLLM_KV_CACHE_USAGE_PERC, 0.0))
             self.healthy = True
+            self.answered.set()
         except (errors.TreadleError, KeyError, IndexError, TypeError, ValueError) as exc:
             log.warning("engine poll failed: %s", exc)
             self.healthy = False

@@ -13,6 +13,7 @@ receiver's pool, which the agent registers with from then on (``agent.reporter``
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import httpx
@@ -54,7 +55,7 @@ async def swap(
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
             try:
-                await client.pause("wait", expect_agent=expect_agent)
+                swap_id = await client.pause("wait", expect_agent=expect_agent)
             except errors.Conflict as exc:
                 raise SwapContended(f"{agent_url}: {exc}") from exc
             try:
@@ -64,9 +65,13 @@ async def swap(
                     await _post(http, f"{engine_url}/reset_prefix_cache", None)
                 await _post(http, f"{engine_url}/update_weight_version", {"new_version": label})
             except BaseException:
-                await client.resume()
+                with contextlib.suppress(errors.Conflict):  # the lease already resumed it
+                    await client.resume(swap_id=swap_id)
                 raise
-            await client.resume(pool, agent)
+            try:
+                await client.resume(pool, agent, swap_id=swap_id)
+            except errors.Conflict as exc:
+                raise SwapRefused(f"{agent_url}: the swap outlived its lease: {exc}") from exc
     finally:
         await client.aclose()
 
