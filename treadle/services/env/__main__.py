@@ -12,8 +12,9 @@ import argparse
 import decimal
 import math
 import os
-import re
 from collections.abc import Mapping
+
+from kubernetes.utils import quantity
 
 from treadle import errors
 from treadle.api import env_vars
@@ -24,13 +25,6 @@ from treadle.services.httputil import serve
 PROG = "python -m treadle.services.env"
 MAX_WARM_POOL = 64
 """The CRD's bound on ``spec.environment.warmPool``."""
-
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$")
-_SUFFIX = {
-    "": decimal.Decimal(1), "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"),
-    "m": decimal.Decimal("1e-3"), **{s: decimal.Decimal(10) ** (3 * i) for i, s in enumerate("kMGTPE", 1)},
-    **{f"{s}i": decimal.Decimal(1024**i) for i, s in enumerate("KMGTPE", 1)},
-}  # fmt: skip
 
 
 def check_environments(environ: Mapping[str, str]) -> None:
@@ -49,14 +43,13 @@ def served(environ: Mapping[str, str]) -> set[str]:
 
 def cpus_per_action(raw: str) -> int:
     """CPUs one action is pinned to: the Kubernetes quantity rounded up (``500m`` is 1 CPU)."""
-    match = _QUANTITY.match(raw.strip())
-    if match is None:
+    try:
+        cores: decimal.Decimal = quantity.parse_quantity(raw.strip())  # type: ignore[no-untyped-call]
+    except ValueError as exc:
         raise errors.SpecError(
             f"must be a Kubernetes CPU quantity such as 1, 2 or 500m, got {raw!r}",
             field=env_vars.CPU_PER_ACTION, value=raw,
-        )  # fmt: skip
-    number, suffix = decimal.Decimal(match.group(1)), match.group(2) or ""
-    cores = number.scaleb(int(suffix[1:])) if suffix[:1] in ("e", "E") else number * _SUFFIX[suffix]
+        ) from exc  # fmt: skip
     if cores <= 0:
         raise errors.SpecError("must be more than 0 cores", field=env_vars.CPU_PER_ACTION, value=raw)
     return math.ceil(cores)
