@@ -225,11 +225,10 @@ async def simulated_trainer(
     tables = list(agents) or [""]
 
     async def relabel(wid: str, serves: str, version: int) -> None:
-        label = rebalance.label(serves, version) if serves else str(version)
         with contextlib.suppress(swap.SwapContended):
             await swap.swap(
-                services.agents[wid], services.engines[wid], label=label, apply_version=None,
-                timeout_s=10.0, expect_agent=serves,
+                services.agents[wid], services.engines[wid], label=rebalance.label(serves, version),
+                apply_version=None, timeout_s=10.0, expect_agent=serves,
             )  # fmt: skip
 
     try:

@@ -32,9 +32,8 @@ cluster) the swap loads the receiver's version from the receiver's weight prefix
 simulated engine (``treadle.services.fakevllm``, local mode) only the label moves.
 A trainer's swap and a move never interleave on one worker: the worker's agent takes one swap at a
 time and refuses a trainer's swap that expects the agent the worker served before it moved
-(``agent.swap.SwapContended``). Local mode's simulated trainer labels engines directly instead and
-skips workers placement lists as moving (``WorkerState.moving_to``), which leaves it a window of a
-few milliseconds (it reads the list, then labels). In a cluster each agent registers its engine's
+(``agent.swap.SwapContended``); local mode's simulated trainer swaps through the same sequence. In
+a cluster each agent registers its engine's
 address (``agent.reporter``: the pod's IP and vLLM's port); a worker registered without one is
 never moved.
 """
@@ -60,8 +59,9 @@ still show the old imbalance, and the next poll would move workers back and fort
 
 
 def label(agent: str, version: int) -> str:
-    """The engine's weight-version label of ``agent``'s weights at ``version`` (the agent parses the int)."""
-    return f"{agent}-{version}"
+    """The engine's weight-version label of ``agent``'s weights at ``version`` (the agent parses the int);
+    the bare version when no agent is named (a single-agent job)."""
+    return f"{agent}-{version}" if agent else str(version)
 
 
 class Swapper(Protocol):
