@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
+from treadle.models import vllm_server
 from treadle.services.agent import http_app as agent_app
 from treadle.services.httputil import serve
 from treadle.services.placement import rebalance
@@ -43,16 +44,8 @@ def vllm_url(model_dir: Path, weights_dir: Path, tmp_path_factory: pytest.TempPa
         "--cache-dir", str(tmp_path_factory.mktemp("vllm-cache")), "--max-model-len", "256",
         "--max-num-seqs", "4",
     ]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    with procs.running("vllm", argv, ready, timeout=600):
-        yield url
+    with procs.running("vllm", argv, lambda: vllm_server.healthy(port), timeout=600):
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture

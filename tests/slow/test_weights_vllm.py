@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
+from treadle.models import vllm_server
 from treadle.testing import procs
 from treadle.weights import layout, objects, publish
 
@@ -46,16 +47,8 @@ def vllm_url(model_dir: Path, weights_dir: Path, tmp_path_factory: pytest.TempPa
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "256",
         "--max-num-seqs", "8", "--worker-extension-cls", "treadle.weights.vllm_extension.WeightsExtension",
     ]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    with procs.running("vllm", argv, ready, env=env, timeout=600):
-        yield url
+    with procs.running("vllm", argv, lambda: vllm_server.healthy(port), env=env, timeout=600):
+        yield f"http://127.0.0.1:{port}"
 
 
 def _complete(url: str) -> tuple[str, list[float]]:

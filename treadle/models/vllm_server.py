@@ -49,7 +49,8 @@ def environment(cache_dir: pathlib.Path) -> dict[str, str]:
     return env
 
 
-def _healthy(port: int) -> bool:
+def healthy(port: int) -> bool:
+    """True once the vLLM server on 127.0.0.1:``port`` answers ``/health`` with 200."""
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
@@ -65,6 +66,6 @@ def running(
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = {**environment(cache_dir), "PATH": os.environ.get("PATH", "")}
     with procs.running(
-        "vllm", argv(model_dir, port=port), lambda: _healthy(port), env=env, timeout=timeout_s
+        "vllm", argv(model_dir, port=port), lambda: healthy(port), env=env, timeout=timeout_s
     ) as p:
         yield f"http://127.0.0.1:{port}", p
