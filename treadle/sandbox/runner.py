@@ -302,13 +302,9 @@ class Sandbox:
                 _kill_uid(UID_BASE + started.slot)
                 await _reap_uid(UID_BASE + started.slot)
             else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(started.proc.pid, signal.SIGKILL)
+                _terminate(started.proc)
             if started.proc.returncode is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_discard_until_eof(started.proc), REAP_TIMEOUT_S)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(started.proc.wait(), REAP_TIMEOUT_S)
+                await _reap(started.proc)
         finally:
             shutil.rmtree(started.workdir, ignore_errors=True)
             self._slots.put_nowait(started.slot)
@@ -347,13 +343,7 @@ class Sandbox:
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, ProcessLookupError):
                 await readers
-            # On Python 3.11 Process.wait() resolves only once the pipes have closed as well, and a
-            # pipe nobody reads stays paused short of EOF: read what is left (discarded) so both pipes
-            # see EOF, then wait. Both steps are bounded so a stray holder of a pipe cannot hang us.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_discard_until_eof(proc), REAP_TIMEOUT_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), REAP_TIMEOUT_S)
+            await _reap(proc)
         overflowed.cancel()
         cap = limits.max_output_bytes
         return status, bytes(out[:cap]), bytes(err[:cap])
@@ -394,6 +384,16 @@ def _classify(returncode: int | None, stderr: bytes) -> Status:
     if b"MemoryError" in stderr:
         return "memory_limit"
     return "error"
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed process. On Python 3.11 Process.wait() resolves only once the pipes have
+    closed as well, and a pipe nobody reads stays paused short of EOF: read what is left (discarded)
+    so both pipes see EOF, then wait. Both steps are bounded so a stray holder of a pipe cannot hang us."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_discard_until_eof(proc), REAP_TIMEOUT_S)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), REAP_TIMEOUT_S)
 
 
 async def _discard_until_eof(proc: asyncio.subprocess.Process) -> None:
