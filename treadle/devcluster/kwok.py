@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from treadle.api import nodes as api_nodes
 from treadle.devcluster import binaries, nodes
 
 
@@ -191,7 +192,7 @@ class DevCluster:
         items = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
         out: dict[str, list[str]] = {}
         for item in items:
-            pool = item["metadata"]["labels"].get(nodes.POOL_LABEL, "")
+            pool = item["metadata"]["labels"].get(api_nodes.POOL_LABEL, "")
             out.setdefault(pool, []).append(item["metadata"]["name"])
         return out
 

@@ -1,8 +1,8 @@
 """Pure renderers of the fake node pools: H800 (prefill-heavy), H20 (decode-heavy) and CPU.
 
 Labels follow what the NVIDIA GPU feature discovery puts on real nodes (``nvidia.com/gpu.*``) plus
-Treadle's own ``treadle.dev/accelerator`` and ``treadle.dev/pool``, so the operator's node
-selectors work unchanged on a real cluster.
+Treadle's own ``treadle.dev/accelerator`` and ``treadle.dev/pool``, all named in
+``treadle.api.nodes``, so the operator's node selectors work unchanged on a real cluster.
 """
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-ACCELERATOR_LABEL = "treadle.dev/accelerator"
-POOL_LABEL = "treadle.dev/pool"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_TAINT_KEY = "nvidia.com/gpu"
+from treadle.api import nodes as api_nodes
 
 
 @dataclass(frozen=True)
@@ -47,21 +44,21 @@ def render_node(pool: NodePool, index: int) -> dict[str, Any]:
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "type": "kwok",
-        POOL_LABEL: pool.name,
+        api_nodes.POOL_LABEL: pool.name,
     }
     resources = {"cpu": pool.cpu, "memory": pool.memory, "pods": "110"}
     taints: list[dict[str, str]] = []
     if pool.accelerator is not None:
         labels |= {
-            ACCELERATOR_LABEL: pool.accelerator,
-            "nvidia.com/gpu.product": pool.gpu_product,
-            "nvidia.com/gpu.count": str(pool.gpus_per_node),
-            "nvidia.com/gpu.memory": str(pool.gpu_memory_mib),
+            api_nodes.ACCELERATOR_LABEL: pool.accelerator,
+            api_nodes.GPU_PRODUCT_LABEL: pool.gpu_product,
+            api_nodes.GPU_COUNT_LABEL: str(pool.gpus_per_node),
+            api_nodes.GPU_MEMORY_LABEL: str(pool.gpu_memory_mib),
         }
-        resources[GPU_RESOURCE] = str(pool.gpus_per_node)
-        taints.append({"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"})
+        resources[api_nodes.GPU_RESOURCE] = str(pool.gpus_per_node)
+        taints.append({"key": api_nodes.GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"})
     else:
-        labels[ACCELERATOR_LABEL] = "none"
+        labels[api_nodes.ACCELERATOR_LABEL] = "none"
     return {
         "apiVersion": "v1",
         "kind": "Node",

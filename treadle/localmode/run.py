@@ -37,7 +37,6 @@ from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
 from treadle.services.agent import client as agent_client
-from treadle.services.agent import swap
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.placement import rebalance
@@ -216,7 +215,7 @@ async def simulated_trainer(
     from its own experience table, and once every agent has its batch all move to the next version
     together. Each engine's label then names the agent it serves now (``rebalance.label``), as
     placement lists it. Labels go through the swap sequence every weight change uses
-    (``agent.swap``), expecting that agent: a worker placement is moving, or moved since the list was
+    (``agent.client.swap``), expecting that agent: a worker placement is moving, or moved since the list was
     read, refuses it (``SwapContended``), and its move labels it with its new agent's version.
     """
     buffer = buffer_client.BufferClient(services.buffer)
@@ -225,8 +224,8 @@ async def simulated_trainer(
     tables = list(agents) or [""]
 
     async def relabel(wid: str, serves: str, version: int) -> None:
-        with contextlib.suppress(swap.SwapContended):
-            await swap.swap(
+        with contextlib.suppress(agent_client.SwapContended):
+            await agent_client.swap(
                 services.agents[wid], services.engines[wid], label=rebalance.label(serves, version),
                 apply_version=None, timeout_s=10.0, expect_agent=serves,
             )  # fmt: skip

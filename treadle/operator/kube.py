@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 
 from treadle import kubeapi
-from treadle.devcluster import nodes
+from treadle.api import nodes
 from treadle.operator import render, status
 
 # Collection path of each child kind (namespaced).

@@ -36,8 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from treadle.api import env_vars, v1alpha1
-from treadle.devcluster import nodes
+from treadle.api import env_vars, nodes, v1alpha1
 from treadle.operator import config
 
 HASH_ANNOTATION = "treadle.dev/spec-hash"

@@ -27,7 +27,7 @@ A trainer of one agent of a multi-agent job publishes under that agent's prefix
 version from that agent's versions. Placement may move one of its engines to another agent at any
 time (FlexMARL rebalancing), so every swap says which agent the trainer expects the engine to serve;
 the engine's inference agent refuses a swap while another (a move) is under way or once the engine
-serves another agent (``swap.SwapContended``). The trainer then reads the worker's agent again: one
+serves another agent (``agent.client.SwapContended``). The trainer then reads the worker's agent again: one
 that moved away is left alone (``moved``) until it serves this agent again; one still ours is tried
 again after a moment (the move that held it was abandoned).
 
@@ -46,7 +46,6 @@ import httpx
 
 from treadle import errors
 from treadle.services.agent import client as agent_client
-from treadle.services.agent import swap as swap_mod
 
 log = logging.getLogger(__name__)
 CONTENDED_RETRIES = 10
@@ -93,10 +92,10 @@ class EngineSwapper:
             for r in self.replicas:
                 # A failed prefetch is not an error: apply pulls (and validates) by itself.
                 try:
-                    await swap_mod.collective_rpc(
+                    await agent_client.collective_rpc(
                         http, r.engine_url, "treadle_weights_prefetch", str(version)
                     )
-                except swap_mod.SwapRefused as exc:
+                except agent_client.SwapRefused as exc:
                     log.warning("prefetch of v%d on %s failed: %s", version, r.worker_id, exc)
 
     async def swap(self, version: int) -> None:
@@ -105,19 +104,19 @@ class EngineSwapper:
         )
         failed = [(r.worker_id, e) for r, e in zip(self.replicas, results, strict=True) if e is not None]
         if failed:
-            raise swap_mod.SwapRefused(
+            raise agent_client.SwapRefused(
                 f"version {version} not applied on {', '.join(f'{w}: {e}' for w, e in failed)}"
             )
 
     async def _swap_one(self, r: Replica, version: int) -> None:
         for attempt in range(self.contended_retries + 1):
             try:
-                await swap_mod.swap(
+                await agent_client.swap(
                     r.agent_url, r.engine_url, label=str(version),
                     apply_version=version if self.extension else None, agent=self.agent,
                     expect_agent=self.agent, timeout_s=self.timeout_s,
                 )  # fmt: skip
-            except swap_mod.SwapContended:
+            except agent_client.SwapContended:
                 serving = await self._serving(r)
                 if self.agent and serving and serving != self.agent:
                     log.info("%s serves agent %s now; v%d of %s not applied", r.worker_id, serving, version,

@@ -17,7 +17,6 @@ import pytest
 from treadle import errors
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import http_app as agent_app
-from treadle.services.agent import swap
 from treadle.services.fakevllm import http_app as fake_app
 from treadle.services.httputil import serve
 from treadle.services.placement import rebalance
@@ -64,10 +63,12 @@ async def test_one_swap_at_a_time_per_worker(worker: engines.Replica) -> None:
     client = agent_client.AgentClient(worker.agent_url)
     try:
         await client.pause("wait")  # a swap under way (a move's) holds the worker
-        with pytest.raises(swap.SwapContended):
-            await swap.swap(worker.agent_url, worker.engine_url, label="9", apply_version=None, timeout_s=10)
+        with pytest.raises(agent_client.SwapContended):
+            await agent_client.swap(
+                worker.agent_url, worker.engine_url, label="9", apply_version=None, timeout_s=10
+            )
         trainer = engines.EngineSwapper([worker], extension=False, agent="executor", contended_retries=0)
-        with pytest.raises(swap.SwapRefused):
+        with pytest.raises(agent_client.SwapRefused):
             await trainer.swap(9)
         assert await label(worker) != "9" and trainer.served == {"w0": 0}
         await client.resume()  # the swap under way ends; the next one goes through

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from treadle.api import nodes as api_nodes
 from treadle.devcluster import nodes
 
 
@@ -12,11 +13,11 @@ def test_gpu_node_carries_accelerator_labels_gpu_capacity_and_taint() -> None:
     node = nodes.render_node(pool, 3)
     assert node["metadata"]["name"] == "h20-3"
     labels = node["metadata"]["labels"]
-    assert labels[nodes.ACCELERATOR_LABEL] == "H20"
-    assert labels[nodes.POOL_LABEL] == "h20"
+    assert labels[api_nodes.ACCELERATOR_LABEL] == "H20"
+    assert labels[api_nodes.POOL_LABEL] == "h20"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H20"
     assert labels["nvidia.com/gpu.count"] == "8"
-    assert node["status"]["allocatable"][nodes.GPU_RESOURCE] == "8"
+    assert node["status"]["allocatable"][api_nodes.GPU_RESOURCE] == "8"
     assert node["status"]["capacity"] == node["status"]["allocatable"]
     assert node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
     assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
@@ -24,9 +25,9 @@ def test_gpu_node_carries_accelerator_labels_gpu_capacity_and_taint() -> None:
 
 def test_cpu_node_has_no_gpu_and_no_taint() -> None:
     node = nodes.render_node(nodes.NodePool("cpu", 1, None, cpu="64", memory="256Gi"), 0)
-    assert nodes.GPU_RESOURCE not in node["status"]["allocatable"]
+    assert api_nodes.GPU_RESOURCE not in node["status"]["allocatable"]
     assert node["spec"]["taints"] == []
-    assert node["metadata"]["labels"][nodes.ACCELERATOR_LABEL] == "none"
+    assert node["metadata"]["labels"][api_nodes.ACCELERATOR_LABEL] == "none"
 
 
 def test_default_pools_render_three_pools_in_stable_order() -> None:

@@ -10,8 +10,7 @@ import operator_examples
 import pytest
 import yaml
 
-from treadle.api import v1alpha1
-from treadle.devcluster import nodes
+from treadle.api import nodes, v1alpha1
 from treadle.operator import config, render
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"

@@ -32,7 +32,7 @@ cluster) the swap loads the receiver's version from the receiver's weight prefix
 simulated engine (``treadle.services.fakevllm``, local mode) only the label moves.
 A trainer's swap and a move never interleave on one worker: the worker's agent takes one swap at a
 time and refuses a trainer's swap that expects the agent the worker served before it moved
-(``agent.swap.SwapContended``); local mode's simulated trainer swaps through the same sequence. In
+(``agent.client.SwapContended``); local mode's simulated trainer swaps through the same sequence. In
 a cluster each agent registers its engine's
 address (``agent.reporter``: the pod's IP and vLLM's port); a worker registered without one is
 never moved.
@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from treadle import errors
-from treadle.services.agent import swap as swap_mod
+from treadle.services.agent import client as agent_client
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2
 
@@ -72,14 +72,14 @@ class Swapper(Protocol):
 
 
 class HttpSwapper:
-    """``agent.swap`` to the receiver's label; loads its weights first only with ``apply_weights``."""
+    """``agent.client.swap`` to the receiver's label; loads its weights first only with ``apply_weights``."""
 
     def __init__(self, *, timeout_s: float = 60.0, apply_weights: bool = False) -> None:
         self.timeout_s = timeout_s
         self.apply_weights = apply_weights
 
     async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
-        await swap_mod.swap(
+        await agent_client.swap(
             worker.address, worker.engine_address, label=label(agent, version),
             apply_version=version if self.apply_weights else None, agent=agent,
             timeout_s=self.timeout_s, pool=worker.pool,
