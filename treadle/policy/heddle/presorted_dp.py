@@ -67,6 +67,7 @@ import operator
 from collections.abc import Sequence
 
 from treadle.errors import SpecError
+from treadle.policy.heddle import grouping
 
 MAX_SEARCH_STEPS = 512
 """Bound on the parametric bisection; it ends far sooner (tens of steps), the cap only guards floats."""
@@ -278,8 +279,8 @@ def solve(
     ``totals``: each item's summed member lengths (a merged block's), priced by workers with
     ``slots``; by default every member is taken as long as the item's head.
     """
-    items = _Items.of(lengths, counts, totals)
-    ends, covered, _, high = _greedy(math.inf, items, workers)
+    items = grouping.Items.of(lengths, counts, totals)
+    ends, covered, _, high = grouping.greedy(math.inf, items, workers)
     if not covered:
         raise SpecError(
             f"{items.prefix[-1]} trajectories exceed the workers' largest groups",
@@ -294,7 +295,7 @@ def solve(
         if low >= high:
             break
         mid = (low + high) / 2
-        ends, covered, next_event, makespan = _greedy(mid, items, workers)
+        ends, covered, next_event, makespan = grouping.greedy(mid, items, workers)
         if covered:
             high, best = makespan, ends
         else:
@@ -318,15 +319,15 @@ def balanced(
     to what fits under ``bound`` (the forward reach) and to what the later workers need taken off
     their hands (the backward greedy's minimal end), so feasibility is kept at every step.
     """
-    items = _Items.of(lengths, counts, totals)
+    items = grouping.Items.of(lengths, counts, totals)
     prefix = items.prefix
     n = len(lengths)
-    lows = _backward_lows(bound, items, workers)
+    lows = grouping.backward_lows(bound, items, workers)
     ends: list[int] = []
     start = 0
     makespan = 0.0
     for j, worker in enumerate(workers):
-        reach = _reach(bound, worker, items, start)
+        reach = grouping.reach(bound, worker, items, start)
         share = -(-(prefix[n] - prefix[start]) // (len(workers) - j))
         even = bisect.bisect_right(prefix, prefix[start] + share, start, n + 1) - 1
         end = max(lows[j], min(reach, even))
@@ -348,7 +349,7 @@ def group_costs(
     totals: Sequence[float] | None = None,
 ) -> list[float]:
     """Predicted time of every worker's group under ``partition`` (0 for an empty one)."""
-    items = _Items.of(lengths, counts, totals)
+    items = grouping.Items.of(lengths, counts, totals)
     out: list[float] = []
     start = 0
     for worker, end in zip(workers, partition.ends, strict=True):
@@ -370,7 +371,7 @@ def solve_dp(
     shorter and the group smaller), so the best split sits where they cross: a binary search, not a
     scan over every ``k``.
     """
-    items = _Items.of(lengths, counts, totals)
+    items = grouping.Items.of(lengths, counts, totals)
     prefix = items.prefix
     n = len(lengths)
     previous = [0.0] + [math.inf] * n  # D[i][0]: nothing fits on zero workers
@@ -404,123 +405,6 @@ def solve_dp(
     for back in reversed(splits[1:]):
         ends.append(back[ends[-1]])
     return Partition(ends=tuple(reversed(ends)), makespan=previous[n])
-
-
-def _greedy(
-    bound: float, items: _Items, workers: Sequence[WorkerProfile]
-) -> tuple[list[int], bool, float, float]:
-    """Fill workers in order under ``bound``: (ends, all placed, next candidate bound, makespan)."""
-    n = len(items.lengths)
-    prefix = items.prefix
-    start = 0
-    ends: list[int] = []
-    next_event = math.inf
-    makespan = 0.0
-    for worker in workers:
-        end = _reach(bound, worker, items, start)
-        if start < n:
-            if end < n and prefix[end + 1] - prefix[start] <= len(worker.interference):
-                # the bound at which this worker could take one more item
-                next_event = min(next_event, items.cost(worker, start, end + 1))
-            if end > start:
-                makespan = max(makespan, items.cost(worker, start, end))
-        ends.append(end)
-        start = end
-    return ends, start >= n, next_event, makespan
-
-
-def _reach(bound: float, worker: WorkerProfile, items: _Items, start: int) -> int:
-    """The furthest item end a group starting at ``start`` on ``worker`` reaches under ``bound``."""
-    lengths, prefix = items.lengths, items.prefix
-    n = len(lengths)
-    if start >= n:
-        return n
-    table = worker.interference
-    head = lengths[start] * worker.t_base
-    # sizes whose head term fits: I(min(s, c)) · head <= bound, so every size once I(c) · head does
-    running = min(worker.slots, len(table)) if worker.slots else len(table)
-    if head <= 0:
-        fit = running
-    else:
-        fit = bisect.bisect_right(table, bound / head, 0, running)
-        # the division can round either way; settle the boundary with the product itself
-        while fit < running and head * table[fit] <= bound:
-            fit += 1
-        while fit > 0 and head * table[fit - 1] > bound:
-            fit -= 1
-    if fit < running:
-        return bisect.bisect_right(prefix, prefix[start] + fit, start, n + 1) - 1
-    end = bisect.bisect_right(prefix, prefix[start] + len(table), start, n + 1) - 1
-    if 0 < worker.slots < len(table) and end > start:
-        # and the waves term: I(c) · t_base · total / c <= bound
-        per_slot = bound * worker.slots / (table[running - 1] * worker.t_base)
-        end = min(
-            end, max(start, bisect.bisect_right(items.sums, items.sums[start] + per_slot, start, n + 1) - 1)
-        )
-        while end > start and items.cost(worker, start, end) > bound:
-            end -= 1
-        while (
-            end < n
-            and prefix[end + 1] - prefix[start] <= len(table)
-            and items.cost(worker, start, end + 1) <= bound
-        ):
-            end += 1
-    return end
-
-
-def _backward_lows(bound: float, items: _Items, workers: Sequence[WorkerProfile]) -> list[int]:
-    """``lows[j]``: the smallest end of worker ``j`` that leaves the rest coverable by workers ``j+1..``."""
-    n = len(items.lengths)
-    lows = [n] * len(workers)
-    end = n
-    for j in range(len(workers) - 1, 0, -1):
-        worker = workers[j]
-        lo, hi = 0, end  # smallest start a with cost(a, end) <= bound; cost falls as a grows
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if items.cost(worker, mid, end) <= bound:
-                hi = mid
-            else:
-                lo = mid + 1
-        end = lo
-        lows[j - 1] = end
-    return lows
-
-
-@dataclasses.dataclass(frozen=True)
-class _Items:
-    """The sorted items with running sums: member counts and summed member lengths."""
-
-    lengths: Sequence[float]
-    """Each item's head (longest member) length."""
-    prefix: list[int]
-    sums: list[float]
-
-    @staticmethod
-    def of(lengths: Sequence[float], counts: Sequence[int], totals: Sequence[float] | None) -> _Items:
-        if totals is None:
-            totals = [x * c for x, c in zip(lengths, counts, strict=True)]
-        return _Items(lengths, _prefix(counts), list(itertools.accumulate(totals, initial=0.0)))
-
-    def cost(self, worker: WorkerProfile, start: int, end: int) -> float:
-        """Predicted time of items ``start..end-1`` (at least one) as one group on ``worker``."""
-        size = self.prefix[end] - self.prefix[start]
-        return _cost(worker, self.lengths[start], size, self.sums[end] - self.sums[start])
-
-
-def _cost(worker: WorkerProfile, head_length: float, size: int, total_length: float) -> float:
-    """``I(s) · t_base · L_head``; past ``c`` slots ``I(c) · t_base · max(L_head, ΣL / c)`` (module doc)."""
-    table = worker.interference
-    if size > len(table):
-        return math.inf
-    c = worker.slots
-    if c and size > c:
-        return worker.t_base * table[c - 1] * max(head_length, total_length / c)
-    return head_length * worker.t_base * table[size - 1]
-
-
-def _prefix(counts: Sequence[int]) -> list[int]:
-    return list(itertools.accumulate(counts, initial=0))
 
 
 def _items(ordered: Sequence[Trajectory], merge: Merge | None) -> list[tuple[int, int]]:
