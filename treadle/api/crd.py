@@ -4,7 +4,7 @@ Called by ``treadle crd`` (print, write, check) and by the drift test. The pydan
 turned into a Kubernetes *structural* schema: references inlined, ``title`` and ``null`` branches
 dropped, object defaults made explicit (so the API server defaults nested fields), lists keyed by
 ``name`` marked ``x-kubernetes-list-type: map`` (duplicate names rejected by the server), and the
-cross-field and immutability rules of ``v1alpha1.SPEC_RULES`` attached as
+cross-field and immutability rules of ``spec_rules.SPEC_RULES`` attached as
 ``x-kubernetes-validations`` with their messages.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from treadle.api import v1alpha1
+from treadle.api import spec_rules, v1alpha1
 
 # Where the generated CRD is committed: the kustomize-able manifest and the chart's template.
 CRD_PATHS = (
@@ -110,7 +110,7 @@ def _node(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     return schema
 
 
-def _field_path(rule: v1alpha1.Rule, node: dict[str, Any]) -> str | None:
+def _field_path(rule: spec_rules.Rule, node: dict[str, Any]) -> str | None:
     """The CEL ``fieldPath`` (first property below the rule's node that the rule is about), if any."""
     parts = rule.field.split(".")[1:]  # drop "spec"
     node_parts = [p for p in rule.path if p != "[]"]
@@ -124,13 +124,13 @@ def spec_schema() -> dict[str, Any]:
     """The structural OpenAPI v3 schema of ``spec`` with every rule attached."""
     raw = v1alpha1.RolloutJobSpec.model_json_schema(by_alias=True, mode="validation")
     schema: dict[str, Any] = _resolve(raw, raw.get("$defs", {}))
-    for path, key in v1alpha1.MAP_LISTS.items():
+    for path, key in spec_rules.MAP_LISTS.items():
         node = _node(schema, path)
         node["x-kubernetes-list-type"] = "map"
         node["x-kubernetes-list-map-keys"] = [key]
-    for path in v1alpha1.SET_LISTS:
+    for path in spec_rules.SET_LISTS:
         _node(schema, path)["x-kubernetes-list-type"] = "set"
-    for rule in v1alpha1.SPEC_RULES:
+    for rule in spec_rules.SPEC_RULES:
         node = _node(schema, rule.path)
         entry: dict[str, Any] = {"rule": rule.cel, "message": rule.message}
         if (field_path := _field_path(rule, node)) is not None:

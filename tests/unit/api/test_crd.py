@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from treadle.api import crd, v1alpha1
+from treadle.api import crd, spec_rules
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,7 +59,7 @@ def test_every_rule_is_attached_with_its_message() -> None:
         for _, node in _walk(schema)
         for rule in node.get("x-kubernetes-validations", [])
     ]
-    assert sorted(attached) == sorted((r.cel, r.message) for r in v1alpha1.SPEC_RULES)
+    assert sorted(attached) == sorted((r.cel, r.message) for r in spec_rules.SPEC_RULES)
 
 
 def test_named_lists_are_maps_so_duplicates_are_rejected() -> None:

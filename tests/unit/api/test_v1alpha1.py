@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from treadle import errors
-from treadle.api import v1alpha1
+from treadle.api import spec_rules, v1alpha1
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -59,7 +59,7 @@ def test_update_cases_are_valid_alone_and_covered_by_a_transition_rule(path: Pat
     field = _header(path, "field")
     assert field is not None
     generic = field.replace("[0]", "")
-    assert any(r.check is None and r.field == generic for r in v1alpha1.SPEC_RULES), generic
+    assert any(r.check is None and r.field == generic for r in spec_rules.SPEC_RULES), generic
 
 
 def test_defaults_fill_a_minimal_spec() -> None:

@@ -1,0 +1,151 @@
+"""The RolloutJob spec's cross-field rules, each declared once for both checkers.
+
+Every ``Rule`` is a CEL expression that ``treadle.api.crd`` attaches to the CRD for the API server
+*and* a Python predicate that ``v1alpha1.parse_spec`` runs, with one message for both; transition
+rules (``oldSelf``, immutable fields) only the API server can check. Predicates read the typed
+spec (``v1alpha1.RolloutJobSpec``) at the rule's ``path``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, a predicate for Python, one message for both."""
+
+    path: tuple[str, ...]
+    """Schema object the rule hangs on (camelCase keys from the spec root; ``[]`` = list items)."""
+    cel: str
+    message: str
+    field: str
+    """Dotted field the message is about (the CRD's ``fieldPath`` is derived from it)."""
+    check: Callable[[Any], bool] | None = None
+    """Python check on the model at ``path``; None for transition (``oldSelf``) rules."""
+
+
+SPEC_RULES: tuple[Rule, ...] = (
+    Rule(
+        (),
+        "self.pools.all(p, self.agents.exists(a, a.name == p.agent))",
+        "every spec.pools[].agent must name an agent in spec.agents",
+        "spec.pools.agent",
+        lambda s: all(any(a.name == p.agent for a in s.agents) for p in s.pools),
+    ),
+    Rule(
+        (),
+        "self.agents.all(a, self.pools.exists(p, p.agent == a.name))",
+        "every agent in spec.agents needs at least one pool in spec.pools",
+        "spec.agents",
+        lambda s: all(any(p.agent == a.name for p in s.pools) for a in s.agents),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, t.agents.all(n, self.agents.exists(a, a.name == n)))",
+        "every spec.tasks[].agents entry must name an agent in spec.agents",
+        "spec.tasks.agents",
+        lambda s: all(any(a.name == n for a in s.agents) for t in s.tasks for n in t.agents),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.pools) || t.pools.all(n, self.pools.exists(p, p.name == n)))",
+        "every spec.tasks[].pools entry must name a pool in spec.pools",
+        "spec.tasks.pools",
+        lambda s: all(any(p.name == n for p in s.pools) for t in s.tasks for n in t.pools),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.pools) || t.pools.all(n,"
+        " self.pools.exists(p, p.name == n && t.agents.exists(a, a == p.agent))))",
+        "spec.tasks[].pools may only name pools serving one of the task's agents",
+        "spec.tasks.pools",
+        lambda s: all(
+            any(p.name == n and p.agent in t.agents for p in s.pools) for t in s.tasks for n in t.pools
+        ),
+    ),
+    Rule(
+        ("reward",),
+        "!self.scaleToZero || self.minReplicas == 0",
+        "spec.reward.minReplicas must be 0 when scaleToZero is true",
+        "spec.reward.minReplicas",
+        lambda r: not r.scale_to_zero or r.min_replicas == 0,
+    ),
+    Rule(
+        ("reward",),
+        "self.minReplicas <= self.maxReplicas",
+        "spec.reward.minReplicas must not exceed maxReplicas",
+        "spec.reward.minReplicas",
+        lambda r: r.min_replicas <= r.max_replicas,
+    ),
+    Rule(
+        ("reward",),
+        "self.type != 'external' || has(self.url)",
+        "spec.reward.url is required when type is external",
+        "spec.reward.url",
+        lambda r: r.type != "external" or r.url is not None,
+    ),
+    Rule(
+        ("reward",),
+        "self.type != 'llm-judge' || has(self.judgeModel)",
+        "spec.reward.judgeModel is required when type is llm-judge",
+        "spec.reward.judgeModel",
+        lambda r: r.type != "llm-judge" or r.judge_model is not None,
+    ),
+    Rule(
+        ("environment",),
+        "self.warmPool == 0 || self.replicas > 0",
+        "spec.environment.warmPool needs at least one environment replica",
+        "spec.environment.warmPool",
+        lambda e: e.warm_pool == 0 or e.replicas > 0,
+    ),
+    Rule(
+        ("weights",),
+        "self.store != 'local' || self.replicas == 1",
+        "spec.weights.replicas must be 1 when store is local",
+        "spec.weights.replicas",
+        lambda w: w.store != "local" or w.replicas == 1,
+    ),
+    # Transition rules (immutable fields): only the API server can check these.
+    Rule(
+        ("agents", "[]"),
+        "self.model == oldSelf.model",
+        "spec.agents[].model is immutable",
+        "spec.agents.model",
+    ),
+    Rule(
+        # The schema's minimum is not enough: the API server compares an integer value with a
+        # fractional minimum after truncating the minimum (it accepted intervalSeconds: 0).
+        ("rollout", "rebalance"),
+        "self.intervalSeconds >= 0.05",
+        "spec.rollout.rebalance.intervalSeconds must be at least 0.05",
+        "spec.rollout.rebalance.intervalSeconds",
+        lambda r: r.interval_seconds >= 0.05,
+    ),
+    Rule(
+        ("pools", "[]"), "self.agent == oldSelf.agent", "spec.pools[].agent is immutable", "spec.pools.agent"
+    ),
+    Rule(
+        ("pools", "[]"),
+        "self.accelerator == oldSelf.accelerator",
+        "spec.pools[].accelerator is immutable",
+        "spec.pools.accelerator",
+    ),
+    Rule(
+        ("weights",), "self.store == oldSelf.store", "spec.weights.store is immutable", "spec.weights.store"
+    ),
+    Rule(
+        (),
+        "has(self.managedBy) == has(oldSelf.managedBy)"
+        " && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+        "spec.managedBy is immutable",
+        "spec.managedBy",
+    ),
+)
+
+# Lists keyed by ``name``: the API server rejects duplicate names and correlates items across
+# updates, which the immutable-field rules on list items need.
+MAP_LISTS: Mapping[tuple[str, ...], str] = {("agents",): "name", ("pools",): "name", ("tasks",): "name"}
+SET_LISTS: tuple[tuple[str, ...], ...] = (("tasks", "[]", "agents"), ("tasks", "[]", "pools"))
