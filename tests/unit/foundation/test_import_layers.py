@@ -44,7 +44,7 @@ WRONG_IMPORTS = {
         "treadle.services.agent.client", "treadle.services.agent.service", "service-faces-stand-alone",
     ),
     # Services reaching up into local mode (the jobconfig branch removes the last two such imports).
-    "service-imports-localmode": ("treadle.services.podenv", "treadle.localmode.run", "layers"),
+    "service-imports-localmode": ("treadle.services.buffer.service", "treadle.localmode.plan", "layers"),
     "policy-imports-api": ("treadle.policy.placement", "treadle.api.v1alpha1", "layers"),
     "sim-imports-services": ("treadle.sim.engine", "treadle.services.scheduler.protocol", "layers"),
 }  # fmt: skip
