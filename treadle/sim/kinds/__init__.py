@@ -96,6 +96,13 @@ def section(raw: Mapping[str, Any], key: str, required: tuple[str, ...]) -> Mapp
     return value
 
 
+def known(value: Any, table: Mapping[str, Any], field: str) -> str:
+    """``value`` as a key of ``table`` (models, accelerators...); the error names ``field``."""
+    if str(value) not in table:
+        raise errors.SpecError(f"unknown {value!r}; known: {sorted(table)}", field=field, value=value)
+    return str(value)
+
+
 def body(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Everything in ``raw`` but the envelope."""
     return {k: v for k, v in raw.items() if k not in ENVELOPE}

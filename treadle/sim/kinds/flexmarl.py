@@ -42,8 +42,8 @@ METRICS = ("e2e_s", "throughput", "rollout_s", "migrations", "train_busy_share",
 def parse(raw: Any) -> Plan:
     raw = kinds.envelope(raw, NAME)
     sim = kinds.section(raw, "simulation", ("seeds", "model", "accelerator", "workflows", *INTS, *FLOATS))
-    costmodel.model(str(sim["model"]))
-    costmodel.accelerator(str(sim["accelerator"]))
+    kinds.known(sim["model"], costmodel.MODELS, "simulation.model")
+    kinds.known(sim["accelerator"], costmodel.ACCELERATORS, "simulation.accelerator")
     try:
         numbers: dict[str, Any] = {k: int(sim[k]) for k in INTS} | {k: float(sim[k]) for k in FLOATS}
         seeds = tuple(int(s) for s in sim["seeds"])

@@ -46,10 +46,11 @@ def parse(raw: Any) -> Plan:
     raw = kinds.envelope(raw, NAME)
     sim = kinds.section(raw, "simulation", REQUIRED)
     try:
-        costmodel.accelerator(str(sim["accelerator"]))
-        models = {str(m): int(tp) for m, tp in dict(sim["models"]).items()}
-        for m in models:
-            costmodel.model(m)
+        kinds.known(sim["accelerator"], costmodel.ACCELERATORS, "simulation.accelerator")
+        models = {
+            kinds.known(m, costmodel.MODELS, f"simulation.models.{m}"): int(tp)
+            for m, tp in dict(sim["models"]).items()
+        }
         numbers = {k: int(sim[k]) for k in ("seed", "gpus", "per_worker", "group_size", "max_seqs")}
     except (TypeError, ValueError) as exc:
         raise errors.SpecError(f"bad value: {exc}", field="simulation") from None
