@@ -107,8 +107,10 @@ class Plan:
         variants = [_variant(v) for v in options.runs or self.runs]
         seeds = (options.seed,) if options.seed is not None else self.seeds[: 1 if options.quick else None]
         base: dict[str, Any] = {}
-        if options.steps is not None or options.quick:
-            base["steps"] = options.steps or 1
+        if options.steps is not None:
+            base["steps"] = options.steps
+        elif options.quick:
+            base["steps"] = 1
         sweeps = {k: v[:1] if options.quick else v for k, v in self.sweeps.items()}
         cells: dict[str, dict[str, dict[str, float]]] = {}
         for dname, wf in self.workflows.items():
