@@ -1,6 +1,7 @@
 """Regenerate ``bench/reports/flexmarl.md``: FlexMARL's Table 3 ablation beside our simulation.
 
-Runs ``bench/scenarios/flexmarl/marl.yaml`` through ``treadle.sim.flexmarl`` (the
+Runs ``bench/scenarios/flexmarl/marl.yaml`` through the ``flexmarl`` scenario kind, as ``treadle simulate``
+does (``treadle.sim.flexmarl``: the
 ``treadle.policy.flexmarl`` sampling, load-balancing and pipeline code over the simulator's engine
 model) and prints the paper's ablation sizes next to ours with the gap. Everything is simulated.
 
@@ -12,17 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import benchcli
 import yaml
 
-from treadle.policy import costmodel
-from treadle.sim import flexmarl
+from treadle.sim import kinds
+from treadle.sim.kinds import flexmarl as flexmarl_kind
 
 SCENARIO = Path(__file__).parent / "scenarios" / "flexmarl" / "marl.yaml"
 PAPER = {
@@ -42,56 +40,6 @@ class Config:
     )
 
 
-def _config(
-    sim: Mapping[str, Any], workflow: flexmarl.Workflow, seed: int, **changes: Any
-) -> flexmarl.Config:
-    base = flexmarl.Config(
-        workflow=workflow,
-        model=costmodel.model(str(sim["model"])),
-        accelerator=costmodel.accelerator(str(sim["accelerator"])),
-        instances={a: int(sim["instances_per_agent"]) for a in workflow.agents},
-        max_seqs=int(sim["max_seqs"]),
-        queries_per_step=int(sim["queries_per_step"]),
-        inter_query=int(sim["inter_query"]),
-        intra_query=int(sim["intra_query"]),
-        samples_per_query=int(sim["samples_per_query"]),
-        micro_batch=int(sim["micro_batch"]),
-        train_gangs=int(sim["train_gangs"]),
-        train_gpus_per_gang=int(sim["train_gpus_per_gang"]),
-        update_s=float(sim["update_s"]),
-        swap_s=float(sim["swap_s"]),
-        poll_s=float(sim["poll_s"]),
-        delta=float(sim["delta"]),
-        steps=int(sim["steps"]),
-        seed=seed,
-    )
-    return dataclasses.replace(base, **changes)
-
-
-def _mean(sim: Mapping[str, Any], workflow: flexmarl.Workflow, **changes: Any) -> dict[str, dict[str, float]]:
-    """Per variant: mean E2E step time, throughput, rollout time, migrations over the seeds."""
-    runs: dict[str, list[flexmarl.Result]] = {}
-    for seed in sim["seeds"]:
-        cfg = _config(sim, workflow, int(seed), **changes)
-        for r in flexmarl.run(cfg, list(flexmarl.VARIANTS.values())):
-            runs.setdefault(r.variant, []).append(r)
-    out = {}
-    for name, rs in runs.items():
-        out[name] = {
-            "e2e_s": statistics.fmean(r.e2e_s for r in rs),
-            "throughput": statistics.fmean(r.throughput for r in rs),
-            "rollout_s": statistics.fmean(statistics.fmean(s.rollout_s for s in r.steps) for r in rs),
-            "migrations": statistics.fmean(r.migrations for r in rs),
-            "train_busy_share": statistics.fmean(r.train_busy_share for r in rs),
-            "core_share": statistics.fmean(_core_share(r, workflow) for r in rs),
-        }
-    return out
-
-
-def _core_share(r: flexmarl.Result, workflow: flexmarl.Workflow) -> float:
-    return sum(r.calls[a] for a in workflow.core) / sum(r.calls.values())
-
-
 def _pct(x: float, base: float) -> float:
     return (x / base - 1) * 100
 
@@ -99,13 +47,10 @@ def _pct(x: float, base: float) -> float:
 def main() -> None:
     cfg = benchcli.parse(Config, __doc__)
     raw = yaml.safe_load(SCENARIO.read_text())
-    sim = raw["simulation"]
     started = time.perf_counter()
-    workflows = {
-        name: flexmarl.parse_workflow(w, field=f"simulation.workflows.{name}")
-        for name, w in sim["workflows"].items()
-    }
-    results: dict[str, Any] = {}
+    plan = flexmarl_kind.parse(raw)
+    results = plan.run(kinds.Options()).cells
+    sim, workflows = plan.simulation, plan.workflows
     lines = [
         "# FlexMARL (arXiv 2602.09578) Table 3 reproduced in the simulator",
         "",
@@ -128,10 +73,9 @@ def main() -> None:
         "throughput w/o balancing | paper | throughput w/o async | paper | core share of calls | moves/run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for dname, workflow in workflows.items():
+    for dname in workflows:
         for rule in ("literal", "per-instance"):
-            m = _mean(sim, workflow, rule=rule)
-            results[f"{dname}/{rule}"] = m
+            m = results[f"{dname}/{rule}"]
             full, wo_async, wo_bal = m["flexmarl"], m["w/o async"], m["w/o balancing"]
             p = PAPER[dname]
             lines.append(
@@ -159,10 +103,9 @@ def main() -> None:
         "throughput w/o balancing | moves/run |",
         "|---|---|---|---|---|---|---|",
     ]
-    for dname, workflow in workflows.items():
+    for dname in workflows:
         for seqs in sim["sensitivity_max_seqs"]:
-            m = _mean(sim, workflow, rule="per-instance", max_seqs=int(seqs))
-            results[f"{dname}/max_seqs={seqs}"] = m
+            m = results[f"{dname}/max_seqs={seqs}"]
             full, wo_async, wo_bal = m["flexmarl"], m["w/o async"], m["w/o balancing"]
             lines.append(
                 f"| {dname} | {seqs} | {full['e2e_s']:.1f} | {full['rollout_s']:.1f} | "
@@ -180,10 +123,9 @@ def main() -> None:
         "| dataset | training gangs | E2E s | E2E w/o async | paper | throughput w/o balancing |",
         "|---|---|---|---|---|---|",
     ]
-    for dname, workflow in workflows.items():
+    for dname in workflows:
         for gangs in sim["sensitivity_train_gangs"]:
-            m = _mean(sim, workflow, rule="per-instance", train_gangs=int(gangs))
-            results[f"{dname}/train_gangs={gangs}"] = m
+            m = results[f"{dname}/train_gangs={gangs}"]
             full, wo_async, wo_bal = m["flexmarl"], m["w/o async"], m["w/o balancing"]
             lines.append(
                 f"| {dname} | {gangs} | {full['e2e_s']:.1f} | "

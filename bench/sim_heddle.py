@@ -1,8 +1,9 @@
 """Regenerate ``bench/reports/heddle.md``: Heddle's results beside our simulated reproduction.
 
-Runs ``bench/scenarios/heddle/agentic.yaml`` through ``treadle.sim.heddle`` (one synchronous rollout
-step per run, on the simulator's engine model, driving the ``treadle.policy.heddle`` code the live
-services call) and prints the paper's numbers next to ours with the gap. Everything is simulated.
+Runs ``bench/scenarios/heddle/agentic.yaml`` through the ``heddle`` scenario kind, as
+``treadle simulate`` does (``treadle.sim.heddle``: one synchronous rollout step per run, on the
+simulator's engine model, driving the ``treadle.policy.heddle`` code the live services call), and
+prints the paper's numbers next to ours with the gap. Everything is simulated.
 
     ~/.cache/treadle/venv/bin/python bench/sim_heddle.py [--out bench/reports/heddle.md]
 """
@@ -21,17 +22,12 @@ from typing import Any
 import benchcli
 import yaml
 
-from treadle.policy import costmodel
-from treadle.sim import heddle
+from treadle.sim import kinds
+from treadle.sim.kinds import heddle as heddle_kind
 
 SCENARIO = Path(__file__).parent / "scenarios" / "heddle" / "agentic.yaml"
 PAPER_MAX_GAIN = 2.5
 """Abstract and Fig. 12: "up to 2.5x" rollout throughput over the state of the art."""
-ABLATIONS = {
-    "scheduling": ("sched-fcfs", "sched-round-robin", "sched-autellix"),
-    "placement": ("place-least-load", "place-cache-aware"),
-    "resources": ("fix-1", "fix-8"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,47 +42,17 @@ class Config:
     seed: int = dataclasses.field(default=-1, metadata={"help": "override the scenario's seed (-1: keep)"})
 
 
-def _configs(raw: Mapping[str, Any], cfg: Config) -> tuple[dict[str, heddle.Domain], dict[str, Any]]:
-    sim = dict(raw["simulation"])
-    if cfg.gpus:
-        sim["gpus"] = cfg.gpus
-    if cfg.seed >= 0:
-        sim["seed"] = cfg.seed
-    domains = {
-        name: heddle.parse_domain(d, name=name, field=f"simulation.domains.{name}")
-        for name, d in sim["domains"].items()
-    }
-    return domains, sim
-
-
-def _step(sim: Mapping[str, Any], domain: heddle.Domain, model: str, **changes: Any) -> heddle.StepConfig:
-    return heddle.StepConfig(
-        domain=domain,
-        model=costmodel.model(model),
-        accelerator=costmodel.accelerator(str(sim["accelerator"])),
-        gpus=int(sim["gpus"]),
-        baseline_tp=int(sim["models"][model]),
-        per_worker=int(sim["per_worker"]),
-        group_size=int(sim["group_size"]),
-        max_seqs=int(sim["max_seqs"]),
-        seed=int(sim["seed"]),
-        **changes,
-    )
-
-
-def _row(r: heddle.StepResult) -> dict[str, Any]:
-    out = dataclasses.asdict(r)
-    out["throughput"] = r.throughput
-    out["accuracy"] = [[s, dataclasses.asdict(a)] for s, a in r.accuracy]
-    return out
-
-
 def main() -> None:
     cfg = benchcli.parse(Config, __doc__)
     raw = yaml.safe_load(SCENARIO.read_text())
-    domains, sim = _configs(raw, cfg)
+    if cfg.gpus:
+        raw["simulation"]["gpus"] = cfg.gpus
+    if cfg.seed >= 0:
+        raw["simulation"]["seed"] = cfg.seed
     started = time.perf_counter()
-    results: dict[str, Any] = {"headline": {}, "oracle": {}, "ablation": {}}
+    plan = heddle_kind.parse(raw)
+    report = plan.run(kinds.Options())
+    sim, domains = plan.simulation, plan.domains
     lines = _header(sim)
 
     # ----- headline: verl vs Heddle per domain and model (and Heddle with the noisy-oracle predictor)
@@ -98,20 +64,18 @@ def main() -> None:
     ]
     gains: dict[str, list[float]] = {}
     accuracy_rows: list[str] = []
-    for dname, domain in domains.items():
+    for dname in domains:
         for model in sim["models"]:
-            step = _step(sim, domain, model)
-            verl, ours = heddle.run(step, [heddle.SYSTEMS["verl"], heddle.HEDDLE])
-            (oracle,) = heddle.run(dataclasses.replace(step, predictions="noisy-oracle"), [heddle.HEDDLE])
+            headline = report.find("headline", dname, model)
+            verl, ours = headline.get("verl"), headline.get("heddle")
+            oracle = report.find("oracle", dname, model).get("heddle")
             gain = ours.throughput / verl.throughput
             gain_o = oracle.throughput / verl.throughput
             gains.setdefault(dname, []).append(gain)
-            results["headline"][f"{dname}/{model}"] = {"verl": _row(verl), "heddle": _row(ours)}
-            results["oracle"][f"{dname}/{model}"] = _row(oracle)
             table.append(
                 f"| {dname} | {model} ({sim['models'][model]}) | {verl.trajectories} | "
                 f"{verl.throughput:,.0f} | "
-                f"{ours.throughput:,.0f} | {_degrees(ours.degrees)} | {gain:.2f}x | {gain_o:.2f}x "
+                f"{ours.throughput:,.0f} | {heddle_kind.degrees(ours.degrees)} | {gain:.2f}x | {gain_o:.2f}x "
                 "| up to 2.5x |"
             )
             if model == sim["ablation_model"]:
@@ -152,8 +116,10 @@ def main() -> None:
         "",
     ]
     lines += [
-        "| workload | Heddle s | " + " | ".join(n for names in ABLATIONS.values() for n in names) + " |",
-        "|---|---|" + "---|" * sum(len(n) for n in ABLATIONS.values()),
+        "| workload | Heddle s | "
+        + " | ".join(n for names in heddle_kind.ABLATIONS.values() for n in names)
+        + " |",
+        "|---|---|" + "---|" * sum(len(n) for n in heddle_kind.ABLATIONS.values()),
     ]
     detail = [
         "| workload | system | makespan s | tok/s | preemptions | migrations (fallback) "
@@ -161,11 +127,9 @@ def main() -> None:
         "tail trajectory queued s | TP plan |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for dname, domain in domains.items():
-        names = [n for group in ABLATIONS.values() for n in group]
-        runs = heddle.run(_step(sim, domain, model), [heddle.HEDDLE, *(heddle.SYSTEMS[n] for n in names)])
+    for dname in domains:
+        runs = report.find("ablation", dname).results
         base = runs[0]
-        results["ablation"][dname] = {r.system: _row(r) for r in runs}
         cells = [f"{base.makespan_s:,.0f}"] + [
             f"{r.makespan_s:,.0f} ({r.makespan_s / base.makespan_s:.2f}x)" for r in runs[1:]
         ]
@@ -175,7 +139,7 @@ def main() -> None:
                 f"| {dname} | {r.system} | {r.makespan_s:,.0f} | {r.throughput:,.0f} | {r.preemptions} | "
                 f"{r.migrations} ({r.migration_fallbacks}) | {r.exposed_migration_s:.1f} | "
                 f"{r.tail_queue_s:,.0f} | "
-                f"{_degrees(r.degrees)} |"
+                f"{heddle_kind.degrees(r.degrees)} |"
             )
         print(lines[-1], flush=True)
     lines += [
@@ -192,18 +156,16 @@ def main() -> None:
     scale = sim.get("scale_check")
     if scale:
         gpus, dname = int(scale["gpus"]), str(scale["domain"])
-        step = dataclasses.replace(_step(sim, domains[dname], model), gpus=gpus)
-        runs = heddle.run(step, [heddle.SYSTEMS["verl"], heddle.HEDDLE, heddle.SYSTEMS["fix-8"]])
-        results["scale_check"] = {r.system: _row(r) for r in runs}
+        runs = report.find("scale_check", dname).results
         verl = runs[0]
         lines += [
-            f"## Scale check: {dname} on {model} with {gpus} GPUs ({step.trajectories} trajectories)",
+            f"## Scale check: {dname} on {model} with {gpus} GPUs ({verl.trajectories} trajectories)",
             "",
             "| system | makespan s | tok/s | over verl | TP plan |",
             "|---|---|---|---|---|",
             *(
                 f"| {r.system} | {r.makespan_s:,.0f} | {r.throughput:,.0f} | "
-                f"{r.throughput / verl.throughput:.2f}x | {_degrees(r.degrees)} |"
+                f"{r.throughput / verl.throughput:.2f}x | {heddle_kind.degrees(r.degrees)} |"
                 for r in runs
             ),
             "",
@@ -240,7 +202,7 @@ def main() -> None:
     (out / "config.json").write_text(
         json.dumps({"config": dataclasses.asdict(cfg), "scenario": raw}, indent=1)
     )
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps(report.summary(), indent=1))
     print(f"wrote {cfg.out} and {out}/ in {elapsed:.0f} s")
 
 
@@ -259,13 +221,6 @@ def _header(sim: Mapping[str, Any]) -> list[str]:
         "tokens / rollout makespan.",
         "",
     ]
-
-
-def _degrees(degrees: Sequence[int]) -> str:
-    counts: dict[int, int] = {}
-    for g in degrees:
-        counts[g] = counts.get(g, 0) + 1
-    return " + ".join(f"{n}xTP{g}" for g, n in sorted(counts.items(), reverse=True))
 
 
 def _grows(gains: Sequence[float]) -> bool:

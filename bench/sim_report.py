@@ -21,7 +21,8 @@ from typing import Any
 import benchcli
 import yaml
 
-from treadle.sim import engine, metrics, scenario
+from treadle.sim import kinds, metrics
+from treadle.sim.kinds import rollart
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 
@@ -73,10 +74,11 @@ def _raw(name: str) -> dict[str, Any]:
     return loaded
 
 
-def _run(raw: dict[str, Any], run: str, cfg: Config, **changes: Any) -> metrics.Result:
-    sc = scenario.parse(raw)
+def _run(raw: dict[str, Any], run: str, cfg: Config) -> metrics.Result:
+    """One run of the scenario, through the ``rollart`` kind as ``treadle simulate`` runs it."""
     seed = int(raw["simulation"].get("seed", 0)) + cfg.seed_offset
-    return engine.run(sc.config(run, seed=seed, **changes))
+    (result,) = rollart.parse(raw).run(kinds.Options(runs=(run,), seed=seed)).results
+    return result
 
 
 def _busy(r: metrics.Result) -> str:

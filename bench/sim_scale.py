@@ -17,7 +17,8 @@ from pathlib import Path
 
 import benchcli
 
-from treadle.sim import engine, scenario
+from treadle.sim import kinds, scenario
+from treadle.sim.kinds import rollart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +35,12 @@ class Config:
 def main() -> None:
     cfg = benchcli.parse(Config, __doc__)
 
-    sc = scenario.load(cfg.scenario)
-    run_cfg = sc.config(cfg.run, steps=cfg.steps, seed=cfg.seed)
+    plan = rollart.parse(scenario.read(cfg.scenario))
+    run_cfg = plan.scenario.config(cfg.run, steps=cfg.steps, seed=cfg.seed)
     gpus = sum(p.replicas * p.tensor_parallel_size for p in run_cfg.job.spec.pools) + run_cfg.training.gpus
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    result = engine.run(run_cfg)
+    # the run as ``treadle simulate`` makes it (the kind builds the same config again: milliseconds)
+    (result,) = plan.run(kinds.Options(runs=(cfg.run,), steps=cfg.steps, seed=cfg.seed)).results
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

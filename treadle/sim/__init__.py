@@ -1,12 +1,16 @@
 """Discrete-event rollout simulator driving the same ``treadle.policy`` code as the live services.
 
-Five parts kept apart (STYLE.md §5): ``entities`` (trajectories, groups, continuous-batching
-workers), ``events`` (kinds and the ``(time, kind order, sequence)`` queue), ``cost`` (engine,
-training, reward and weight-sync durations over ``treadle.policy.costmodel``), ``workloads``
-(seeded trajectory generators with sourced distributions) and ``metrics`` (the ``Result``).
-``engine`` runs them; ``scenario`` and ``systems`` turn a scenario file (a RolloutJob plus
-simulation settings) into runs; ``cli`` is ``treadle simulate``. Two paper-specific runners sit
-beside the engine on the same worker and cost model: ``heddle`` (one synchronous rollout step per
-system, Heddle's mechanisms and its baselines) and ``flexmarl`` (multi-agent steps with FlexMARL's
-pipeline and load balancing). Everything it reports is simulated.
+One entry: ``simulate`` reads any scenario file and dispatches on its ``kind:`` to a module of
+``kinds`` (``rollart``, ``heddle``, ``flexmarl``), which validates the file's body and runs it;
+``cli`` is ``treadle simulate`` over it, and ``bench/sim_*.py`` call the same kinds.
+
+The simulators share ``entities`` (trajectories, groups, continuous-batching workers), ``events``
+(kinds and the ``(time, kind order, sequence)`` queue), ``cost`` (engine, training, reward and
+weight-sync durations over ``treadle.policy.costmodel``) and ``workloads`` (seeded generators with
+sourced distributions). ``engine`` is the RolloutJob simulator (``scenario`` and ``systems`` turn a
+scenario into runs, ``layout`` the job into pools, workers and tasks, ``placer`` places turns,
+``trainer`` forms batches and commits versions, ``metrics`` is its ``Result``). Beside it on the
+same worker and cost model: ``heddle`` (one synchronous rollout step per system, Heddle's
+mechanisms and its baselines) and ``flexmarl`` (multi-agent steps with FlexMARL's pipeline and load
+balancing). Everything it reports is simulated.
 """

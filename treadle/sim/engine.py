@@ -1,7 +1,8 @@
 """The discrete-event rollout simulator: one ``Simulator`` per run, ``run()`` returns a ``Result``.
 
-Called by ``treadle.sim.cli`` (``treadle simulate``), ``bench/sim_*.py`` and tests. It drives the
-same ``treadle.policy`` functions as the live services, chosen by the same RolloutJob fields:
+Called by the ``rollart`` scenario kind (``treadle.sim.kinds``: ``treadle simulate``, ``bench/sim_*.py``)
+and tests. It drives the same ``treadle.policy`` functions as the live services, chosen by the same
+RolloutJob fields:
 
 * ``registry.placement_policy(spec.rollout.placementPolicy)`` (or a ``baselines`` one) for every turn,
   over pools from ``affinity.eligible_pools(affinity.resolve(task.affinity, profile), ...)``;
@@ -13,53 +14,29 @@ same ``treadle.policy`` functions as the live services, chosen by the same Rollo
 Loop (SimPy's shape): pop the earliest event, advance ``now``, call its handler, push what the
 handler returns. Same-time events run in ``events.Kind`` order, then in push order.
 
-Placement is exact but not O(workers) per turn: the policies in ``SHORTLIST`` depend only on the
-least worker by a known key and on the previous worker, so the simulator keeps one heap per pool
-and passes the policy that shortlist (a test checks the decision equals the one over all workers).
-Policies not listed get every worker.
+The run is split by concept: ``layout`` translates the spec into workers, pools and tasks,
+``placer`` places turns, this module admits groups and moves trajectories through their turns, and
+``trainer`` (functions over the simulator's state) forms batches, trains and commits weight versions.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
+import functools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from treadle import errors
-from treadle.policy import admission, affinity, baselines, batching, bounds, costmodel, placement, registry
+from treadle.policy import admission, bounds, costmodel, registry
 from treadle.sim import cost as cost_mod
-from treadle.sim import entities, events, metrics, scenario, workloads
-
-SHORTLIST: Mapping[str, str] = {
-    "sticky-least-loaded": "load",
-    "least-loaded": "load",
-    "pinned": "load",
-    "round-robin": "assigned",
-}
-"""Placement policies whose decision depends only on the minimum by this key and the previous worker."""
+from treadle.sim import entities, events, layout, metrics, placer, scenario, trainer, workloads
 
 UNBOUNDED_ALPHA = 1 << 40
 """Staleness window given to ``admission`` when a system admits on concurrency alone."""
 
 MAX_EVENTS = 50_000_000
 """Hard cap so a mis-specified scenario cannot loop for ever."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Task:
-    name: str
-    agents: tuple[str, ...]
-    eligible: Mapping[str, tuple[str, ...]]
-    """Agent -> pools its turns may use (after affinity)."""
-    workload: workloads.Workload
-    group_size: int
-    launched: int
-    weight: float
-    reward_kind: str
-    work: str | None
 
 
 class Simulator:
@@ -75,92 +52,11 @@ class Simulator:
         self.version = 0
         self.alpha = spec.rollout.staleness
         self.batch_size = spec.rollout.batch_size
-        self.placement_name = spec.rollout.placement_policy
-        self.place: registry.PlacementPolicy = baselines.placement_policy(self.placement_name)
         self.schedule: registry.SchedulingPolicy = registry.scheduling_policy(spec.rollout.scheduling_policy)
-
-        # ----- pools and workers
-        self.workers: list[entities.Worker] = []
-        self.pool_workers: dict[str, list[entities.Worker]] = {}
-        self.pool_meta: dict[str, tuple[str, int, str]] = {}
-        width = len(str(sum(p.replicas for p in spec.pools)))
-        engines: dict[tuple[str, str, int], cost_mod.Roofline] = {}
-        self._pool_engines: dict[str, dict[str, tuple[cost_mod.EngineCost, int]]] = {}
-        for pool in spec.pools:
-            acc = costmodel.accelerator(pool.accelerator)
-            shape = config.models[pool.agent]
-            kv = costmodel.kv_capacity_tokens(acc, shape, tp=pool.tensor_parallel_size)
-            if kv <= 0:
-                raise errors.SpecError(
-                    f"{shape.name} does not fit on {pool.tensor_parallel_size}x{acc.name}",
-                    field=f"spec.pools.{pool.name}.tensorParallelSize",
-                )
-            engine_key = (acc.name, shape.name, pool.tensor_parallel_size)
-            if engine_key not in engines:
-                engines[engine_key] = cost_mod.Roofline(acc, shape, pool.tensor_parallel_size)
-            engine = engines[engine_key]
-            self._pool_engines.setdefault(pool.agent, {})[pool.name] = (engine, config.max_seqs)
-            self.pool_meta[pool.name] = (pool.agent, pool.tensor_parallel_size, acc.name)
-            members = []
-            for _ in range(pool.replicas):
-                idx = len(self.workers)
-                w = entities.Worker(
-                    idx=idx,
-                    worker_id=f"w{idx:0{width}d}",
-                    pool=pool.name,
-                    engine=engine,
-                    max_seqs=config.max_seqs,
-                    kv_capacity=kv,
-                    order=self._order,
-                )
-                self.workers.append(w)
-                members.append(w)
-            self.pool_workers[pool.name] = members
-        self.by_id = {w.worker_id: w for w in self.workers}
-        self._heaps: dict[str, list[tuple[tuple[object, ...], int, int]]] = {p: [] for p in self.pool_workers}
-        self._stamp = [0] * len(self.workers)
-        self._key_kind = SHORTLIST.get(self.placement_name)
-        for w in self.workers:
-            self._touch(w)
-
-        # ----- tasks
-        preferences = {p.name: p.preferred_work for p in spec.pools}
-        self.tasks: list[_Task] = []
-        for task in spec.tasks:
-            load = config.workloads[task.name]
-            work: str | None = None
-            if self.system.affinity:
-                profile = costmodel.TaskProfile(**workloads.mean_profile(load))
-                work = affinity.resolve(task.affinity, profile, shape=config.models[task.agents[0]])
-            eligible: dict[str, tuple[str, ...]] = {}
-            for agent in task.agents:
-                mine = {
-                    p.name: preferences[p.name]
-                    for p in spec.pools
-                    if p.agent == agent and (not task.pools or p.name in task.pools)
-                }
-                if not mine:
-                    raise errors.SpecError(
-                        f"no pool serves agent {agent}", field=f"spec.tasks.{task.name}.agents"
-                    )
-                pools = affinity.eligible_pools(work, mine) if work else sorted(mine)
-                eligible[agent] = tuple(pools)
-            launched = task.group_size
-            if self.system.redundancy and task.redundancy > 0:
-                launched = math.ceil(task.group_size * (1 + task.redundancy))
-            self.tasks.append(
-                _Task(
-                    name=task.name,
-                    agents=tuple(task.agents),
-                    eligible=eligible,
-                    workload=load,
-                    group_size=task.group_size,
-                    launched=launched,
-                    weight=task.weight,
-                    reward_kind=load.reward_kind,
-                    work=work,
-                )
-            )
+        self.layout = layout.build(config, self._order)
+        self.workers = self.layout.workers
+        self.tasks = self.layout.tasks
+        self.placer = placer.Placer(spec.rollout.placement_policy, self.workers, self.layout.pool_workers)
         self._task_admitted = [0] * len(self.tasks)
 
         # ----- rollout state
@@ -179,20 +75,8 @@ class Simulator:
         self._serverless_last = -math.inf
         self._reward_busy_s = 0.0
 
-        # ----- trainer
-        shape0 = config.models[spec.agents[0].name]
-        self.shape0 = shape0
-        self.pause_s, self.push_s = cost_mod.weight_sync_s(self.system.weight_sync, shape0)
-        self.train_gpus = (
-            sum(len(ws) * self.pool_meta[p][1] for p, ws in self.pool_workers.items())
-            if self.system.colocated
-            else config.training.gpus
-        )
-        self.train_acc = (
-            costmodel.accelerator(self.pool_meta[spec.pools[0].name][2])
-            if self.system.colocated
-            else config.training.accelerator
-        )
+        # ----- trainer (its handlers are in ``trainer``)
+        self.pause_s, self.push_s = cost_mod.weight_sync_s(self.system.weight_sync, self.layout.shape0)
         self.trainer_state = "waiting"
         self.step = 0
         self.step_started = 0.0
@@ -200,7 +84,6 @@ class Simulator:
         self.published = 0
         """Newest version whose weights reached the store (loadable)."""
         self.trained_version = 0
-        self._pending_batch: list[int] = []
         self.used: list[int] = []
         self.staleness_sum = 0
         self.max_staleness = 0
@@ -227,57 +110,6 @@ class Simulator:
             )
         return [by_name[name] for name in self.schedule(queue)]
 
-    def _key(self, w: entities.Worker) -> tuple[object, ...]:
-        if self._key_kind == "assigned":
-            return (w.assigned, w.worker_id)
-        return (w.load, w.kv_usage_seen, w.assigned, w.worker_id)
-
-    def _touch(self, w: entities.Worker) -> None:
-        """Record a change of ``w``'s placement key (load, KV usage as last reported, turns given)."""
-        w.kv_usage_seen = w.kv_usage
-        self._stamp[w.idx] += 1
-        if self._key_kind is None:
-            return
-        heap = self._heaps[w.pool]
-        heapq.heappush(heap, (self._key(w), self._stamp[w.idx], w.idx))
-        if len(heap) > 8 * len(self.pool_workers[w.pool]) + 64:
-            fresh = [(self._key(x), self._stamp[x.idx], x.idx) for x in self.pool_workers[w.pool]]
-            heapq.heapify(fresh)
-            self._heaps[w.pool] = fresh
-
-    def _top(self, pool: str) -> entities.Worker | None:
-        heap = self._heaps[pool]
-        while heap:
-            _, stamp, idx = heap[0]
-            if stamp == self._stamp[idx]:
-                return self.workers[idx]
-            heapq.heappop(heap)
-        return None
-
-    @staticmethod
-    def _state(w: entities.Worker) -> placement.WorkerState:
-        return placement.WorkerState(
-            worker_id=w.worker_id, pool=w.pool, load=w.load, kv_cache_usage=w.kv_usage_seen
-        )
-
-    def _choose(self, traj: entities.Trajectory, pools: tuple[str, ...]) -> entities.Worker:
-        previous = self.workers[traj.worker] if traj.worker >= 0 else None
-        if self._key_kind is None:
-            shortlist = [w for p in pools for w in self.pool_workers[p]]
-        else:
-            shortlist = [w for w in (self._top(p) for p in pools) if w is not None]
-            if previous is not None and previous not in shortlist:
-                shortlist.append(previous)
-        decision = self.place(
-            [self._state(w) for w in shortlist],
-            eligible_pools=pools,
-            previous=previous.worker_id if previous is not None else None,
-            assigned={w.worker_id: w.assigned for w in shortlist},
-        )
-        if decision is None:
-            raise errors.Unavailable(f"no worker in pools {list(pools)} for {traj.name}")
-        return self.by_id[decision.worker_id]
-
     # ------------------------------------------------------------------ loop
 
     def run(self) -> metrics.Result:
@@ -288,10 +120,10 @@ class Simulator:
             events.Kind.TOOL_DONE: self._on_tool,
             events.Kind.RESET_DONE: self._on_reset,
             events.Kind.REWARD_DONE: self._on_reward,
-            events.Kind.TRAIN_DONE: self._on_train_done,
-            events.Kind.PUSH_DONE: self._on_push,
+            events.Kind.TRAIN_DONE: functools.partial(trainer.on_train_done, self),
+            events.Kind.PUSH_DONE: functools.partial(trainer.on_push, self),
             events.Kind.ADMIT: self._on_admit,
-            events.Kind.GET_BATCH: self._on_get_batch,
+            events.Kind.GET_BATCH: functools.partial(trainer.on_get_batch, self),
         }
         count = 0
         while self.queue and not self._done:
@@ -407,7 +239,7 @@ class Simulator:
     def _generate(self, traj: entities.Trajectory) -> list[events.Event]:
         task = self.tasks[traj.task]
         agent = task.agents[traj.turn % len(task.agents)]
-        worker = self._choose(traj, task.eligible[agent])
+        worker = self.placer.choose(traj, task.eligible[agent])
         added = traj.shape_inputs[traj.turn]
         cached = int(traj.context * task.workload.prefix_reuse) if traj.worker == worker.idx else 0
         req = entities.Request(
@@ -423,7 +255,7 @@ class Simulator:
         traj.request = req
         worker.assigned += 1
         out = worker.submit(req, self.now)
-        self._touch(worker)
+        self.placer.touch(worker)
         return out
 
     def _on_worker(self, ev: events.Event) -> list[events.Event]:
@@ -432,7 +264,7 @@ class Simulator:
             return []
         if worker.state == "paused":
             out = worker.resume(self.now)
-            self._touch(worker)
+            self.placer.touch(worker)
             return out
         finished, out = worker.on_event(self.now)
         for req in finished:
@@ -452,7 +284,7 @@ class Simulator:
                         self.now + traj.shape_tools[turn], events.Kind.TOOL_DONE, traj.idx, traj.token
                     )
                 )
-        self._touch(worker)
+        self.placer.touch(worker)
         return out
 
     def _on_tool(self, ev: events.Event) -> list[events.Event]:
@@ -560,7 +392,7 @@ class Simulator:
         out: list[events.Event] = []
         for widx, trajs in by_worker.items():
             out += self.workers[widx].abort(trajs, self.now)
-            self._touch(self.workers[widx])
+            self.placer.touch(self.workers[widx])
         if self.system.env_interaction == "batch":
             out += self._release_barrier()
         return out
@@ -582,158 +414,14 @@ class Simulator:
             out.append(events.Event(self.now, events.Kind.GET_BATCH))
         return out
 
-    # ------------------------------------------------------------------ trainer
-
-    def _batching_view(self) -> list[batching.Group]:
-        out = []
-        for g in self._buffer.values():
-            arrived = g.expected if (g.completed >= g.expected or g.terminal >= g.launched) else g.terminal
-            out.append(
-                batching.Group(
-                    group_id=str(g.idx),
-                    task=self.tasks[g.task].name,
-                    expected=g.expected,
-                    seq=g.seq,
-                    min_version=g.init_version,
-                    arrived=min(arrived, g.expected),
-                    completed=min(g.completed, g.expected),
-                )
-            )
-        return out
-
-    def _evict_stale(self) -> list[events.Event]:
-        """RollArt's eager eviction of buffered groups older than ``version - alpha``.
-
-        "version n" (digest §6.2 ambiguity 1) is the paper's "current agent LLM" version: the one the
-        workers run (it trails the trainer by the weight push). Evicted trajectories are rejected
-        after the fact, which gives their room back to admission.
-        """
-        view = self._batching_view()
-        for gid in batching.stale_groups(view, version=self.version, alpha=self.alpha):
-            group = self._buffer.pop(int(gid))
-            group.aborted = True
-            self._ready_completed -= min(group.completed, group.expected)
-            self.evicted += group.completed
-            self.accepted -= group.completed
-        return self._admit_async() if self.system.mode == "async" else []
-
-    def _on_get_batch(self, ev: events.Event) -> list[events.Event]:
-        if self.trainer_state != "waiting":
-            return []
-        out = self._evict_stale() if self.system.per_iteration_abort else []
-        view = self._batching_view()
-        plan = (
-            batching.plan_batch(view, batch_size=self.batch_size)
-            if self._ready_completed >= self.batch_size
-            else None
-        )
-        if plan is None:
-            return out
-        batch: list[int] = []
-        for gid in plan:
-            group = self._buffer.pop(int(gid))
-            group.consumed = True
-            self._ready_completed -= min(group.completed, group.expected)
-            done = [m for m in group.members if self.trajs[m].state == "done"]
-            batch += done[: group.expected]
-        return out + self._start_step(batch)
-
-    def _start_step(self, batch: list[int]) -> list[events.Event]:
-        """The batch is formed: update weights if newer ones are published, then train."""
-        self.trainer_state = "updating"
-        batch_at = self.now
-        for idx in batch:
-            staleness = self.version - self.trajs[idx].init_version
-            self.staleness_sum += staleness
-            self.max_staleness = max(self.max_staleness, staleness)
-        out: list[events.Event] = []
-        pause = 0.0
-        if self.system.mode == "async" and self.published > self.version:
-            pause = self.pause_s
-            out += self._commit_version(self.published, pause)
-        elif self.system.mode != "async" and self.trained_version > self.version:
-            pause = self.pause_s
-            out += self._commit_version(self.trained_version, pause)
-        self.used += batch
-        tokens = sum(self.trajs[i].tokens for i in batch)
-        train_at = self.now + pause
-        duration = cost_mod.train_time(self.shape0, tokens=tokens, gpus=self.train_gpus, acc=self.train_acc)
-        self._pending_step = (batch_at, train_at, len(batch), tokens)
-        self.trainer_state = "training"
-        out.append(events.Event(train_at + duration, events.Kind.TRAIN_DONE, self.step + 1))
-        if self.system.mode == "one-off":
-            # one-off: rollout k+1 runs under the weights at hand while training consumes batch k
-            out.append(events.Event(train_at, events.Kind.ADMIT))
-        return out
-
-    def _commit_version(self, version: int, pause: float) -> list[events.Event]:
-        """Suspend, load ``version`` on every worker for ``pause`` seconds, resume (RollArt §6.2)."""
-        self.version = version
-        out: list[events.Event] = []
-        if self.system.per_iteration_abort:
-            stale = admission.stale_in_flight(
-                {str(k): v for k, v in self.in_flight.items()}, version=self.version, alpha=self.alpha
-            )
-            if stale:
-                self.aborted_stale += len(stale)
-                out += self._abort([int(s) for s in stale])
-            out += self._evict_stale()
-        for w in self.workers:
-            out += w.pause(self.now, pause, recompute=True)
-            self._touch(w)
-        if self.system.mode == "async":
-            out += self._admit_async()
-        return out
-
-    def _on_train_done(self, ev: events.Event) -> list[events.Event]:
-        batch_at, train_at, n, tokens = self._pending_step
-        self.step += 1
-        self.steps.append(
-            metrics.StepRecord(
-                step=self.step,
-                started_at=self.step_started,
-                batch_at=batch_at,
-                train_at=train_at,
-                ended_at=self.now,
-                trajectories=n,
-                tokens=tokens,
-            )
-        )
-        self.trained_version = self.step
-        self.step_started = self.now
-        if self.step >= self.cfg.steps:
-            self._done = True
-            return []
-        self.trainer_state = "waiting"
-        out: list[events.Event] = []
-        if self.system.mode == "async":
-            out.append(events.Event(self.now + self.push_s, events.Kind.PUSH_DONE, self.step))
-            out += self._admit_async()  # the trainer's version moved: the staleness window did too
-        elif self.system.mode == "sync":
-            # the new weights are broadcast before the next batch starts; the broadcast (workers
-            # paused) is part of the next step's wait
-            out += self._commit_version(self.trained_version, self.pause_s)
-            out.append(events.Event(self.now, events.Kind.ADMIT))
-        # always try: get_batch first evicts stale groups, which may free admission room
-        out.append(events.Event(self.now, events.Kind.GET_BATCH))
-        return out
-
-    def _on_push(self, ev: events.Event) -> list[events.Event]:
-        """Weights reached the store. A trainer blocked in get_batch lets the workers update now
-        (they pull on demand, RollArt §6.3); otherwise the update waits for the next batch."""
-        self.published = max(self.published, ev.subject)
-        if self.trainer_state == "waiting" and self.published > self.version:
-            return self._commit_version(self.published, self.pause_s)
-        return []
-
     # ------------------------------------------------------------------ result
 
     def _result(self, count: int, wall: float) -> metrics.Result:
         total = self.now
         pools = []
         cost_h20_s = 0.0
-        for name, ws in self.pool_workers.items():
-            _, tp, acc_name = self.pool_meta[name]
+        for name, ws in self.layout.pool_workers.items():
+            tp, acc_name = self.layout.pools[name].tp, self.layout.pools[name].accelerator
             acc = costmodel.accelerator(acc_name)
             gpus = len(ws) * tp
             cost_h20_s += gpus * acc.cost * total
@@ -749,10 +437,10 @@ class Simulator:
                 )
             )
         if not self.system.colocated:
-            cost_h20_s += self.train_gpus * self.train_acc.cost * total
+            cost_h20_s += self.layout.train_gpus * self.layout.train_acc.cost * total
         cost_h20_s += len(self._reward_free) * self.cfg.reward.judge_acc.cost * total
-        chains = [self._chain(self.trajs[i]) for i in self.used]
-        workers = {p: len(ws) for p, ws in self.pool_workers.items()}
+        chains = [self.layout.chain(self.trajs[i]) for i in self.used]
+        workers = {p: len(ws) for p, ws in self.layout.pool_workers.items()}
         serial = math.fsum(s.ended_at - s.train_at for s in self.steps)
         parts = bounds.lower_bound(chains, workers, serial_s=serial)
         trained = len(self.used)
@@ -783,45 +471,6 @@ class Simulator:
             wall_s=wall,
             timeline=self.timeline,
         )
-
-    def _chain(self, traj: entities.Trajectory) -> list[bounds.Segment]:
-        """The trajectory as ``bounds`` segments: latency at batch 1, work at the pool's best rate."""
-        task = self.tasks[traj.task]
-        segs = [bounds.Segment(wait_s=traj.reset_s)]
-        context = 0
-        for turn in range(traj.turns):
-            agent = task.agents[turn % len(task.agents)]
-            added, out = traj.shape_inputs[turn], traj.shape_responses[turn]
-            cached = int(context * task.workload.prefix_reuse)
-            latency: dict[str, float] = {}
-            work: dict[str, float] = {}
-            priced: dict[int, tuple[float, float]] = {}
-            for pool, (engine, max_seqs) in self._pool_engines[agent].items():
-                key = id(engine)
-                if key not in priced:  # pools of one accelerator class price a turn alike
-                    priced[key] = _turn_cost(engine, max_seqs, context, cached, added, out)
-                latency[pool], work[pool] = priced[key]
-            segs.append(bounds.Segment(latency=latency, work=work))
-            segs.append(bounds.Segment(wait_s=traj.shape_tools[turn]))
-            context += added + out
-        return segs
-
-
-def _turn_cost(
-    engine: cost_mod.EngineCost, max_seqs: int, context: int, cached: int, added: int, out: int
-) -> tuple[float, float]:
-    """(latency alone, work share at full batch) of one turn on a worker with ``engine``."""
-    new = context - cached + added
-    flops = engine.prefill_flops(new, cached)
-    prefill = engine.prefill_batch(flops=flops, kv_tokens=context + added, new_tokens=new)
-    mean_ctx = context + added + out / 2
-    alone = prefill + out * engine.decode_step(1, mean_ctx)
-    # work: prefill at a large packed batch (per-step overhead and weight read amortised away)
-    packed = engine.prefill_batch(
-        flops=flops * max_seqs, kv_tokens=(context + added) * max_seqs, new_tokens=new * max_seqs
-    )
-    shared = out * engine.decode_step(max_seqs, mean_ctx * max_seqs) / max_seqs
-    return alone, packed / max_seqs + shared
 
 
 def run(config: scenario.RunConfig) -> metrics.Result:

@@ -1,11 +1,12 @@
 """FlexMARL reproduction: multi-agent rollout + micro-batch training steps, per variant (Table 3).
 
-Called by ``bench/sim_flexmarl.py`` and tests. A step: ``inter_query`` queries in flight, each
-sampled ``samples_per_query`` times (``sampling.next_requests`` / ``sampling.on_output``); a sample
-walks a workflow of agent calls (an entry agent, then core agents called repeatedly, sometimes an
-auxiliary one: the paper's >76 % / <24 % request split). Every agent has its own inference
-instances, each a continuous-batching ``entities.Worker`` on the roofline cost model (the same engine
-model as ``treadle.sim.engine``). The policy code is FlexMARL's, from ``treadle.policy.flexmarl``:
+Called by the ``flexmarl`` scenario kind (``treadle simulate``, ``bench/sim_flexmarl.py``) and
+tests. A step: ``inter_query`` queries in flight, each sampled ``samples_per_query`` times
+(``sampling.next_requests`` / ``sampling.on_output``); a sample walks a workflow of agent calls (an
+entry agent, then core agents called repeatedly, sometimes an auxiliary one: the paper's >76 % /
+<24 % request split). Every agent has its own inference instances, each a continuous-batching
+``entities.Worker`` on the roofline cost model (the same engine model as ``treadle.sim.engine``).
+The policy code is FlexMARL's, from ``treadle.policy.flexmarl``:
 
 * intra-agent dispatch by ``load_balance.dispatch`` (least outstanding requests) or round-robin;
 * inter-agent rebalancing by ``load_balance.rebalance`` every ``poll_s`` (instances move with a

@@ -1,9 +1,10 @@
 """Scenario files: a RolloutJob plus what only the simulator needs, validated into run configs.
 
-Called by ``treadle simulate`` (``treadle.sim.cli``), ``bench/sim_*.py`` and tests. A scenario is
-YAML (versioned under ``bench/scenarios/``)::
+Called by the ``rollart`` scenario kind (``treadle.sim.kinds.rollart``: ``treadle simulate``,
+``bench/sim_*.py``) and tests. A scenario is YAML (versioned under ``bench/scenarios/``)::
 
     version: 1
+    kind: rollart                                     # optional: the default kind
     name: ...
     job: {apiVersion: treadle.dev/v1alpha1, kind: RolloutJob, ...}   # parsed by treadle.api
     simulation:
@@ -78,11 +79,15 @@ class Scenario:
 
 
 def load(path: str | Path) -> Scenario:
+    return parse(read(path))
+
+
+def read(path: str | Path) -> Any:
+    """The YAML at ``path`` (any scenario kind's file); ``SpecError`` when it cannot be read."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        return yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise errors.SpecError(f"cannot read scenario: {exc}", field="scenario", value=str(path)) from None
-    return parse(raw)
 
 
 def parse(raw: Any) -> Scenario:

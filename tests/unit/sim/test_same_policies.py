@@ -135,7 +135,7 @@ async def test_live_services_and_simulator_share_policy_functions(
     sim.run()
 
     # the very registry entries named by the job fields, in both
-    assert placement.policy is registry.PLACEMENT_POLICIES[PLACEMENT] is sim.place
+    assert placement.policy is registry.PLACEMENT_POLICIES[PLACEMENT] is sim.placer.place
     assert gate.policy is registry.SCHEDULING_POLICIES[SCHEDULING] is sim.schedule
     for name in ("placement", "scheduling", "resolve", "eligible_pools", "admit_groups", "stale_in_flight"):
         assert spies.calls[("live", name)] > 0, f"live path never called {name}"

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from treadle.sim import engine, entities, scenario
+from treadle.sim import engine, entities, placer, scenario
 
 
-@pytest.mark.parametrize("policy", sorted(engine.SHORTLIST))
+@pytest.mark.parametrize("policy", sorted(placer.SHORTLIST))
 @pytest.mark.parametrize("seed", range(5))
 def test_shortlist_decision_equals_full_decision(tiny: dict[str, Any], policy: str, seed: int) -> None:
     tiny["job"]["spec"]["pools"][0]["replicas"] = 7
@@ -39,12 +39,12 @@ def test_shortlist_decision_equals_full_decision(tiny: dict[str, Any], policy: s
             if w.waiting and rng.random() < 0.5:
                 w.waiting.pop()
             w.assigned += rng.randint(0, 2)
-            sim._touch(w)
+            sim.placer.touch(w)
         traj.worker = rng.choice([-1, *range(len(sim.workers))])
         pools = rng.choice([("h800",), ("h20",), ("h20", "h800")])
-        short = sim._choose(traj, pools)
-        full = sim.place(
-            [sim._state(w) for w in sim.workers],
+        short = sim.placer.choose(traj, pools)
+        full = sim.placer.place(
+            [placer.state(w) for w in sim.workers],
             eligible_pools=pools,
             previous=sim.workers[traj.worker].worker_id if traj.worker >= 0 else None,
             assigned={w.worker_id: w.assigned for w in sim.workers},

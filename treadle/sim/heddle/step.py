@@ -1,25 +1,7 @@
-"""Heddle reproduction: one synchronous rollout step of a long-tailed agentic batch, per system.
+"""One synchronous rollout step of one Heddle system: ``StepSim``, and ``run`` for several on one batch.
 
-Called by ``bench/sim_heddle.py`` (the report), tests, and anything that wants Heddle's comparison.
-Heddle (arXiv 2603.28101) measures rollout throughput of one synchronous batch: every trajectory
-starts at t=0 and the step ends with the slowest; so this runner simulates exactly that, on the
-simulator's continuous-batching ``entities.Worker`` over the roofline ``cost.Roofline`` (the same
-engine model as ``treadle.sim.engine``), and drives the same ``treadle.policy.heddle`` code the live
-services call:
-
-* ``predictor.HistoryModel`` (learned from a previous epoch of the same prompts, re-learned as
-  trajectories finish) re-run at every step boundary; ``predictor.accuracy`` scores it;
-* ``priority`` (LPT order and Algorithm 1's preemption rounds) on every worker;
-* ``presorted_dp.plan`` with short-trajectory merging at dispatch, ``router`` for every step
-  request, ``router.on_step`` -> ``migration.decide`` during tool calls, ``migration.schedule_epoch``
-  for transfers (``kv-transfer`` cost: ``costmodel.kv_migration_time``);
-* ``tp_planner.plan`` for the adaptive TP degrees (Heddle's resource manager);
-* ``baselines`` for round-robin / FCFS / Autellix scheduling and static / cache-aware / least-load
-  placement.
-
-Not modelled (the report says so): the predictor's own GPU; KV eviction of preempted sequences
-(a preempted sequence resumes without re-prefill); the cost of switching TP between steps (the
-planner runs between steps, amortised, as in the paper). Everything it reports is simulated.
+Called by the ``heddle`` scenario kind (``treadle simulate``, ``bench/sim_heddle.py``) and tests;
+see the package docstring for the mechanisms it drives. Everything it reports is simulated.
 """
 
 from __future__ import annotations
@@ -29,203 +11,21 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
 
 from treadle import errors
 from treadle.policy import costmodel
 from treadle.policy.heddle import baselines, migration, predictor, presorted_dp, priority, router, tp_planner
 from treadle.sim import cost as cost_mod
-from treadle.sim import entities, events, workloads
-
-Placement = Literal["static", "cache-aware", "least-load", "heddle"]
-Predictions = Literal["history", "noisy-oracle"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Domain:
-    """An agentic workload (coding, search, math): trajectories of steps, tool calls in between."""
-
-    name: str
-    steps: workloads.Dist
-    prompt_tokens: workloads.Dist
-    response_tokens: workloads.Dist
-    """Per step, before the trajectory's difficulty scale."""
-    observation_tokens: workloads.Dist
-    tool_latency_s: workloads.Dist
-    difficulty_cv: float
-    """Spread of a prompt's difficulty (shared by its GRPO group; Heddle Fig. 5)."""
-    sample_cv: float
-    """Spread of one sample around its prompt (intra-group variance)."""
-    predict_s: float
-    """Predictor latency per call (Heddle Table 1); hidden when the tool call is longer."""
-    prefix_reuse: float = 0.95
-    """Share of the history the worker's radix/prefix cache serves on a sticky step."""
-    max_output_tokens: int = 40960
-    """Heddle's cap on generated tokens per trajectory (40K)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One drawn trajectory."""
-
-    group: int
-    inputs: tuple[int, ...]
-    responses: tuple[int, ...]
-    tools: tuple[float, ...]
-
-    @property
-    def output(self) -> int:
-        return sum(self.responses)
-
-
-def draw_batch(domain: Domain, *, prompts: int, group_size: int, rng: random.Random) -> list[Shape]:
-    """``prompts`` GRPO groups of ``group_size``; a prompt's difficulty scales steps and tokens."""
-    difficulty = workloads.Dist("lognormal", 1.0, cv=domain.difficulty_cv)
-    noise = workloads.Dist("lognormal", 1.0, cv=domain.sample_cv)
-    scales = [difficulty.sample(rng) for _ in range(prompts)]
-    return [
-        _draw(domain, g, scales[g] * noise.sample(rng), rng)
-        for g in range(prompts)
-        for _ in range(group_size)
-    ]
-
-
-def _draw(domain: Domain, group: int, scale: float, rng: random.Random) -> Shape:
-    steps = max(1, round(domain.steps.sample(rng) * math.sqrt(scale)))
-    steps = min(steps, round(domain.steps.high)) if math.isfinite(domain.steps.high) else steps
-    inputs: list[int] = []
-    responses: list[int] = []
-    tools: list[float] = []
-    left = domain.max_output_tokens
-    for s in range(steps):
-        if left < 1:
-            break
-        first = domain.prompt_tokens if s == 0 else domain.observation_tokens
-        inputs.append(max(1, round(first.sample(rng))))
-        out = min(left, max(1, round(domain.response_tokens.sample(rng) * math.sqrt(scale))))
-        responses.append(out)
-        tools.append(domain.tool_latency_s.sample(rng))
-        left -= out
-    return Shape(group=group, inputs=tuple(inputs), responses=tuple(responses), tools=tuple(tools))
-
-
-@dataclasses.dataclass(frozen=True)
-class System:
-    """Scheduling x placement x resources (Heddle's three mechanisms and their alternatives)."""
-
-    name: str
-    scheduling: baselines.Scheduling
-    placement: Placement
-    preemption: bool = False
-    migration: bool = False
-    tp: int | Literal["adaptive"] = "adaptive"
-    """A fixed TP degree for every worker, or Heddle's planner; ``0`` means the model's baseline."""
-    least_load_abs: float = 4.0
-    """``baselines.least_load`` imbalance threshold (requests) for ``least-load`` placement (ours)."""
-
-
-HEDDLE = System("heddle", "progressive", "heddle", preemption=True, migration=True, tp="adaptive")
-SYSTEMS: Mapping[str, System] = {
-    s.name: s
-    for s in (
-        System("verl", "round-robin", "static", tp=0),
-        HEDDLE,
-        # scheduling ablation: Heddle's placement and resources, another queue order
-        dataclasses.replace(HEDDLE, name="sched-fcfs", scheduling="fcfs", preemption=False),
-        dataclasses.replace(HEDDLE, name="sched-round-robin", scheduling="round-robin", preemption=False),
-        dataclasses.replace(HEDDLE, name="sched-autellix", scheduling="autellix", preemption=False),
-        # placement ablation: Heddle's scheduling and resources, another placement
-        dataclasses.replace(HEDDLE, name="place-least-load", placement="least-load", migration=False),
-        dataclasses.replace(HEDDLE, name="place-cache-aware", placement="cache-aware", migration=False),
-        # resource ablation: fixed TP everywhere
-        dataclasses.replace(HEDDLE, name="fix-1", tp=1),
-        dataclasses.replace(HEDDLE, name="fix-8", tp=8),
-    )
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-    domain: Domain
-    model: costmodel.ModelShape
-    accelerator: costmodel.Accelerator = costmodel.H800
-    gpus: int = 8
-    baseline_tp: int = 1
-    """The paper's homogeneous TP: 1 for 8B/14B, 2 for 32B."""
-    per_worker: int = 100
-    """Trajectories per baseline worker (the paper's batch of 100 per rollout worker)."""
-    group_size: int = 16
-    max_seqs: int = 100
-    seed: int = 0
-    predictions: Predictions = "history"
-    oracle_sigma: tuple[float, ...] = (0.8, 0.5, 0.35, 0.25)
-    """``noisy-oracle``: log-normal error of the prediction after 0, 1, 2, 3+ steps (ours; it stands
-    in for the paper's Qwen3-0.6B regressor, whose Fig. 13 numbers were lost)."""
-    merge_block: int = 4
-    """Short-trajectory merging: block size of trajectories below the median prediction (ours)."""
-    degrees: tuple[int, ...] = (1, 2, 4, 8)
-    interference: Literal["closed-form", "simulated"] = "simulated"
-    """How ``I(s)`` is profiled. ``simulated`` is the paper's method (``interference_by_simulation``:
-    a group's members are drawn from the whole batch's shape), our default. On a long tail those
-    members are tiny next to the head, so ``I`` stays near 1; without ``max_group_share`` the DP
-    then crowds hundreds of trajectories onto one worker. ``closed-form``
-    (``interference_from_step_times``) assumes every member is as long as the head, an upper bound
-    that charges wide workers for running their group in waves and so steers the TP planner away
-    from them."""
-    plan_on: Literal["predictions", "previous-epoch"] = "previous-epoch"
-    """What the TP planner sizes the pool for: the output lengths the same prompts produced one epoch
-    earlier (our default), or this batch's dispatch predictions. The planner picks a pool shape for
-    the batch's length *distribution*, and the paper runs it periodically, amortised over several
-    steps, so it cannot hinge on one batch's per-trajectory guesses; those matter to the placement,
-    which always uses the predictions. ``HistoryModel`` predicts a prompt's group mean at dispatch,
-    which removes the within-group spread that makes the tail (on coding/Qwen3-14B its largest
-    prediction is 12.4K tokens against an actual 41K), so planning on it sized the pool for a tail
-    three times shorter than the one that sets the makespan."""
-    max_group_share: float = 2.0
-    """A worker's interference table stops at this multiple of its even share of the batch (ours):
-    no worker is handed a group that runs in many KV-bound waves on the strength of noisy predictions."""
-
-    @property
-    def trajectories(self) -> int:
-        workers = self.gpus // self.baseline_tp
-        return (workers * self.per_worker // self.group_size) * self.group_size
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    system: str
-    label: str
-    makespan_s: float
-    output_tokens: int
-    trajectories: int
-    degrees: tuple[int, ...]
-    preemptions: int
-    migrations: int
-    migration_fallbacks: int
-    """Migrations whose transfer had not started when the tool returned (re-prefill instead)."""
-    exposed_migration_s: float
-    """Sum over migrations of the time the next step waited for the transfer."""
-    prefill_tokens: int
-    tail_queue_s: float
-    """Summed step queueing delay (submit to first decode) of the trajectory that finished last."""
-    accuracy: tuple[tuple[int, predictor.Accuracy], ...]
-    """(steps done, predictor accuracy) for the predictions this run made."""
-    plan_s: float
-    """Wall seconds of the placement DP and the TP planner (control-plane cost)."""
-    wall_s: float
-
-    @property
-    def throughput(self) -> float:
-        """Generated tokens per second of rollout (Heddle's metric)."""
-        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+from treadle.sim import entities, events
+from treadle.sim.heddle import systems, workload
 
 
 @dataclasses.dataclass(slots=True)
 class _Traj:
     idx: int
     name: str
-    shape: Shape
+    shape: workload.Shape
     turn: int = 0
     context: int = 0
     generated: int = 0
@@ -243,7 +43,7 @@ class _Traj:
 
 
 def degree_profile(
-    cfg: StepConfig, tp: int, shape: Sequence[float], mean_context: float, max_group: int
+    cfg: systems.StepConfig, tp: int, shape: Sequence[float], mean_context: float, max_group: int
 ) -> tp_planner.DegreeProfile | None:
     """``t_base`` and ``I(s)`` of a TP-``tp`` worker from the roofline, the paper's profiler method.
 
@@ -267,7 +67,11 @@ class StepSim:
     """One rollout step of one system."""
 
     def __init__(
-        self, cfg: StepConfig, system: System, batch: Sequence[Shape], history: Sequence[Shape]
+        self,
+        cfg: systems.StepConfig,
+        system: systems.System,
+        batch: Sequence[workload.Shape],
+        history: Sequence[workload.Shape],
     ) -> None:
         self.cfg = cfg
         self.system = system
@@ -314,7 +118,7 @@ class StepSim:
         lengths = [max(1.0, p) for p in predictions]
         top = max(lengths)
         shape = [x / top for x in lengths]
-        mean_context = _mean_context(cfg.domain)
+        mean_context = workload.mean_context(cfg.domain)
         n = len(self.trajs)
         profiles: dict[int, tp_planner.DegreeProfile] = {}
         for g in cfg.degrees:
@@ -553,7 +357,7 @@ class StepSim:
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> StepResult:
+    def run(self) -> systems.StepResult:
         started = time.perf_counter()
         predictions = [self._predict(t) for t in self.trajs]
         self._build_workers(predictions)
@@ -579,7 +383,7 @@ class StepSim:
             raise errors.Unavailable(f"stalled: {self.done} of {len(self.trajs)} trajectories finished")
         last = max(self.trajs, key=lambda t: t.finished_at)
         acc = tuple((s, predictor.accuracy(p, a)) for s, (p, a) in sorted(self.scored.items()) if len(p) >= 2)
-        return StepResult(
+        return systems.StepResult(
             system=self.system.name,
             label="simulated",
             makespan_s=self.now,
@@ -600,61 +404,15 @@ class StepSim:
         )
 
 
-def _finished(cfg: StepConfig, shape: Shape) -> predictor.Finished:
+def _finished(cfg: systems.StepConfig, shape: workload.Shape) -> predictor.Finished:
     return predictor.Finished(cfg.domain.name, str(shape.group), shape.output, shape.responses)
 
 
-def _mean_context(domain: Domain) -> float:
-    """Mean context of a running sequence (half a mean trajectory's final context): profiles' KV."""
-    steps = domain.steps.mean
-    per_step = domain.observation_tokens.mean + domain.response_tokens.mean
-    return domain.prompt_tokens.mean + per_step * steps / 2
-
-
-def run(cfg: StepConfig, systems: Sequence[System]) -> list[StepResult]:
+def run(cfg: systems.StepConfig, systems: Sequence[systems.System]) -> list[systems.StepResult]:
     """Every system on the same batch (and the same predictor history: the previous epoch)."""
     rng = random.Random(cfg.seed)
     prompts = cfg.trajectories // cfg.group_size
-    batch = draw_batch(cfg.domain, prompts=prompts, group_size=cfg.group_size, rng=rng)
+    batch = workload.draw_batch(cfg.domain, prompts=prompts, group_size=cfg.group_size, rng=rng)
     # the predictor's history: the same prompts' rollouts one epoch earlier (RhymeRL/Seer-style)
-    history = _redraw(cfg.domain, batch, cfg.group_size, random.Random(cfg.seed + 7))
+    history = workload.redraw(cfg.domain, batch, cfg.group_size, random.Random(cfg.seed + 7))
     return [StepSim(cfg, s, batch, history).run() for s in systems]
-
-
-def _redraw(domain: Domain, batch: Sequence[Shape], group_size: int, rng: random.Random) -> list[Shape]:
-    """New samples of the same prompts: each group's scale is re-estimated from its members' output."""
-    by_group: dict[int, list[Shape]] = {}
-    for s in batch:
-        by_group.setdefault(s.group, []).append(s)
-    noise = workloads.Dist("lognormal", 1.0, cv=domain.sample_cv)
-    base = _typical_output(domain)
-    out = []
-    for g, members in sorted(by_group.items()):
-        scale = statistics.fmean(m.output for m in members) / base
-        out += [_draw(domain, g, scale * noise.sample(rng), rng) for _ in range(group_size)]
-    return out
-
-
-def _typical_output(domain: Domain) -> float:
-    return domain.steps.mean * domain.response_tokens.mean
-
-
-def parse_domain(raw: Mapping[str, Any], *, name: str, field: str) -> Domain:
-    """A ``Domain`` from a scenario mapping; ``SpecError`` names the field."""
-    dists = {}
-    for key in ("steps", "prompt_tokens", "response_tokens", "observation_tokens", "tool_latency_s"):
-        if key not in raw:
-            raise errors.SpecError("is required", field=f"{field}.{key}")
-        dists[key] = workloads.parse_dist(raw[key], field=f"{field}.{key}")
-    try:
-        return Domain(
-            name=name,
-            **dists,
-            difficulty_cv=float(raw["difficulty_cv"]),
-            sample_cv=float(raw["sample_cv"]),
-            predict_s=float(raw["predict_s"]),
-            prefix_reuse=float(raw.get("prefix_reuse", 0.95)),
-            max_output_tokens=int(raw.get("max_output_tokens", 40960)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise errors.SpecError(f"bad domain: {exc}", field=field) from None
