@@ -12,7 +12,6 @@ reason in its log instead of running half-configured.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import json
 import socket
@@ -23,9 +22,7 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from treadle import errors
-from treadle.api import env_vars, v1alpha1
-from treadle.localmode import plan
-from treadle.services.scheduler import protocol as scheduler_protocol
+from treadle.api import env_vars, jobconfig, v1alpha1
 
 ENGINE_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: sequences one inference replica runs at once."""
@@ -86,53 +83,58 @@ def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
 
 
 class Job:
-    """The job's configs, loaded on first use: a service given every flag never reads the ConfigMap."""
+    """The job's configs, loaded on first use: a service given every flag never reads the job file.
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    The counts are the caller's (local mode passes its own); None takes the cluster's (``job_config``).
+    """
+
+    def __init__(
+        self, environ: Mapping[str, str], *, max_tokens: int | None = None, max_in_flight: int | None = None,
+        max_concurrent_generations: int | None = None,
+    ) -> None:  # fmt: skip
         self.environ = environ
-        self._config: plan.JobConfig | None = None
+        self.counts = (max_tokens, max_in_flight, max_concurrent_generations)
+        self._config: jobconfig.JobConfig | None = None
 
     @property
-    def config(self) -> plan.JobConfig:
+    def config(self) -> jobconfig.JobConfig:
         if self._config is None:
-            self._config = job_config(self.environ)
+            tokens, in_flight, generations = self.counts
+            self._config = job_config(
+                self.environ,
+                max_tokens=tokens,
+                max_in_flight=in_flight,
+                max_concurrent_generations=generations,
+            )
         return self._config
 
     @property
     def present(self) -> bool:
-        """Whether the pod names a job config at all (local mode passes flags instead)."""
+        """Whether the pod names a job file at all (a bare process in a test passes flags instead)."""
         return bool(self.environ.get(env_vars.CONFIG))
 
 
-def job_config(environ: Mapping[str, str]) -> plan.JobConfig:
-    """The job's service configs as a cluster runs them, with the operator's per-service overrides.
+def job_config(
+    environ: Mapping[str, str],
+    *,
+    max_tokens: int | None = None,
+    max_in_flight: int | None = None,
+    max_concurrent_generations: int | None = None,
+) -> jobconfig.JobConfig:
+    """The job's service configs from its job file, with the counts a cluster decides unless given.
 
-    Counts a cluster decides: default tokens per turn and in-flight window (the scheduler's own
-    defaults), and generations at once = replicas x vLLM's default ``max_num_seqs``.
+    A cluster's counts: the scheduler's own defaults for tokens per turn and the in-flight window,
+    and generations at once = replicas x vLLM's default ``max_num_seqs``.
     """
     job = load_job(environ)
-    defaults = scheduler_protocol.Settings()
-    cfg = plan.job_config(
+    replicas = max(1, sum(p.replicas for p in job.spec.pools))
+    return jobconfig.job_config(
         job,
-        max_tokens=scheduler_protocol.TaskConfig(name="", env="").max_tokens,
-        max_in_flight=defaults.max_in_flight,
-        max_concurrent_generations=max(1, sum(p.replicas for p in job.spec.pools)) * ENGINE_MAX_NUM_SEQS,
-    )
-    # The operator renders these from the same spec; a hand-edited Deployment may change them.
-    alpha = integer(environ, env_vars.STALENESS)
-    batch_size = integer(environ, env_vars.BATCH_SIZE, minimum=1)
-    settings = dataclasses.replace(
-        cfg.settings,
-        alpha=cfg.settings.alpha if alpha is None else alpha,
-        batch_size=cfg.settings.batch_size if batch_size is None else batch_size,
-        scheduling_policy=environ.get(env_vars.SCHEDULING_POLICY) or cfg.settings.scheduling_policy,
-    )
-    return dataclasses.replace(
-        cfg,
-        settings=settings,
-        alpha=settings.alpha,
-        batch_size=settings.batch_size,
-        placement_policy=environ.get(env_vars.PLACEMENT_POLICY) or cfg.placement_policy,
+        max_tokens=jobconfig.TaskConfig(name="", env="").max_tokens if max_tokens is None else max_tokens,
+        max_in_flight=jobconfig.Settings().max_in_flight if max_in_flight is None else max_in_flight,
+        max_concurrent_generations=replicas * ENGINE_MAX_NUM_SEQS
+        if max_concurrent_generations is None
+        else max_concurrent_generations,
     )
 
 
