@@ -54,4 +54,7 @@ RENDERED = frozenset(
     }
 )  # fmt: skip
 """The ``TREADLE_*`` variables a rendered pod may carry: addresses, paths and the pod's identity
-(``POOL``/``AGENT``/``WEIGHTS_AGENT``: which pool and agent this pod serves), none a spec field."""
+(``IDENTITY``), none a spec field."""
+IDENTITY = frozenset({JOB, NAMESPACE, POOL, AGENT, WEIGHTS_AGENT})
+"""Which job this pod belongs to and which pool and agent it serves: names (the pool's and agent's
+from the spec) that differ from pod to pod, no setting."""

@@ -154,7 +154,6 @@ class PlacementConfig:
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
     alpha: int
-    batch_size: int
     task_weights: dict[str, float]
     agents: list[str]
     """Agents the micro-batch pipeline updates together: every policy of a multi-agent job
@@ -244,7 +243,6 @@ def job_config(
         ),
         buffer=BufferConfig(
             alpha=spec.rollout.staleness,
-            batch_size=spec.rollout.batch_size,
             task_weights={t.name: t.weight for t in spec.tasks},
             agents=[a.name for a in spec.agents] if len(spec.agents) > 1 else [],
         ),

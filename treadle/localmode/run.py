@@ -330,7 +330,7 @@ async def drive(
         asyncio.create_task(
             simulated_trainer(
                 services,
-                batch_size=plan.config.buffer.batch_size,
+                batch_size=plan.config.scheduler.settings.batch_size,
                 out=trainer,
                 agents=plan.config.buffer.agents,
             ),

@@ -33,7 +33,7 @@ def test_math_tool_example() -> None:
     assert p.replicas_in_job == {"decode": 4}
     cfg = p.config
     settings = cfg.scheduler.settings
-    assert (cfg.buffer.batch_size, cfg.buffer.alpha, settings.alpha, settings.batch_size) == (128, 1, 1, 128)
+    assert (settings.batch_size, cfg.buffer.alpha, settings.alpha, settings.batch_size) == (128, 1, 1, 128)
     assert settings.max_concurrent_generations == 2 * 256
     assert (
         settings.scheduling_policy == "progressive-priority" and cfg.placement.policy == "sticky-least-loaded"

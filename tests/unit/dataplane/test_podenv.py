@@ -59,7 +59,11 @@ def test_job_config_is_local_modes_translation(tmp_path: Path) -> None:
         local.config.placement.tasks,
         local.config.buffer.task_weights,
     )
-    assert (cfg.buffer.alpha, cfg.buffer.batch_size, cfg.placement.policy) == (1, 128, "sticky-least-loaded")
+    assert (cfg.buffer.alpha, cfg.scheduler.settings.batch_size, cfg.placement.policy) == (
+        1,
+        128,
+        "sticky-least-loaded",
+    )
     # 4 replicas of the decode pool, each vLLM's default 256 sequences at once.
     assert cfg.scheduler.settings.max_concurrent_generations == 4 * 256
 
@@ -153,7 +157,7 @@ def test_bad_job_json_names_the_field_inside_it(tmp_path: Path) -> None:
 
 def test_env_pod_refuses_an_environment_it_does_not_serve(tmp_path: Path) -> None:
     env_main.check_environments(podenv.job_config(pod_env(tmp_path, "env")).env.environments)  # math-tool
-    with pytest.raises(errors.SpecError, match="spec.tasks.environment: this image serves no environment"):
+    with pytest.raises(errors.SpecError, match=r"spec\.tasks\.environment: this image serves no environment"):
         env_main.check_environments({"math-tool", "chess"})
 
 
