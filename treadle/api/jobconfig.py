@@ -192,7 +192,7 @@ class JobConfig:
 
 
 def job_file(job: v1alpha1.RolloutJob) -> str:
-    """The validated spec as the job file every service reads (``job.json``, what ``load`` parses)."""
+    """The validated spec as the job file every service reads (``job.json``; ``podenv.load_job``)."""
     return json.dumps(job.spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
 
 

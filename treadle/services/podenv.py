@@ -1,13 +1,14 @@
-"""What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job's ConfigMap.
+"""What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job file.
 
 Called by every service's ``__main__`` (flags override, these fill the rest) and by the unit tests.
-``treadle.operator.render`` writes the variables (``_env`` and each component's extras) and mounts
-the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json`` the
-in-cluster addresses). The job's spec becomes scheduler, placement and buffer configs through
-``treadle.localmode.plan.job_config``, the same translation local mode uses; only the counts a
-cluster decides differently are chosen here. Anything missing or malformed raises ``SpecError``
-naming the variable (and, for the job, the field inside it), so a pod fails at startup with the
-reason in its log instead of running half-configured.
+``treadle.operator.render`` writes the variables (``common.pod_env`` and each pod's identity) and
+mounts the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json``
+the in-cluster addresses); local mode writes the same ``job.json`` and sets the same variables.
+The spec becomes every service's config through ``treadle.api.jobconfig.job_config``; only the
+counts a cluster decides are chosen here. No variable repeats a spec field: the job file is the one
+source of a job setting. Anything missing or malformed raises ``SpecError`` naming the variable
+(and, for the job, the field inside it), so a pod fails at startup with the reason in its log
+instead of running half-configured.
 """
 
 from __future__ import annotations
@@ -37,20 +38,6 @@ def pick(flag_value: str | None, environ: Mapping[str, str], var: str, *, flag: 
     value = environ.get(var, "")
     if not value:
         raise errors.SpecError(f"not set: pass {flag} or set {var}", field=var)
-    return value
-
-
-def integer(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> int | None:
-    """An integer variable, or None when unset."""
-    raw = environ.get(var, "")
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.SpecError(f"must be an integer, got {raw!r}", field=var, value=raw) from None
-    if value < minimum:
-        raise errors.SpecError(f"must be >= {minimum}", field=var, value=value)
     return value
 
 
