@@ -16,6 +16,7 @@ from pathlib import Path
 import fastapi
 import httpx
 
+from treadle.api import jobconfig
 from treadle.services.agent import http_app as agent_app
 from treadle.services.fakevllm import engine as fake_engine
 from treadle.services.fakevllm import http_app as fake_app
@@ -32,7 +33,7 @@ AGENTS = {"plan": "planner", "exec": "executor"}
 
 def new_placement() -> placement_service.PlacementService:
     return placement_service.PlacementService(
-        pools=POOLS, tasks={"pe": placement_service.TaskPlacement()}, pool_agents=AGENTS,
+        pools=POOLS, tasks={"pe": jobconfig.TaskPlacement()}, pool_agents=AGENTS,
         pool_shapes={"plan": "7b", "exec": "7b"}, rebalance_step=1,
     )  # fmt: skip
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2 as pb
 
 
 def make() -> service.PlacementService:
     svc = service.PlacementService(
-        pools={"p": "decode-heavy"}, tasks={"math": service.TaskPlacement("decode-heavy")}, policy="heddle"
+        pools={"p": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}, policy="heddle"
     )
     for wid in ("w0", "w1"):
         svc.register_worker(pb.Worker(worker_id=wid, pool="p", address=f"http://{wid}"))
@@ -141,7 +142,7 @@ def test_bad_batch_names_the_field_and_places_nothing(candidate: dict[str, objec
 
 def test_per_turn_policies_ignore_place_batch() -> None:
     svc = service.PlacementService(
-        pools={"p": "decode-heavy"}, tasks={"math": service.TaskPlacement("decode-heavy")}
+        pools={"p": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     svc.register_worker(pb.Worker(worker_id="w0", pool="p", address="http://w0"))
     assert place(svc, {"t0": 5.0}) == 0

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2 as pb
 
 POOLS = {"h800": "prefill-heavy", "h20": "decode-heavy"}
 
 
-def make(**tasks: service.TaskPlacement) -> service.PlacementService:
+def make(**tasks: jobconfig.TaskPlacement) -> service.PlacementService:
     svc = service.PlacementService(
-        pools=POOLS, tasks=tasks or {"math": service.TaskPlacement("decode-heavy")}
+        pools=POOLS, tasks=tasks or {"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     for wid, pool in [("a", "h800"), ("b", "h20"), ("c", "h20")]:
         svc.register_worker(pb.Worker(worker_id=wid, pool=pool, address=f"http://{wid}"))
@@ -57,13 +58,13 @@ def test_migrate_drains_a_worker_and_moves_its_trajectories() -> None:
 
 
 def test_no_worker_is_unavailable() -> None:
-    svc = service.PlacementService(pools=POOLS, tasks={"math": service.TaskPlacement("decode-heavy")})
+    svc = service.PlacementService(pools=POOLS, tasks={"math": jobconfig.TaskPlacement("decode-heavy")})
     with pytest.raises(errors.Unavailable):
         assign(svc, "t1")
 
 
 def test_auto_affinity_uses_the_measured_profile() -> None:
-    svc = make(chat=service.TaskPlacement("auto"))
+    svc = make(chat=jobconfig.TaskPlacement("auto"))
     assert svc.pool_state().tasks[0].work == "decode-heavy"  # no profile yet: the documented default
     for i in range(8):  # long prompts, one short answer: prefill-heavy by the cost model
         tid = f"t{i}"
@@ -131,7 +132,9 @@ def test_bad_input_is_rejected_and_changes_nothing(
 
 def test_bad_configuration_names_the_field() -> None:
     with pytest.raises(errors.SpecError) as err:
-        service.PlacementService(pools=POOLS, tasks={"m": service.TaskPlacement("decode-heavy", pools=["x"])})
+        service.PlacementService(
+            pools=POOLS, tasks={"m": jobconfig.TaskPlacement("decode-heavy", pools=["x"])}
+        )
     assert err.value.field == "tasks.m.pools"
     with pytest.raises(errors.SpecError) as policy:
         service.PlacementService(pools=POOLS, tasks={}, policy="random")

@@ -18,8 +18,7 @@ import pytest
 import yaml
 
 from treadle import errors
-from treadle.api import v1alpha1
-from treadle.localmode import plan
+from treadle.api import jobconfig, v1alpha1
 from treadle.policy import registry
 from treadle.policy.heddle import predictor
 from treadle.services.buffer import protocol as buffer_protocol
@@ -27,11 +26,11 @@ from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
-from treadle.services.scheduler import protocol, service
+from treadle.services.scheduler import service
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
-TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
+TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
 
 
 class Stack:
@@ -47,7 +46,7 @@ class Stack:
         self.agent = fakes.Agent()
         self.reward = reward or fakes.Reward()
         self.placement = placement_service.PlacementService(
-            pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+            pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
         )
         for i in range(2):
             self.placement.register_worker(
@@ -57,7 +56,7 @@ class Stack:
         defaults: dict[str, object] = {"alpha": 1, "batch_size": 8, "max_in_flight": 64, "backoff_s": 0.0}
         self.svc = service.SchedulerService(
             tasks={"math": TASK},
-            settings=protocol.Settings(**{**defaults, **settings}),  # type: ignore[arg-type]
+            settings=jobconfig.Settings(**{**defaults, **settings}),  # type: ignore[arg-type]
             envs=[self.env],
             agent_for=lambda address: self.agent,
             placement=placement_service.InProcess(self.placement),
@@ -567,7 +566,10 @@ def test_job_config_waits_for_a_reward_gateway_that_scales_to_zero() -> None:
     job = v1alpha1.parse_job(raw)
     counts = {"max_tokens": 128, "max_in_flight": 256, "max_concurrent_generations": 512}
     assert job.spec.reward.scale_to_zero
-    assert plan.job_config(job, **counts).settings.reward_unavailable_s == plan.REWARD_COLD_START_S
+    assert (
+        jobconfig.job_config(job, **counts).scheduler.settings.reward_unavailable_s
+        == jobconfig.REWARD_COLD_START_S
+    )
     raw["spec"]["reward"] = {**raw["spec"].get("reward", {}), "scaleToZero": False, "minReplicas": 1}
-    warm = plan.job_config(v1alpha1.parse_job(raw), **counts)
-    assert warm.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count
+    warm = jobconfig.job_config(v1alpha1.parse_job(raw), **counts)
+    assert warm.scheduler.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count

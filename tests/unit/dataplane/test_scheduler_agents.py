@@ -12,13 +12,14 @@ import dataplane_fakes as fakes
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
-from treadle.services.scheduler import protocol, service
+from treadle.services.scheduler import service
 from treadle.v1 import placement_pb2, scheduler_pb2
 
-TASK = protocol.TaskConfig(
+TASK = jobconfig.TaskConfig(
     name="pe", env="math-tool", agent="planner", agents=("planner", "executor"), group_size=2, max_turns=5
 )
 VERSIONS = {"p0": 10, "e0": 20, "e1": 21}
@@ -26,7 +27,7 @@ VERSIONS = {"p0": 10, "e0": 20, "e1": 21}
 
 def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.BufferService]:
     placement = placement_service.PlacementService(
-        pools={"plan": "any", "exec": "any"}, tasks={"pe": placement_service.TaskPlacement()},
+        pools={"plan": "any", "exec": "any"}, tasks={"pe": jobconfig.TaskPlacement()},
         pool_agents={"plan": "planner", "exec": "executor"},
     )  # fmt: skip
     for wid in VERSIONS:
@@ -35,7 +36,7 @@ def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.Buffe
     agents = {wid: fakes.Agent(version=v) for wid, v in VERSIONS.items()}
     buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1, agents=["planner", "executor"])
     svc = service.SchedulerService(
-        tasks={"pe": TASK}, settings=protocol.Settings(alpha=1, batch_size=8, backoff_s=0.0),
+        tasks={"pe": TASK}, settings=jobconfig.Settings(alpha=1, batch_size=8, backoff_s=0.0),
         envs=[fakes.Env(steps=steps)], agent_for=agents.__getitem__,
         placement=placement_service.InProcess(placement), reward=fakes.Reward(), buffer=buffer,
     )  # fmt: skip
@@ -92,12 +93,12 @@ async def test_an_agent_without_a_turn_still_gets_its_row_so_its_group_completes
 
 def test_turn_order_and_bad_agent_lists() -> None:
     assert [TASK.agent_of(k) for k in range(5)] == ["planner", "executor", "planner", "executor", "planner"]
-    assert protocol.TaskConfig(name="m", env="e").agent_of(3) == ""
+    assert jobconfig.TaskConfig(name="m", env="e").agent_of(3) == ""
     with pytest.raises(errors.SpecError) as exc:
-        protocol.TaskConfig(name="m", env="e", agent="a", agents=("a", "a"))
+        jobconfig.TaskConfig(name="m", env="e", agent="a", agents=("a", "a"))
     assert exc.value.field == "tasks.m.agents"
     with pytest.raises(errors.SpecError) as exc:
-        protocol.TaskConfig(name="m", env="e", agent="b", agents=("a", "b"))
+        jobconfig.TaskConfig(name="m", env="e", agent="b", agents=("a", "b"))
     assert exc.value.field == "tasks.m.agent"
 
 
@@ -123,7 +124,7 @@ async def test_a_worker_of_another_agent_fails_the_trajectory_and_is_released() 
     agent = fakes.Agent()
     buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1)
     svc = service.SchedulerService(
-        tasks={"pe": TASK}, settings=protocol.Settings(alpha=1, batch_size=8, backoff_s=0.0),
+        tasks={"pe": TASK}, settings=jobconfig.Settings(alpha=1, batch_size=8, backoff_s=0.0),
         envs=[fakes.Env(steps=3)], agent_for=lambda address: agent, placement=placement,
         reward=fakes.Reward(), buffer=buffer,
     )  # fmt: skip

@@ -11,15 +11,16 @@ import dataplane_fakes as fakes
 import pytest
 
 from treadle import errors, metrics
+from treadle.api import jobconfig
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.env import client as env_client
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import __main__ as scheduler_main
-from treadle.services.scheduler import protocol, service
+from treadle.services.scheduler import service
 from treadle.v1 import placement_pb2, scheduler_pb2
 
-TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=2)
+TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=2)
 
 
 async def test_the_pool_follows_the_resolved_urls() -> None:
@@ -55,12 +56,12 @@ async def stack() -> AsyncIterator[tuple[service.SchedulerService, fakes.Env, fa
     env = fakes.Env(steps=2)
     agent = fakes.Agent()
     placement = placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     placement.register_worker(placement_pb2.Worker(worker_id="w0", pool="decode", address="a0"))
     svc = service.SchedulerService(
         tasks={"math": TASK},
-        settings=protocol.Settings(alpha=1, batch_size=8, max_in_flight=64, backoff_s=0.0),
+        settings=jobconfig.Settings(alpha=1, batch_size=8, max_in_flight=64, backoff_s=0.0),
         envs=[env], agent_for=lambda address: agent, placement=placement_service.InProcess(placement),
         reward=fakes.Reward(), buffer=buffer_service.BufferService(store=store.MemoryStore(), alpha=1),
     )  # fmt: skip

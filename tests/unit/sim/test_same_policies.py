@@ -84,19 +84,23 @@ async def test_live_services_and_simulator_share_policy_functions(
     spies.path = "live"
     plan = plan_mod.make_plan(job, plan_mod.Options(trajectories=8))
     placement = placement_service.PlacementService(
-        pools=plan.config.pools, tasks=plan.config.task_placement, policy=plan.config.placement_policy
+        pools=plan.config.placement.pools,
+        tasks=plan.config.placement.tasks,
+        policy=plan.config.placement.policy,
     )
     for w in plan.workers:
         placement.register_worker(
             placement_pb2.Worker(worker_id=w.worker_id, pool=w.pool, address=f"http://{w.worker_id}")
         )
-    for task in plan.config.task_placement:
+    for task in plan.config.placement.tasks:
         placement.assign(placement_pb2.AssignRequest(trajectory_id=f"{task}-0", task=task, turn=0))
     # one generation slot, so waiting turns must be ordered by the scheduling policy; no trajectory
     # may start (max_in_flight 0), so submitting only consults admission and runs nothing
-    live_settings = dataclasses.replace(plan.config.settings, max_concurrent_generations=1, max_in_flight=0)
+    live_settings = dataclasses.replace(
+        plan.config.scheduler.settings, max_concurrent_generations=1, max_in_flight=0
+    )
     scheduler = scheduler_service.SchedulerService(
-        tasks={t.name: t for t in plan.config.tasks},
+        tasks={t.name: t for t in plan.config.scheduler.tasks},
         settings=live_settings,
         envs=[object()],  # type: ignore[list-item]
         agent_for=lambda address: None,  # type: ignore[arg-type,return-value]

@@ -30,17 +30,10 @@ from collections.abc import Mapping, Sequence
 import prometheus_client as prom
 
 from treadle import errors, metrics
+from treadle.api import jobconfig
 from treadle.policy import affinity, heddle_live, placement, registry
 from treadle.policy.flexmarl import load_balance
 from treadle.v1 import placement_pb2
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskPlacement:
-    """What placement needs of one task: its declared affinity and an optional pool restriction."""
-
-    affinity: str = affinity.AUTO
-    pools: Sequence[str] = ()
 
 
 @dataclasses.dataclass
@@ -74,7 +67,7 @@ class PlacementService:
         self,
         *,
         pools: Mapping[str, str],
-        tasks: Mapping[str, TaskPlacement],
+        tasks: Mapping[str, jobconfig.TaskPlacement],
         policy: str = registry.DEFAULT_PLACEMENT,
         slack: int = placement.DEFAULT_SLACK,
         min_profile_samples: int = 8,

@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 import prometheus_client as prom
 
 from treadle import errors, metrics
+from treadle.api import jobconfig
 from treadle.policy import admission, preemption, registry
 from treadle.policy.heddle import predictor
 from treadle.services.agent import protocol as agent_protocol
@@ -319,8 +320,8 @@ class SchedulerService:
     def __init__(
         self,
         *,
-        tasks: Mapping[str, protocol.TaskConfig],
-        settings: protocol.Settings,
+        tasks: Mapping[str, jobconfig.TaskConfig],
+        settings: jobconfig.Settings,
         envs: Sequence[protocol.Env],
         agent_for: Callable[[str], protocol.Agent],
         placement: protocol.Placement,
