@@ -45,7 +45,7 @@ def load(
     ``mount`` is where ConfigMap sources are mounted and ``hf_cache`` the Hugging Face hub cache
     (None: ``HF_HUB_CACHE``, under ``HF_HOME``); tests pass temporary folders.
     """
-    table = read_table(
+    table = _read_table(
         spec, field=field, mount=mount, timeout_s=timeout_s, max_bytes=max_bytes, hf_cache=hf_cache
     )
     if table.num_rows == 0:
@@ -53,7 +53,7 @@ def load(
     return to_rows(table.to_pylist(), spec, field=field)
 
 
-def read_table(
+def _read_table(
     spec: dataset_api.Dataset,
     *,
     field: str,
