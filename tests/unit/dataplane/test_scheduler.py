@@ -27,6 +27,7 @@ from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
+from treadle.services.scheduler import gate as scheduler_gate
 from treadle.services.scheduler import protocol, service
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
@@ -276,7 +277,7 @@ async def test_backpressure_and_idempotent_submit() -> None:
 
 def test_gate_orders_waiters_by_policy() -> None:
     async def scenario() -> list[str]:
-        gate = service.Gate(1, registry.scheduling_policy("progressive-priority"))
+        gate = scheduler_gate.Gate(1, registry.scheduling_policy("progressive-priority"))
         await gate.acquire("first", turn=0, task="m")
         order: list[str] = []
 
@@ -383,7 +384,7 @@ async def test_sync_admission_with_a_batch_not_a_multiple_of_the_group_completes
 def test_preemptive_gate_aborts_the_lowest_ranked_running_turn() -> None:
     async def scenario() -> tuple[list[str], list[str]]:
         preempted: list[str] = []
-        gate = service.Gate(2, registry.scheduling_policy("heddle"), preempt=preempted.append)
+        gate = scheduler_gate.Gate(2, registry.scheduling_policy("heddle"), preempt=preempted.append)
         await gate.acquire("short", turn=0, task="m", predicted_remaining=5.0)
         await gate.acquire("mid", turn=0, task="m", predicted_remaining=50.0)
         order: list[str] = []
@@ -410,7 +411,7 @@ def test_preemptive_gate_spares_a_turn_past_max_progress() -> None:
     async def scenario() -> list[str]:
         now = [0.0]
         preempted: list[str] = []
-        gate = service.Gate(
+        gate = scheduler_gate.Gate(
             1, registry.scheduling_policy("heddle"), preempt=preempted.append, max_progress=0.25,
             clock=lambda: now[0],
         )  # fmt: skip
@@ -437,7 +438,7 @@ def test_preemptive_gate_spares_a_turn_past_max_progress() -> None:
 
 def test_negative_max_progress_names_the_setting() -> None:
     with pytest.raises(errors.SpecError) as err:
-        service.Gate(1, registry.scheduling_policy("heddle"), max_progress=-0.5)
+        scheduler_gate.Gate(1, registry.scheduling_policy("heddle"), max_progress=-0.5)
     assert err.value.field == "preemption_max_progress"
 
 
@@ -477,7 +478,7 @@ async def test_predictor_learns_from_completed_trajectories() -> None:
 
 def test_gate_counts_slots_per_worker_key() -> None:
     async def scenario() -> list[str]:
-        gate = service.Gate(1, registry.scheduling_policy("fifo"))
+        gate = scheduler_gate.Gate(1, registry.scheduling_policy("fifo"))
         await gate.acquire("a", turn=0, task="m", key="w0")
         await gate.acquire("b", turn=0, task="m", key="w1")  # another worker: its own slot
         c = asyncio.create_task(gate.acquire("c", turn=0, task="m", key="w0"))
