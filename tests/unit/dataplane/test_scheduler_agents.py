@@ -14,6 +14,7 @@ import pytest
 from treadle import errors
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol, service
 from treadle.v1 import placement_pb2, scheduler_pb2
@@ -107,15 +108,17 @@ class WrongAgentPlacement:
     def __init__(self) -> None:
         self.released: list[str] = []
 
-    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
-        return placement_pb2.Assignment(worker_id="e0", address="e0", pool="exec", agent="executor")
+    async def assign(self, req: placement_protocol.AssignRequest) -> placement_protocol.Assignment:
+        return placement_protocol.Assignment(
+            worker_id="e0", address="e0", pool="exec", reason="sticky", work="decode-heavy", agent="executor"
+        )
 
-    async def release(self, req: placement_pb2.ReleaseRequest) -> None:
+    async def release(self, req: placement_protocol.ReleaseRequest) -> None:
         if req.turn_finished:
             self.released.append(req.worker_id)
 
-    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
-        return placement_pb2.PlaceBatchResponse()
+    async def place_batch(self, req: placement_protocol.PlaceBatchRequest) -> int:
+        return 0
 
 
 async def test_a_worker_of_another_agent_fails_the_trajectory_and_is_released() -> None:

@@ -23,6 +23,7 @@ import yaml
 from treadle import api
 from treadle.localmode import plan as plan_mod
 from treadle.policy import admission, affinity, registry
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import service as scheduler_service
 from treadle.sim import engine, scenario
@@ -91,7 +92,7 @@ async def test_live_services_and_simulator_share_policy_functions(
             placement_pb2.Worker(worker_id=w.worker_id, pool=w.pool, address=f"http://{w.worker_id}")
         )
     for task in plan.config.task_placement:
-        placement.assign(placement_pb2.AssignRequest(trajectory_id=f"{task}-0", task=task, turn=0))
+        placement.assign(placement_protocol.AssignRequest(trajectory_id=f"{task}-0", task=task, turn=0))
     # one generation slot, so waiting turns must be ordered by the scheduling policy; no trajectory
     # may start (max_in_flight 0), so submitting only consults admission and runs nothing
     live_settings = dataclasses.replace(plan.config.settings, max_concurrent_generations=1, max_in_flight=0)

@@ -18,8 +18,9 @@ from treadle.policy import registry
 from treadle.services.agent import protocol as agent_protocol
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.env import protocol as env_protocol
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.reward import protocol as reward_protocol
-from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
+from treadle.v1 import common_pb2, scheduler_pb2
 
 GROUP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,150}$")
 MAX_OPTIONS_BYTES = 64 * 1024
@@ -126,11 +127,11 @@ class Reward(Protocol):
 
 
 class Placement(Protocol):
-    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment: ...
+    async def assign(self, req: placement_protocol.AssignRequest) -> placement_protocol.Assignment: ...
 
-    async def release(self, req: placement_pb2.ReleaseRequest) -> None: ...
+    async def release(self, req: placement_protocol.ReleaseRequest) -> None: ...
 
-    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse: ...
+    async def place_batch(self, req: placement_protocol.PlaceBatchRequest) -> int: ...
 
 
 class Buffer(Protocol):

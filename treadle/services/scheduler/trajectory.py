@@ -6,8 +6,9 @@ import asyncio
 import dataclasses
 
 from treadle.policy import registry
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.scheduler import protocol, stats
-from treadle.v1 import common_pb2, placement_pb2
+from treadle.v1 import common_pb2
 
 
 class Failed(Exception):
@@ -20,7 +21,7 @@ class Traj:
     work: protocol.Work
     init_version: int
     task: asyncio.Task[None] | None = None
-    worker: placement_pb2.Assignment | None = None
+    worker: placement_protocol.Assignment | None = None
     abort_reason: str = ""
     turns: list[common_pb2.Turn] = dataclasses.field(default_factory=list)
     stage: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(stats.STAGES, 0.0))

@@ -22,8 +22,9 @@ from typing import Any, Protocol
 from treadle import errors
 from treadle.policy import registry
 from treadle.services.agent import protocol as agent_protocol
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.scheduler import gate, prediction, protocol, retry, scoring, stats, trajectory
-from treadle.v1 import common_pb2, placement_pb2
+from treadle.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class TurnLoop:
                 # Forget the sticky worker and feed the task profile (auto affinity).
                 with contextlib.suppress(errors.TreadleError):
                     await self.placement.release(
-                        placement_pb2.ReleaseRequest(
+                        placement_protocol.ReleaseRequest(
                             trajectory_id=t.tid, task=task.name, final=True, turns=len(t.turns)
                         )
                     )
@@ -243,7 +244,7 @@ class TurnLoop:
             )  # fmt: skip
         except BaseException:
             if early is not None:  # aborted while waiting: the assigned turn is not outstanding any more
-                release = placement_pb2.ReleaseRequest(
+                release = placement_protocol.ReleaseRequest(
                     trajectory_id=t.tid, worker_id=early.worker_id, task=task.name, turn_finished=True
                 )
                 with contextlib.suppress(errors.TreadleError):
@@ -266,18 +267,20 @@ class TurnLoop:
                 result = await self.retrier.call(t, "generation", call, generate, account=False)
             finally:
                 self.gate.release(t.tid)  # the engine is done with the turn: its slot is free now
-                release = placement_pb2.ReleaseRequest(
-                    trajectory_id=t.tid, worker_id=t.worker.worker_id, task=task.name, turn_finished=True,
-                    prompt_tokens=len(result.prompt_token_ids) if result else 0,
-                    output_tokens=len(result.output_token_ids) if result else 0,
-                )  # fmt: skip
+                prompt_tokens = len(result.prompt_token_ids) if result else 0
+                output_tokens = len(result.output_token_ids) if result else 0
+                predicted: float | None = None
                 if result is not None and result.finish_reason != "abort":
                     # A step boundary: re-predict now, while the environment runs the tool call.
-                    t.tokens_so_far += len(result.output_token_ids)
-                    t.step_tokens.append(len(result.output_token_ids))
+                    t.tokens_so_far += output_tokens
+                    t.step_tokens.append(output_tokens)
                     self.predictions.predict(t)
-                    release.predicted_remaining = t.predicted_remaining
-                    release.context_tokens = len(result.prompt_token_ids) + len(result.output_token_ids)
+                    predicted = t.predicted_remaining
+                release = placement_protocol.ReleaseRequest(
+                    trajectory_id=t.tid, worker_id=t.worker.worker_id, task=task.name, turn_finished=True,
+                    prompt_tokens=prompt_tokens, output_tokens=output_tokens, predicted_remaining=predicted,
+                    context_tokens=prompt_tokens + output_tokens if predicted is not None else 0,
+                )  # fmt: skip
                 # Off the critical path, as Heddle's prediction and migration run during the tool
                 # call: the release (a batch policy's re-rank and migration decision) overlaps the
                 # environment step, and the next turn waits for it before it is assigned.
@@ -288,7 +291,7 @@ class TurnLoop:
             self.retrier.spent(t, "generation", began)
         return None if result.finish_reason == "abort" else result
 
-    async def _release(self, release: placement_pb2.ReleaseRequest) -> None:
+    async def _release(self, release: placement_protocol.ReleaseRequest) -> None:
         with contextlib.suppress(errors.TreadleError):
             await self.placement.release(release)
 
@@ -298,11 +301,11 @@ class TurnLoop:
             releasing, t.releasing = t.releasing, None
             await asyncio.shield(releasing)  # a cancelled trajectory still releases its turn
 
-    async def _assign(self, t: trajectory.Traj, turn: int) -> placement_pb2.Assignment:
+    async def _assign(self, t: trajectory.Traj, turn: int) -> placement_protocol.Assignment:
         agent = t.work.task.agent_of(turn)
         try:
             assigned = await self.placement.assign(
-                placement_pb2.AssignRequest(
+                placement_protocol.AssignRequest(
                     trajectory_id=t.tid, task=t.work.task.name, turn=turn, agent=agent
                 )
             )
@@ -310,7 +313,7 @@ class TurnLoop:
             raise trajectory.Failed(f"placement: assign: {exc}") from exc
         if agent and assigned.agent != agent:
             # Its tokens would come from another policy's weights and poison both tables: stop here.
-            release = placement_pb2.ReleaseRequest(
+            release = placement_protocol.ReleaseRequest(
                 trajectory_id=t.tid, worker_id=assigned.worker_id, task=t.work.task.name, turn_finished=True
             )
             await self._release(release)
@@ -322,11 +325,10 @@ class TurnLoop:
 
     async def _place(self, admitted: Sequence[trajectory.Traj]) -> None:
         # Per-worker slots let the DP price queuing behind them (a group is not one running batch).
-        req = placement_pb2.PlaceBatchRequest(worker_slots=self.settings.worker_slots)
-        for t in admitted:
-            req.trajectories.add(
-                trajectory_id=t.tid, task=t.work.task.name, predicted_remaining=t.predicted_remaining
-            )
+        candidates = tuple(
+            placement_protocol.Candidate(t.tid, t.work.task.name, t.predicted_remaining) for t in admitted
+        )
+        req = placement_protocol.PlaceBatchRequest(candidates, worker_slots=self.settings.worker_slots)
         try:
             await self.placement.place_batch(req)
         except errors.TreadleError as exc:
