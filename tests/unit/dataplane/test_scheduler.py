@@ -29,7 +29,7 @@ from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import gate as scheduler_gate
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
+from treadle.v1 import common_pb2, placement_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
 TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
@@ -68,10 +68,10 @@ class Stack:
         )
 
     async def submit(self, *group_ids: str) -> None:
-        groups = [scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
+        groups = [protocol.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
         await self.svc.submit(groups)
 
-    async def collect(self, n: int, results: AsyncIterator[scheduler_pb2.TrajectoryResult]) -> list[str]:
+    async def collect(self, n: int, results: AsyncIterator[protocol.TrajectoryResult]) -> list[str]:
         out = []
         async with asyncio.timeout(10):
             async for r in results:
@@ -81,7 +81,7 @@ class Stack:
         return sorted(out)
 
 
-def adds_up(s: scheduler_pb2.SchedulerStats) -> bool:
+def adds_up(s: protocol.Stats) -> bool:
     return s.submitted == s.pending + s.in_flight + s.unsaved + s.completed + s.failed + s.aborted
 
 
@@ -246,20 +246,18 @@ async def test_suspend_holds_admission_and_turns() -> None:
 @pytest.mark.parametrize(
     ("group", "field"),
     [
-        (scheduler_pb2.PromptGroup(group_id="g", task="nope"), "groups[1].task"),
-        (scheduler_pb2.PromptGroup(group_id="bad id!", task="math"), "groups[1].group_id"),
-        (scheduler_pb2.PromptGroup(group_id="g", task="math", seed=-1), "groups[1].seed"),
-        (scheduler_pb2.PromptGroup(group_id="g", task="math", options_json="[1]"), "groups[1].options_json"),
-        (scheduler_pb2.PromptGroup(group_id="g", task="math", options_json="{"), "groups[1].options_json"),
+        (protocol.PromptGroup(group_id="g", task="nope"), "groups[1].task"),
+        (protocol.PromptGroup(group_id="bad id!", task="math"), "groups[1].group_id"),
+        (protocol.PromptGroup(group_id="g", task="math", seed=-1), "groups[1].seed"),
+        (protocol.PromptGroup(group_id="g", task="math", options_json="[1]"), "groups[1].options_json"),
+        (protocol.PromptGroup(group_id="g", task="math", options_json="{"), "groups[1].options_json"),
     ],
     ids=["unknown-task", "bad-group-id", "negative-seed", "options-not-object", "options-not-json"],
 )
-async def test_bad_submit_names_the_field_and_queues_nothing(
-    group: scheduler_pb2.PromptGroup, field: str
-) -> None:
+async def test_bad_submit_names_the_field_and_queues_nothing(group: protocol.PromptGroup, field: str) -> None:
     st = Stack()
     with pytest.raises(errors.SpecError) as err:
-        await st.svc.submit([scheduler_pb2.PromptGroup(group_id="ok", task="math"), group])
+        await st.svc.submit([protocol.PromptGroup(group_id="ok", task="math"), group])
     assert err.value.field == field
     assert (st.svc.stats().submitted, st.svc.stats().pending) == (0, 0)
 
@@ -521,7 +519,7 @@ async def test_heddle_scheduling_preempts_through_the_agent_abort() -> None:
         if st.agent.started:
             break
         await asyncio.sleep(0)
-    await st.svc.submit([scheduler_pb2.PromptGroup(group_id="g2", task="math", seed=5)])
+    await st.svc.submit([protocol.PromptGroup(group_id="g2", task="math", seed=5)])
     for _ in range(200):
         if st.agent.aborted:
             break

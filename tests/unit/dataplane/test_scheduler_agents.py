@@ -17,7 +17,7 @@ from treadle.services.buffer import store
 from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 TASK = protocol.TaskConfig(
     name="pe", env="math-tool", agent="planner", agents=("planner", "executor"), group_size=2, max_turns=5
@@ -46,7 +46,7 @@ def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.Buffe
 async def test_turns_alternate_agents_and_each_table_gets_its_own_turns() -> None:
     svc, buffer = stack(steps=3)
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="pe", seed=1)])
     async with asyncio.timeout(10):
         done = [await anext(results) for _ in range(2)]
     assert {r.status for r in done} == {"completed"}
@@ -81,7 +81,7 @@ async def test_turns_alternate_agents_and_each_table_gets_its_own_turns() -> Non
 async def test_an_agent_without_a_turn_still_gets_its_row_so_its_group_completes() -> None:
     svc, buffer = stack(steps=1)  # done after the planner's first turn
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="pe", seed=1)])
     async with asyncio.timeout(10):
         for _ in range(2):
             await anext(results)
@@ -131,7 +131,7 @@ async def test_a_worker_of_another_agent_fails_the_trajectory_and_is_released() 
         reward=fakes.Reward(), buffer=buffer,
     )  # fmt: skip
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="pe", seed=1)])
     async with asyncio.timeout(10):
         done = [await anext(results) for _ in range(2)]
     assert {r.status for r in done} == {"failed"} and agent.started == 0

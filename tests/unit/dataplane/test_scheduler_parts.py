@@ -17,7 +17,7 @@ import pytest
 from treadle import errors
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.scheduler import admission, protocol, retry, saver, scoring, stats, trajectory
-from treadle.v1 import common_pb2, scheduler_pb2
+from treadle.v1 import common_pb2
 
 TASK = protocol.TaskConfig(name="math", env="e", group_size=4, reward_fn="exact")
 DUO = protocol.TaskConfig(name="duo", env="e", agent="a", agents=("a", "b"), group_size=1)
@@ -32,8 +32,8 @@ def _tally() -> stats.Tally:
     return stats.Tally(["math", "duo"], stats.SchedulerMetrics(prom.CollectorRegistry()))
 
 
-def _groups(*ids: str) -> list[scheduler_pb2.PromptGroup]:
-    return [scheduler_pb2.PromptGroup(group_id=g, task="math", seed=1) for g in ids]
+def _groups(*ids: str) -> list[protocol.PromptGroup]:
+    return [protocol.PromptGroup(group_id=g, task="math", seed=1) for g in ids]
 
 
 # --- admission --------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def test_admission_ignores_repeated_groups_and_refuses_overload_whole() -> None:
     with pytest.raises(errors.Overloaded, match="max_pending_trajectories=8"):
         queue.submit(_groups("c"))
     with pytest.raises(errors.SpecError, match=r"groups\[0\].task"):
-        queue.submit([scheduler_pb2.PromptGroup(group_id="d", task="nope")])
+        queue.submit([protocol.PromptGroup(group_id="d", task="nope")])
     assert queue.pending_trajectories == 8
 
 
@@ -155,14 +155,18 @@ def _finished(tid: str, task: str = "math", prompt: str = "") -> saver.Finished:
     traj = common_pb2.Trajectory(
         trajectory_id=tid, group_id="g", task=task, status="completed", prompt=prompt, turns=turns
     )
-    return traj, scheduler_pb2.TrajectoryResult(trajectory_id=tid, status="completed")
+    result = protocol.TrajectoryResult(
+        trajectory_id=tid, group_id="g", task=task, status="completed", reason="", reward=1.0, turns=2,
+        init_version=0, min_version=0, max_version=0, output_tokens=0, seconds=0.0,
+    )  # fmt: skip
+    return traj, result
 
 
 async def _save(buffer: _Buffer, *finished: saver.Finished) -> list[str]:
     saved: list[str] = []
     all_saved = asyncio.Event()
 
-    def on_saved(traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult) -> None:
+    def on_saved(traj: common_pb2.Trajectory, result: protocol.TrajectoryResult) -> None:
         saved.append(result.status)
         if len(saved) == len(finished):
             all_saved.set()

@@ -25,9 +25,10 @@ from treadle.localmode import plan as plan_mod
 from treadle.policy import admission, affinity, registry
 from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service as placement_service
+from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.services.scheduler import service as scheduler_service
 from treadle.sim import engine, scenario
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 JOB = Path(__file__).parents[3] / "manifests" / "examples" / "multi-task-mixed.yaml"
 PLACEMENT, SCHEDULING = "least-loaded", "fifo"  # not the defaults: the fields must really select them
@@ -113,7 +114,7 @@ async def test_live_services_and_simulator_share_policy_functions(
     await waiters[0]
     gate.release("b")
     await waiters[1]
-    await scheduler.submit([scheduler_pb2.PromptGroup(group_id="g0", task="gem-math", seed=1)])
+    await scheduler.submit([scheduler_protocol.PromptGroup(group_id="g0", task="gem-math", seed=1)])
     await scheduler.commit_version(1)
 
     # --- simulator: a scenario embedding the same job

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grpc
 
-from treadle.services.grpcutil import status
+from treadle.services.grpcutil import convert, status
 from treadle.services.placement import protocol
 from treadle.v1 import placement_pb2, placement_pb2_grpc
 
@@ -24,12 +24,12 @@ class PlacementClient:
         await status.unary(self._stub.ReportLoad(load), what="placement.ReportLoad")
 
     async def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
-        msg = protocol.to_pb(req, placement_pb2.AssignRequest)
+        msg = convert.to_pb(req, placement_pb2.AssignRequest)
         reply = await status.unary(self._stub.Assign(msg), what="placement.Assign")
-        return protocol.from_pb(protocol.Assignment, reply)
+        return convert.from_pb(protocol.Assignment, reply)
 
     async def release(self, req: protocol.ReleaseRequest) -> None:
-        msg = protocol.to_pb(req, placement_pb2.ReleaseRequest)
+        msg = convert.to_pb(req, placement_pb2.ReleaseRequest)
         await status.unary(self._stub.Release(msg), what="placement.Release")
 
     async def place_batch(self, req: protocol.PlaceBatchRequest) -> int:

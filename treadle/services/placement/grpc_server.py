@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from treadle.services.grpcutil import convert
 from treadle.services.grpcutil import server as grpc_server
 from treadle.services.placement import protocol, service
 from treadle.v1 import placement_pb2, placement_pb2_grpc
@@ -28,13 +29,13 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         return placement_pb2.ReportLoadResponse()
 
     async def Assign(self, request: placement_pb2.AssignRequest, context: Any) -> placement_pb2.Assignment:
-        assigned = self.svc.assign(protocol.from_pb(protocol.AssignRequest, request))
-        return protocol.to_pb(assigned, placement_pb2.Assignment)
+        assigned = self.svc.assign(convert.from_pb(protocol.AssignRequest, request))
+        return convert.to_pb(assigned, placement_pb2.Assignment)
 
     async def Release(
         self, request: placement_pb2.ReleaseRequest, context: Any
     ) -> placement_pb2.ReleaseResponse:
-        self.svc.release(protocol.from_pb(protocol.ReleaseRequest, request))
+        self.svc.release(convert.from_pb(protocol.ReleaseRequest, request))
         return placement_pb2.ReleaseResponse()
 
     async def Migrate(

@@ -2,7 +2,8 @@
 
 ``PlacementService`` and its in-process callers (the scheduler, through ``service.InProcess``) speak
 these types; protobuf is met only at the gRPC edge: ``grpc_server`` (server side) and ``client``
-(the scheduler's side) convert with the functions below. Workers, loads and the pool state are
+(the scheduler's side) convert with ``grpcutil.convert`` (and ``batch_*_pb`` below, for the nested
+batch). Workers, loads and the pool state are
 still the proto messages (registered and reported over gRPC by agents).
 """
 
@@ -11,12 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Collection
-from typing import Any, TypeVar
 
 from treadle.errors import SpecError
+from treadle.services.grpcutil import convert
 from treadle.v1 import placement_pb2
-
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,30 +121,11 @@ def _check_task(task: str, tasks: Collection[str], field: str) -> None:
 # --- protobuf, at the gRPC edge only (grpc_server, client) ------------------------------------------
 
 
-def from_pb(cls: type[T], msg: Any) -> T:
-    """The protocol value of a flat message whose fields are named as ``cls``'s (an unset optional
-    field gives ``None``)."""
-    values = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        optional = f.default is None
-        values[f.name] = getattr(msg, f.name) if not optional or msg.HasField(f.name) else None
-    return cls(**values)
-
-
-def to_pb(value: Any, msg_cls: type[T]) -> T:
-    """The message of a flat protocol value (``None`` fields left unset)."""
-    fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    return msg_cls(**{k: v for k, v in fields.items() if v is not None})
-
-
 def batch_from_pb(msg: placement_pb2.PlaceBatchRequest) -> PlaceBatchRequest:
-    return PlaceBatchRequest(
-        trajectories=tuple(from_pb(Candidate, c) for c in msg.trajectories), worker_slots=msg.worker_slots
-    )
+    candidates = tuple(convert.from_pb(Candidate, c) for c in msg.trajectories)
+    return convert.from_pb(PlaceBatchRequest, msg, trajectories=candidates)
 
 
 def batch_to_pb(req: PlaceBatchRequest) -> placement_pb2.PlaceBatchRequest:
-    return placement_pb2.PlaceBatchRequest(
-        trajectories=[to_pb(c, placement_pb2.PlaceCandidate) for c in req.trajectories],
-        worker_slots=req.worker_slots,
-    )
+    candidates = [convert.to_pb(c, placement_pb2.PlaceCandidate) for c in req.trajectories]
+    return convert.to_pb(req, placement_pb2.PlaceBatchRequest, trajectories=candidates)

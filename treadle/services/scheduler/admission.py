@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from treadle import errors
 from treadle.policy import admission
 from treadle.services.scheduler import protocol
-from treadle.v1 import scheduler_pb2
 
 
 class Admission:
@@ -28,7 +27,7 @@ class Admission:
         self.pending_trajectories = 0
         self._known_groups: set[str] = set()
 
-    def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> list[protocol.Work]:
+    def submit(self, groups: Sequence[protocol.PromptGroup]) -> list[protocol.Work]:
         """Validate ``groups`` (all or nothing) and queue the new ones; returns those queued.
 
         Raises ``Overloaded`` (and queues nothing) if they would exceed ``max_pending_trajectories``.

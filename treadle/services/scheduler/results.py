@@ -6,23 +6,23 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from treadle.v1 import scheduler_pb2
+from treadle.services.scheduler import protocol
 
 
 class Results:
     def __init__(self) -> None:
-        self._subscribers: set[asyncio.Queue[scheduler_pb2.TrajectoryResult | None]] = set()
+        self._subscribers: set[asyncio.Queue[protocol.TrajectoryResult | None]] = set()
 
-    def subscribe(self, *, max_queue: int) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
+    def subscribe(self, *, max_queue: int) -> AsyncIterator[protocol.TrajectoryResult]:
         """Every result published from this call on; ends at ``close``.
 
         Subscribes at the call, not at the first iteration, so nothing published in between is missed.
         """
-        queue: asyncio.Queue[scheduler_pb2.TrajectoryResult | None] = asyncio.Queue(max_queue)
+        queue: asyncio.Queue[protocol.TrajectoryResult | None] = asyncio.Queue(max_queue)
         self._subscribers.add(queue)
         return self._drain(queue)
 
-    def publish(self, result: scheduler_pb2.TrajectoryResult) -> None:
+    def publish(self, result: protocol.TrajectoryResult) -> None:
         for q in list(self._subscribers):
             try:
                 q.put_nowait(result)
@@ -39,8 +39,8 @@ class Results:
                 q.put_nowait(None)
 
     async def _drain(
-        self, queue: asyncio.Queue[scheduler_pb2.TrajectoryResult | None]
-    ) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
+        self, queue: asyncio.Queue[protocol.TrajectoryResult | None]
+    ) -> AsyncIterator[protocol.TrajectoryResult]:
         try:
             while (item := await queue.get()) is not None:
                 yield item

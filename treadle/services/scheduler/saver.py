@@ -8,16 +8,17 @@ buffer stored (or refused even as a stub). A multi-agent trajectory is stored on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
 from treadle import errors
 from treadle.services.scheduler import protocol
-from treadle.v1 import common_pb2, scheduler_pb2
+from treadle.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 REFUSED = "buffer: refused: "
-Finished = tuple[common_pb2.Trajectory, scheduler_pb2.TrajectoryResult]
+Finished = tuple[common_pb2.Trajectory, protocol.TrajectoryResult]
 """A finished trajectory as stored, and the result its subscribers get once it is."""
 
 
@@ -28,7 +29,7 @@ class Saver:
         *,
         settings: protocol.Settings,
         tasks: Mapping[str, protocol.TaskConfig],
-        on_saved: Callable[[common_pb2.Trajectory, scheduler_pb2.TrajectoryResult], None],
+        on_saved: Callable[[common_pb2.Trajectory, protocol.TrajectoryResult], None],
     ) -> None:
         self.buffer = buffer
         self.settings = settings
@@ -44,7 +45,7 @@ class Saver:
         """Finished trajectories the buffer has not taken yet (queued or in a put)."""
         return len(self._unsaved) + self._saving
 
-    def add(self, traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult) -> None:
+    def add(self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult) -> None:
         self._unsaved.append((traj, result))
         self._wake.set()
         if self._task is None or self._task.done():
@@ -115,16 +116,15 @@ class Saver:
 
 
 def _stub(
-    traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult, reason: str
-) -> tuple[common_pb2.Trajectory, scheduler_pb2.TrajectoryResult]:
+    traj: common_pb2.Trajectory, result: protocol.TrajectoryResult, reason: str
+) -> tuple[common_pb2.Trajectory, protocol.TrajectoryResult]:
     """``traj`` as a failed record without turns or prompt, so the buffer can take it."""
     stub = common_pb2.Trajectory()
     stub.CopyFrom(traj)
     del stub.turns[:]
     stub.prompt = ""
     stub.status, stub.reason = "failed", reason
-    result.status, result.reason = "failed", reason
-    return stub, result
+    return stub, dataclasses.replace(result, status="failed", reason=reason)
 
 
 def _agent_record(traj: common_pb2.Trajectory, agent: str) -> common_pb2.Trajectory:

@@ -72,7 +72,7 @@ from treadle.services.scheduler import (
     trajectory,
     turns,
 )
-from treadle.v1 import common_pb2, scheduler_pb2
+from treadle.v1 import common_pb2
 
 DEFAULT_LIST_LIMIT = 100
 
@@ -131,17 +131,17 @@ class SchedulerService:
         self.loop.envs = list(envs)
         self.metrics.env_servers.set(len(envs))
 
-    async def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> scheduler_pb2.SubmitResponse:
+    async def submit(self, groups: Sequence[protocol.PromptGroup]) -> protocol.SubmitResult:
         fresh = self.admission.submit(groups)
         for w in fresh:
             self.tally.per_task[w.task.name].submitted += w.task.members
         self.metrics.pending.set(self.admission.pending_trajectories)
         self._admit()
-        return scheduler_pb2.SubmitResponse(
+        return protocol.SubmitResult(
             accepted_groups=len(fresh), trajectories=sum(w.task.members for w in fresh)
         )
 
-    async def commit_version(self, version: int) -> scheduler_pb2.CommitVersionResponse:
+    async def commit_version(self, version: int) -> protocol.CommitResult:
         if version < self.version:
             raise errors.Conflict(f"version {version} is older than the committed version {self.version}")
         self.version = version
@@ -156,47 +156,52 @@ class SchedulerService:
         # ABORT on the workers too: cancelling the call alone leaves the engine decoding until it notices.
         await asyncio.gather(*aborts, return_exceptions=True)
         self._admit()
-        return scheduler_pb2.CommitVersionResponse(version=version, aborted_trajectory_ids=stale)
+        return protocol.CommitResult(version=version, aborted_trajectory_ids=tuple(stale))
 
-    def suspend(self) -> scheduler_pb2.SchedulerStats:
+    def suspend(self) -> protocol.Stats:
         self.gate.suspended = True
         return self.stats()
 
-    def resume(self) -> scheduler_pb2.SchedulerStats:
+    def resume(self) -> protocol.Stats:
         self.gate.suspended = False
         self.gate.wake()
         self._admit()
         return self.stats()
 
-    def stats(self) -> scheduler_pb2.SchedulerStats:
+    def stats(self) -> protocol.Stats:
         return self.tally.stats(
             version=self.version, suspended=self.gate.suspended,
             pending=self.admission.pending_trajectories, in_flight=len(self.loop.inflight),
             unsaved=self.saver.unsaved,
         )  # fmt: skip
 
-    def list_trajectories(self, limit: int = 0) -> scheduler_pb2.ListTrajectoriesResponse:
+    def list_trajectories(self, limit: int = 0) -> protocol.Listing:
         """In-flight trajectories in the scheduling policy's order, with prediction and worker."""
         if limit < 0:
             raise errors.SpecError("must be >= 0", field="limit", value=limit)
         inflight = self.loop.inflight
         order = self.gate.policy([t.queued() for t in inflight.values()])
-        out = scheduler_pb2.ListTrajectoriesResponse(total=len(order))
-        for rank, tid in enumerate(order[: limit or DEFAULT_LIST_LIMIT]):
-            t = inflight[tid]
-            out.trajectories.add(
-                trajectory_id=tid, group_id=t.work.group_id, task=t.work.task.name, rank=rank,
-                predicted_remaining=t.predicted_remaining, tokens_so_far=t.tokens_so_far, turns=len(t.turns),
-                worker_id=t.worker.worker_id if t.worker else "", state=self.gate.state(tid) or "other",
-                preemptions=t.preemptions,
-            )  # fmt: skip
-        return out
+        return protocol.Listing(
+            total=len(order),
+            trajectories=tuple(
+                self._state(rank, inflight[tid])
+                for rank, tid in enumerate(order[: limit or DEFAULT_LIST_LIMIT])
+            ),
+        )
+
+    def _state(self, rank: int, t: trajectory.Traj) -> protocol.TrajectoryState:
+        return protocol.TrajectoryState(
+            trajectory_id=t.tid, group_id=t.work.group_id, task=t.work.task.name, rank=rank,
+            predicted_remaining=t.predicted_remaining, tokens_so_far=t.tokens_so_far, turns=len(t.turns),
+            worker_id=t.worker.worker_id if t.worker else "", state=self.gate.state(t.tid) or "other",
+            preemptions=t.preemptions,
+        )  # fmt: skip
 
     def reward_backlog(self) -> int:
         """Trajectories waiting for or in reward scoring (the operator scales the reward gateway on it)."""
         return len(self.rewards.scoring)
 
-    def results(self, *, max_queue: int = 100_000) -> AsyncIterator[scheduler_pb2.TrajectoryResult]:
+    def results(self, *, max_queue: int = 100_000) -> AsyncIterator[protocol.TrajectoryResult]:
         """Every trajectory stored from this call on; ends when the scheduler closes.
 
         Subscribes at the call, not at the first iteration, so nothing stored in between is missed.
@@ -239,7 +244,7 @@ class SchedulerService:
             reward=reward, status=status, reason=reason, min_version=min(versions), max_version=max(versions),
             group_size=task.members, init_version=t.init_version, prompt=prompt,
         )  # fmt: skip
-        result = scheduler_pb2.TrajectoryResult(
+        result = protocol.TrajectoryResult(
             trajectory_id=t.tid, group_id=t.work.group_id, task=task.name, status=status, reason=reason,
             reward=reward, turns=len(t.turns), init_version=t.init_version, min_version=min(versions),
             max_version=max(versions), output_tokens=sum(len(x.output_token_ids) for x in t.turns),
@@ -254,7 +259,7 @@ class SchedulerService:
         self.saver.add(traj, result)
         self._admit()
 
-    def _saved(self, traj: common_pb2.Trajectory, result: scheduler_pb2.TrajectoryResult) -> None:
+    def _saved(self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult) -> None:
         self.tally.record(traj)
         self.metrics.inflight.set(len(self.loop.inflight))
         self._results.publish(result)

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 import prometheus_client as prom
 
 from treadle import metrics
-from treadle.v1 import common_pb2, scheduler_pb2
+from treadle.services.scheduler import protocol
+from treadle.v1 import common_pb2
 
 STAGES = ("generation", "environment", "reward", "waiting")
 ENV_CALLS = ("open", "step")
@@ -114,23 +115,23 @@ class Tally:
 
     def stats(
         self, *, version: int, suspended: bool, pending: int, in_flight: int, unsaved: int
-    ) -> scheduler_pb2.SchedulerStats:
-        tasks = self.per_task.values()
-        out = scheduler_pb2.SchedulerStats(
-            version=version, suspended=suspended, submitted=sum(c.submitted for c in tasks), pending=pending,
-            in_flight=in_flight, completed=sum(c.completed for c in tasks),
-            failed=sum(c.failed for c in tasks), aborted=sum(c.aborted for c in tasks), unsaved=unsaved,
+    ) -> protocol.Stats:
+        counts = self.per_task.values()
+        return protocol.Stats(
+            version=version, suspended=suspended, submitted=sum(c.submitted for c in counts), pending=pending,
+            in_flight=in_flight, completed=sum(c.completed for c in counts),
+            failed=sum(c.failed for c in counts), aborted=sum(c.aborted for c in counts), unsaved=unsaved,
             turns=self.turns, env_retries=self.env_retries, failed_by_reason=dict(self.failed_by_reason),
-            stage_seconds=self.stage_totals, preemptions=self.preemptions,
+            tasks=tuple(
+                protocol.TaskStats(
+                    task=name, submitted=c.submitted, completed=c.completed, failed=c.failed,
+                    aborted=c.aborted, mean_reward=c.reward_sum / c.completed if c.completed else 0.0,
+                )
+                for name, c in sorted(self.per_task.items())
+            ),
+            stage_seconds=dict(self.stage_totals), preemptions=self.preemptions,
             turns_by_agent=dict(self.turns_by_agent),
         )  # fmt: skip
-        for name, c in sorted(self.per_task.items()):
-            done = c.completed
-            out.tasks.add(
-                task=name, submitted=c.submitted, completed=c.completed, failed=c.failed, aborted=c.aborted,
-                mean_reward=c.reward_sum / done if done else 0.0,
-            )  # fmt: skip
-        return out
 
 
 def reason_kind(reason: str) -> str:
