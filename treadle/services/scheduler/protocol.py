@@ -1,4 +1,8 @@
-"""Scheduler configuration, the interfaces of its dependencies, and validation of submitted work.
+"""Scheduler configuration, the interfaces of its dependencies, its request and result types, and
+validation of submitted work.
+
+The service takes and returns these types; ``grpc_server`` converts them to and from protobuf (the
+trajectories put to the buffer stay ``common_pb2.Trajectory``: the buffer's own input type).
 
 Used by ``service.SchedulerService`` (dependencies are injected by keyword, as these ``Protocol``s,
 so the gRPC clients and the in-process services are interchangeable) and by local mode, which

@@ -8,9 +8,11 @@ own timeline, so a slow environment never blocks another), in ``turns.TurnLoop``
     env.open -> [gate -> placement.assign -> agent.generate -> placement.release -> env.step]*
              -> env.close -> reward.score -> buffer.put (batched)
 
-The service composes its parts: ``admission`` (the queue of groups), ``turns`` (the turn loop and
-its ``gate``), ``retry`` (backoff), ``reward`` and ``saver`` (the reward and save stages),
-``prediction`` and ``stats``; each has its own unit tests.
+The service composes its parts: ``admission`` (the queue of groups), ``turns`` (the turn loop, its
+``trajectory.Traj`` records and its ``gate``), ``retry`` (backoff), ``scoring`` and ``saver`` (the
+reward and save stages), ``prediction``, ``stats`` and ``results``; the parts have their own unit
+tests (tests/unit/dataplane/test_scheduler_{gate,turns,parts}.py). It speaks its ``protocol`` types;
+``grpc_server`` converts them to and from protobuf.
 
 * **Admission** (``treadle.policy.admission``, AReaL's rule): whole groups start only while the
   trajectories started stay within ``(alpha + version + 1) * batch_size`` and ``max_in_flight``.
