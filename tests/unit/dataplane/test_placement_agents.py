@@ -14,6 +14,7 @@ import pytest
 
 from treadle import errors, metrics
 from treadle.api import jobconfig
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import rebalance, service
 from treadle.v1 import placement_pb2 as pb
 
@@ -37,12 +38,14 @@ def make(
     return svc
 
 
-def assign(svc: service.PlacementService, tid: str, agent: str) -> pb.Assignment:
-    return svc.assign(pb.AssignRequest(trajectory_id=tid, task="pe", agent=agent))
+def assign(svc: service.PlacementService, tid: str, agent: str) -> placement_protocol.Assignment:
+    return svc.assign(placement_protocol.AssignRequest(trajectory_id=tid, task="pe", agent=agent))
 
 
 def release(svc: service.PlacementService, tid: str, worker: str) -> None:
-    svc.release(pb.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="pe", turn_finished=True))
+    svc.release(
+        placement_protocol.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="pe", turn_finished=True)
+    )
 
 
 def agents_of(svc: service.PlacementService) -> dict[str, int]:

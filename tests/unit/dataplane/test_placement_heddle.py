@@ -6,6 +6,7 @@ import pytest
 
 from treadle import errors
 from treadle.api import jobconfig
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2 as pb
 
@@ -25,20 +26,21 @@ def place(
     *,
     worker_slots: int = 0,
 ) -> int:
-    req = pb.PlaceBatchRequest(worker_slots=worker_slots)
-    for tid, p in predictions.items():
-        req.trajectories.add(trajectory_id=tid, task="math", predicted_remaining=p)
-    return svc.place_batch(req).placed
+    candidates = tuple(placement_protocol.Candidate(tid, "math", p) for tid, p in predictions.items())
+    return svc.place_batch(placement_protocol.PlaceBatchRequest(candidates, worker_slots=worker_slots))
 
 
 def assign(svc: service.PlacementService, tid: str) -> tuple[str, str]:
-    a = svc.assign(pb.AssignRequest(trajectory_id=tid, task="math"))
+    a = svc.assign(placement_protocol.AssignRequest(trajectory_id=tid, task="math"))
     return a.worker_id, a.reason
 
 
 def step(svc: service.PlacementService, tid: str, worker: str, predicted: float) -> None:
-    svc.release(pb.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="math", turn_finished=True,
-                                  predicted_remaining=predicted, context_tokens=40))  # fmt: skip
+    req = placement_protocol.ReleaseRequest(
+        trajectory_id=tid, worker_id=worker, task="math", turn_finished=True, predicted_remaining=predicted,
+        context_tokens=40,
+    )  # fmt: skip
+    svc.release(req)
 
 
 def test_batch_is_split_by_the_dp_and_every_turn_routed() -> None:
@@ -88,7 +90,7 @@ def test_unplaced_trajectory_is_placed_at_its_first_turn_and_final_forgets_it() 
     svc = make()
     worker, reason = assign(svc, "solo")
     assert reason == "routed" and worker in {"w0", "w1"}
-    svc.release(pb.ReleaseRequest(trajectory_id="solo", task="math", final=True, turns=1))
+    svc.release(placement_protocol.ReleaseRequest(trajectory_id="solo", task="math", final=True, turns=1))
     svc.report_load(pb.WorkerLoad(worker_id=worker, healthy=False))
     other = ({"w0", "w1"} - {worker}).pop()
     assert assign(svc, "solo") == (other, "routed")  # placed again, on the healthy worker
@@ -132,8 +134,7 @@ def test_negative_worker_slots_name_the_field() -> None:
 )  # fmt: skip
 def test_bad_batch_names_the_field_and_places_nothing(candidate: dict[str, object], field: str) -> None:
     svc = make()
-    req = pb.PlaceBatchRequest()
-    req.trajectories.add(**candidate)
+    req = placement_protocol.PlaceBatchRequest((placement_protocol.Candidate(**candidate),))  # type: ignore[arg-type]
     with pytest.raises(errors.SpecError) as err:
         svc.place_batch(req)
     assert err.value.field == field

@@ -6,6 +6,7 @@ import pytest
 
 from treadle import errors
 from treadle.api import jobconfig
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2 as pb
 
@@ -22,15 +23,17 @@ def make(**tasks: jobconfig.TaskPlacement) -> service.PlacementService:
 
 
 def assign(svc: service.PlacementService, tid: str, task: str = "math") -> str:
-    return str(svc.assign(pb.AssignRequest(trajectory_id=tid, task=task)).worker_id)
+    return str(svc.assign(placement_protocol.AssignRequest(trajectory_id=tid, task=task)).worker_id)
 
 
 def test_affinity_then_least_loaded_then_sticky() -> None:
     svc = make()
     assert [assign(svc, "t1"), assign(svc, "t2")] == ["b", "c"]  # decode-heavy pool only, spread
-    svc.release(pb.ReleaseRequest(trajectory_id="t1", worker_id="b", task="math", turn_finished=True))
+    svc.release(
+        placement_protocol.ReleaseRequest(trajectory_id="t1", worker_id="b", task="math", turn_finished=True)
+    )
     assert assign(svc, "t1") == "b"  # sticky
-    reply = svc.assign(pb.AssignRequest(trajectory_id="t3", task="math"))
+    reply = svc.assign(placement_protocol.AssignRequest(trajectory_id="t3", task="math"))
     assert (reply.address, reply.pool, reply.reason, reply.work) == (
         "http://b",
         "h20",
@@ -69,9 +72,11 @@ def test_auto_affinity_uses_the_measured_profile() -> None:
     for i in range(8):  # long prompts, one short answer: prefill-heavy by the cost model
         tid = f"t{i}"
         worker = assign(svc, tid, "chat")
-        svc.release(pb.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="chat", turn_finished=True,
-                                      prompt_tokens=30_000, output_tokens=8))  # fmt: skip
-        svc.release(pb.ReleaseRequest(trajectory_id=tid, task="chat", final=True, turns=1))
+        svc.release(placement_protocol.ReleaseRequest(
+            trajectory_id=tid, worker_id=worker, task="chat", turn_finished=True, prompt_tokens=30_000,
+            output_tokens=8,
+        ))  # fmt: skip
+        svc.release(placement_protocol.ReleaseRequest(trajectory_id=tid, task="chat", final=True, turns=1))
     task = svc.pool_state().tasks[0]
     assert (task.trajectories, task.mean_prompt_tokens, task.work) == (8, 30_000, "prefill-heavy")
     assert assign(svc, "next", "chat") == "a"
@@ -89,9 +94,13 @@ BAD_CALLS = {
         SE,
         "worker_id",
     ),
-    "unknown-task": (lambda s: s.assign(pb.AssignRequest(trajectory_id="t", task="nope")), SE, "task"),
+    "unknown-task": (
+        lambda s: s.assign(placement_protocol.AssignRequest(trajectory_id="t", task="nope")),
+        SE,
+        "task",
+    ),
     "no-trajectory": (
-        lambda s: s.assign(pb.AssignRequest(trajectory_id="", task="math")),
+        lambda s: s.assign(placement_protocol.AssignRequest(trajectory_id="", task="math")),
         SE,
         "trajectory_id",
     ),
@@ -102,13 +111,15 @@ BAD_CALLS = {
         "kv_cache_usage",
     ),
     "empty-release": (
-        lambda s: s.release(pb.ReleaseRequest(trajectory_id="t", task="math")),
+        lambda s: s.release(placement_protocol.ReleaseRequest(trajectory_id="t", task="math")),
         SE,
         "turn_finished",
     ),
     "unknown-worker-release": (
         lambda s: s.release(
-            pb.ReleaseRequest(trajectory_id="t", worker_id="zz", task="math", turn_finished=True)
+            placement_protocol.ReleaseRequest(
+                trajectory_id="t", worker_id="zz", task="math", turn_finished=True
+            )
         ),
         NF,
         None,

@@ -11,8 +11,8 @@ from treadle.api import jobconfig
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
-from treadle.services.scheduler import service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.services.scheduler import protocol, service
+from treadle.v1 import placement_pb2
 
 TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
 
@@ -32,7 +32,7 @@ async def test_every_prediction_is_scored_when_the_trajectory_completes() -> Non
         buffer=buffer_service.BufferService(store=store.MemoryStore(), alpha=1),
     )
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate("ab")])
+    await svc.submit([protocol.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate("ab")])
     async with asyncio.timeout(10):
         done = []
         async for r in results:

@@ -1,4 +1,8 @@
-"""The interfaces of the scheduler's dependencies, and validation of submitted work.
+"""The interfaces of its dependencies, its request and result types, and
+validation of submitted work.
+
+The service takes and returns these types; ``grpc_server`` converts them to and from protobuf (the
+trajectories put to the buffer stay ``common_pb2.Trajectory``: the buffer's own input type).
 
 Used by ``service.SchedulerService`` (dependencies are injected by keyword, as these ``Protocol``s,
 so the gRPC clients and the in-process services are interchangeable). Its configuration
@@ -18,8 +22,9 @@ from treadle.errors import SpecError
 from treadle.services.agent import protocol as agent_protocol
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.env import protocol as env_protocol
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.reward import protocol as reward_protocol
-from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
+from treadle.v1 import common_pb2
 
 GROUP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,150}$")
 MAX_OPTIONS_BYTES = 64 * 1024
@@ -46,15 +51,113 @@ class Reward(Protocol):
 
 
 class Placement(Protocol):
-    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment: ...
+    async def assign(self, req: placement_protocol.AssignRequest) -> placement_protocol.Assignment: ...
 
-    async def release(self, req: placement_pb2.ReleaseRequest) -> None: ...
+    async def release(self, req: placement_protocol.ReleaseRequest) -> None: ...
 
-    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse: ...
+    async def place_batch(self, req: placement_protocol.PlaceBatchRequest) -> int: ...
 
 
 class Buffer(Protocol):
     async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> buffer_protocol.PutResult: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PromptGroup:
+    """A group of ``jobconfig.TaskConfig.members`` trajectories of one prompt, as submitted."""
+
+    group_id: str
+    task: str
+    seed: int = 0
+    options_json: str = ""
+    """Environment options as a JSON object (empty: none)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubmitResult:
+    accepted_groups: int
+    """New groups queued (a group id already submitted is ignored)."""
+    trajectories: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitResult:
+    version: int
+    aborted_trajectory_ids: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrajectoryResult:
+    """A stored trajectory, as ``SchedulerService.results`` streams it."""
+
+    trajectory_id: str
+    group_id: str
+    task: str
+    status: str
+    reason: str
+    reward: float
+    turns: int
+    init_version: int
+    min_version: int
+    max_version: int
+    output_tokens: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskStats:
+    task: str
+    submitted: int
+    completed: int
+    failed: int
+    aborted: int
+    mean_reward: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stats:
+    """Totals since the start; ``submitted == pending + in_flight + unsaved + completed + failed +
+    aborted``."""
+
+    version: int
+    suspended: bool
+    submitted: int
+    pending: int
+    in_flight: int
+    completed: int
+    failed: int
+    aborted: int
+    unsaved: int
+    turns: int
+    env_retries: int
+    failed_by_reason: dict[str, int]
+    tasks: tuple[TaskStats, ...]
+    stage_seconds: dict[str, float]
+    preemptions: int
+    turns_by_agent: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrajectoryState:
+    """One in-flight trajectory in the scheduling policy's order (``list_trajectories``)."""
+
+    trajectory_id: str
+    group_id: str
+    task: str
+    rank: int
+    predicted_remaining: float
+    tokens_so_far: int
+    turns: int
+    worker_id: str
+    state: str
+    """``generating``, ``waiting`` or ``other`` (environment, reward, admission)."""
+    preemptions: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Listing:
+    trajectories: tuple[TrajectoryState, ...]
+    total: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +170,7 @@ class Work:
     options: dict[str, Any] | None
 
 
-def validate_groups(
-    groups: Sequence[scheduler_pb2.PromptGroup], tasks: Mapping[str, jobconfig.TaskConfig]
-) -> list[Work]:
+def validate_groups(groups: Sequence[PromptGroup], tasks: Mapping[str, jobconfig.TaskConfig]) -> list[Work]:
     """Check every group (all or nothing); errors name ``groups[i].<field>``."""
     if not groups:
         raise SpecError("at least one group is required", field="groups")
