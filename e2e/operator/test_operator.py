@@ -24,7 +24,7 @@ import op_harness
 import pytest
 import yaml
 
-from treadle.services.scheduler import demand
+from treadle.services.scheduler import jobreport
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
 INVALID = sorted((op_harness.ROOT / "manifests" / "invalid").glob("*.yaml"))
@@ -348,11 +348,11 @@ def test_reward_demand_scales_the_gateway(
     environ = {"TREADLE_JOB": name, "TREADLE_NAMESPACE": op_harness.JOBS_NS, "KUBECONFIG": str(config)}
 
     async def report(*values: int) -> tuple[int, int]:
-        reporter = demand.RewardDemandReporter.from_env(environ)
+        reporter = jobreport.JobReporter.from_env(environ)
         assert reporter is not None
         try:
             for value in values:
-                await reporter.report(value)
+                await reporter.report_demand(value)
         finally:
             await reporter.aclose()
         return reporter.patches, reporter.errors
@@ -369,12 +369,12 @@ def test_reward_demand_scales_the_gateway(
     op_harness.wait_for(f"{name} Ready while idle", lambda: _ready(kubectl, name))
     # Least privilege: the scheduler's identity may patch its own job and nothing else.
     other = dict(environ, TREADLE_JOB="some-other-job")
-    reporter = demand.RewardDemandReporter.from_env(other)
+    reporter = jobreport.JobReporter.from_env(other)
     assert reporter is not None
 
     async def forbidden() -> int:
         try:
-            await reporter.report(5)
+            await reporter.report_demand(5)
         finally:
             await reporter.aclose()
         return reporter.errors

@@ -40,6 +40,12 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     },
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Training steps done"},
     {
+        "name": "Reward",
+        "type": "number",
+        "jsonPath": ".status.meanReward",
+        "description": "Mean reward of the batch behind the committed version",
+    },
+    {
         "name": "Reason",
         "type": "string",
         "priority": 1,

@@ -108,6 +108,17 @@ SPEC_RULES: tuple[Rule, ...] = (
         "spec.weights.replicas",
         lambda w: w.store != "local" or w.replicas == 1,
     ),
+    Rule(
+        (),
+        "!has(self.trainer) || (has(self.trainer.agent)"
+        " ? self.agents.exists(a, a.name == self.trainer.agent) : size(self.agents) == 1)",
+        "spec.trainer.agent must name an agent in spec.agents; it may be unset only with one agent",
+        "spec.trainer.agent",
+        lambda s: (
+            s.trainer is None
+            or (any(a.name == s.trainer.agent for a in s.agents) if s.trainer.agent else len(s.agents) == 1)
+        ),
+    ),
     # Transition rules (immutable fields): only the API server can check these.
     Rule(
         ("agents", "[]"),

@@ -16,12 +16,12 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Final, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 from treadle import errors
+from treadle.api import base, spec_rules
 from treadle.api import dataset as dataset_api
-from treadle.api import spec_rules
+from treadle.api import trainer as trainer_api
 from treadle.policy import baselines, registry
 from treadle.policy.flexmarl import load_balance
 
@@ -41,14 +41,14 @@ MAX_POOL_NAME = 16
 MANAGER = "treadle.dev/operator"
 """The ``managedBy`` value (or its absence) under which the Treadle operator reconciles a job."""
 
-DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# The shared wire conventions and Kubernetes-shaped types, under the names this module always had
+# (``treadle.api.base`` holds them so that ``treadle.api.trainer`` can use them too).
+DNS_LABEL = base.DNS_LABEL
 REWARD_FN = r"^([a-z]([-a-z0-9]*[a-z0-9])?|py:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
-# A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
-QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"
-
-Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
-Quantity = Annotated[str, Field(min_length=1, max_length=32, pattern=QUANTITY)]
-Accelerator = Literal["H800", "H20", "H100", "H200", "A100"]
+QUANTITY = base.QUANTITY
+Name = base.Name
+Quantity = base.Quantity
+Accelerator = base.Accelerator
 WorkAffinity = Literal["prefill-heavy", "decode-heavy", "auto"]
 PreferredWork = Literal["prefill-heavy", "decode-heavy", "any"]
 RewardType = Literal["rule", "code", "llm-judge", "external"]
@@ -62,29 +62,11 @@ DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 DEFAULT_ENV_IMAGE = "ghcr.io/treadle-dev/treadle-env:0.1.0"
 
 
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are errors, as in the CRD."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        frozen=True,
-    )
+class _Model(base.Model):
+    """The spec's wire conventions (``base.Model``): camelCase, unknown fields refused, frozen."""
 
 
-class Toleration(_Model):
-    """A core/v1 Toleration (the fields Treadle passes through)."""
-
-    key: str | None = Field(default=None, max_length=253)
-    """Taint key the toleration applies to; empty with operator Exists matches every taint."""
-    operator: Literal["Exists", "Equal"] = "Equal"
-    """Exists matches any value; Equal matches ``value``."""
-    value: str | None = Field(default=None, max_length=63)
-    """Taint value to match when operator is Equal."""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    """Taint effect to match; empty matches all effects."""
+Toleration = base.Toleration
 
 
 class Agent(_Model):
@@ -135,8 +117,8 @@ class Task(_Model):
     a user environment ``py:<module>:<Class>`` under a module prefix the env pool allows."""
     reward: str = Field(min_length=1, max_length=253, pattern=REWARD_FN)
     """Reward function served by the reward gateway: a built-in (``math``, ``exact``, ``code-tests``,
-    ``llm-judge``, ``env``) or a user function ``py:<module>:<function>`` under a module prefix the
-    gateway allows."""
+    ``llm-judge``, ``env``, ``letter-fraction``) or a user function ``py:<module>:<function>`` under a
+    module prefix the gateway allows."""
     affinity: WorkAffinity = "auto"
     """Hardware affinity; ``auto`` lets the cost model decide from the measured task profile."""
     pools: list[Name] = Field(default_factory=list, max_length=16)
@@ -298,6 +280,8 @@ class RolloutJobSpec(_Model):
     """Admission, scheduling and placement settings."""
     weights: Weights = Field(default_factory=Weights)
     """Weight publication."""
+    trainer: trainer_api.Trainer | None = None
+    """The job's own trainer (a batch/v1 Job); unset: a trainer outside the job drives it."""
     suspend: bool = False
     """Scale every child to zero while true; resuming restores the spec's replicas."""
     managed_by: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
@@ -337,7 +321,8 @@ class PoolStatus(_Model):
 
 
 class RolloutJobStatus(_Model):
-    """Observed state of a RolloutJob, written only by the operator."""
+    """Observed state of a RolloutJob: written by the operator, except ``policyVersion``, ``step`` and
+    ``meanReward``, which the job's scheduler writes when the trainer commits a version."""
 
     observed_generation: int = Field(default=0, ge=0)
     """The ``metadata.generation`` the status reflects."""
@@ -353,6 +338,8 @@ class RolloutJobStatus(_Model):
     """Latest committed policy (weights) version."""
     step: int = Field(default=0, ge=0)
     """Training steps completed."""
+    mean_reward: float | None = None
+    """Mean reward of the batch the latest committed version was trained on (printer column)."""
 
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")

@@ -81,7 +81,7 @@ def test_printer_columns_and_status_subresource() -> None:
     version = crd.render_crd()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Phase", "Pools", "Policy", "Step", "Reason", "Age"]
+    assert names == ["Phase", "Pools", "Policy", "Step", "Reward", "Reason", "Age"]
 
 
 def test_chart_copy_is_guarded_and_kept() -> None:
