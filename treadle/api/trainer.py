@@ -30,7 +30,7 @@ class EnvVar(base.Model):
     """A literal environment variable of the trainer's container."""
 
     name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME)
-    """Variable name; Treadle's own ``TREADLE_*`` variables are set after these and win."""
+    """Variable name, once in the list; not ``TREADLE_*`` (Treadle's own, which it sets)."""
     value: str = Field(default="", max_length=32768)
     """Value."""
 

@@ -26,6 +26,7 @@ COLLECTIONS: Mapping[str, str] = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
 }
 
 

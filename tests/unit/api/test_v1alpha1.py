@@ -186,3 +186,7 @@ def test_a_trainer_names_its_agent_or_the_job_has_one() -> None:
     with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_spec({**spec, "trainer": {"learningRate": 0}})
     assert info.value.field == "spec.trainer.learningRate"
+    for env in ([{"name": "TREADLE_CONFIG", "value": "/x"}], [{"name": "A"}, {"name": "A", "value": "2"}]):
+        with pytest.raises(errors.SpecError) as info:
+            v1alpha1.parse_spec({**spec, "trainer": {"env": env}})
+        assert info.value.field == "spec.trainer.env"

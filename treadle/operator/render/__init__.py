@@ -24,6 +24,8 @@ the garbage collector deletes them with J even while the operator is down):
   It is the only ClusterIP Service (stateless, idempotent scoring behind a balancer); the others
   are headless: singletons, stateful env sessions and per-replica inference/store addresses.
 - ``J-pool-P`` Deployment + headless Service per inference pool: vLLM + the agent sidecar.
+- ``J-trainer-H`` batch/v1 Job (only with ``spec.trainer``): the job's trainer, run to the end of its
+  steps; ``H`` hashes its immutable pod template (``trainer``).
 
 Per-job coordination services, not shared ones: the scheduler, placement and buffer hold per-job
 state (staleness window, policy version, sticky worker map, group bookkeeping) and per-job policy
@@ -40,7 +42,7 @@ from typing import Any
 
 from treadle.api import v1alpha1
 from treadle.operator import config
-from treadle.operator.render import backends, common, coordination, pool
+from treadle.operator.render import backends, common, coordination, pool, trainer
 
 
 def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
@@ -56,7 +58,7 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
 
 
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
-    """Every child of the job, in apply order (config first, inference pools last)."""
+    """Every child of the job, in apply order (config first, then services and pools, the trainer last)."""
     # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused.
     out = [coordination.render_config(job, cfg), *coordination.render_scheduler_identity(job, cfg)]
     for component in common.COORDINATION:
@@ -66,4 +68,5 @@ def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> lis
     out += backends.render_reward(job, cfg)
     for p in job.spec.pools:
         out += pool.render_pool(job, cfg, p)
+    out += trainer.render_trainer(job, cfg)
     return out

@@ -26,7 +26,8 @@ def render_config(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[
 
 
 def render_scheduler_identity(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
-    """The scheduler's ServiceAccount, allowed only to patch its own job (the reward-demand annotation)."""
+    """The scheduler's ServiceAccount, allowed only to patch its own job (the reward-demand annotation)
+    and its status (the trainer's progress: ``policyVersion``, ``step``, ``meanReward``)."""
     name = common.child_name(job, "scheduler")
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.meta(job, cfg, "scheduler")}
     role = {
@@ -35,8 +36,9 @@ def render_scheduler_identity(job: v1alpha1.RolloutJob, cfg: config.OperatorConf
         "metadata": common.meta(job, cfg, "scheduler"),
         "rules": [
             {
+                # The reward-demand annotation on the job; the trainer's progress on its status.
                 "apiGroups": [v1alpha1.GROUP],
-                "resources": [v1alpha1.PLURAL],
+                "resources": [v1alpha1.PLURAL, f"{v1alpha1.PLURAL}/status"],
                 "resourceNames": [job.name],
                 "verbs": ["patch"],
             }
