@@ -12,9 +12,9 @@ ServiceAccount token: the trainer reaches the job's status only through its sche
 
 A Job's pod template is immutable, so the Job's name carries a hash of it, and the template a digest
 of the settings the trainer reads from the job file (``spec.trainer``, ``spec.rollout.batchSize`` and
-``staleness``): a changed trainer renders a new Job and the old one is pruned (the diff deletes what is no longer rendered), instead
-of an apply the API server would refuse. ``spec.suspend`` maps to the Job's own ``suspend``, which
-may change in place.
+``staleness``): a changed trainer renders a new Job and the old one is pruned (the diff deletes
+what is no longer rendered), instead of an apply the API server would refuse. ``spec.suspend`` maps
+to the Job's own ``suspend``, which may change in place.
 """
 
 from __future__ import annotations
