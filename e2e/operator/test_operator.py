@@ -24,7 +24,7 @@ import op_harness
 import pytest
 import yaml
 
-from treadle.services.scheduler import jobreport
+from treadle.services.scheduler import jobreport, protocol
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
 INVALID = sorted((op_harness.ROOT / "manifests" / "invalid").glob("*.yaml"))
@@ -371,8 +371,26 @@ def test_reward_demand_scales_the_gateway(
     assert annotations["treadle.dev/reward-demand"] == "100"
     op_harness.wait_for("reward gateway scaled up to 4", lambda: replicas() == (4, 4))
     op_harness.wait_for(f"{name} Ready with its gateway", lambda: _ready(kubectl, name))
+
+    # The trainer's progress, as the scheduler writes it on each commit: the job's status subresource.
+    async def progress() -> tuple[int, int]:
+        reporter = jobreport.JobReporter.from_env(environ)
+        assert reporter is not None
+        try:
+            await reporter.report_progress(protocol.Progress(version=2, step=2, mean_reward=0.375))
+        finally:
+            await reporter.aclose()
+        return reporter.patches, reporter.errors
+
+    assert asyncio.run(progress()) == (1, 0)
+    wanted = {"policyVersion": 2, "step": 2, "meanReward": 0.375}
+    assert {k: kubectl.job(name)["status"].get(k) for k in wanted} == wanted
     assert asyncio.run(report(40, 40)) == (1, 0)  # the repeat is not written
     op_harness.wait_for("reward gateway at ceil(40 / 32) = 2", lambda: replicas() == (2, 2))
+    # The operator re-computed the status since (the gateway scaled) and left the trainer's fields.
+    assert {k: kubectl.job(name)["status"].get(k) for k in wanted} == wanted
+    wide = kubectl("get", "rolloutjob", name, "-n", op_harness.JOBS_NS, "-o", "wide").stdout.splitlines()
+    assert wide[1].split()[3:6] == ["2", "2", "0.375"]  # POLICY, STEP, REWARD
     assert asyncio.run(report(0)) == (1, 0)
     op_harness.wait_for("reward gateway back to zero", lambda: replicas() == (0, 0))
     op_harness.wait_for(f"{name} Ready while idle", lambda: _ready(kubectl, name))

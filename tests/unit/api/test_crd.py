@@ -89,3 +89,12 @@ def test_chart_copy_is_guarded_and_kept() -> None:
     assert text.splitlines()[1] == crd.CHART_GUARD_OPEN.strip()
     body = yaml.safe_load("\n".join(text.splitlines()[2:-1]))
     assert body["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_the_chart_copy_keeps_literal_braces_out_of_helms_way() -> None:
+    """``spec.tasks[].dataset.promptTemplate``'s description shows ``{{``: Helm must not read it."""
+    plain, chart = crd.render_yaml(), crd.render_yaml(chart=True)
+    assert "``{{`` and ``}}``" in plain
+    assert '``{{"{{"}}`` and ``{{"}}"}}``' in chart  # each renders to itself
+    inner = chart.removeprefix(crd.HEADER + crd.CHART_GUARD_OPEN).removesuffix(crd.CHART_GUARD_CLOSE)
+    assert "{{-" not in inner and "{{ " not in inner  # no other action is left in the body
