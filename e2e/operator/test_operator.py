@@ -90,16 +90,8 @@ def test_example_lands_on_its_pools_and_becomes_ready(
     assert not job["metadata"].get("finalizers"), "the operator must not add finalizers"
     wide = kubectl("get", "rolloutjob", name, "-n", op_harness.JOBS_NS, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "PHASE", "POOLS", "POLICY", "STEP", "REWARD", "REASON", "AGE"]
-    # No version committed yet: no reward (kubectl prints "<none>" for it).
-    assert wide[1].split()[:7] == [
-        name,
-        "Ready",
-        job["status"]["poolsReady"],
-        "0",
-        "0",
-        "<none>",
-        "AllResourcesReady",
-    ]
+    # No version committed yet: no reward, an empty cell.
+    assert wide[1].split()[:6] == [name, "Ready", job["status"]["poolsReady"], "0", "0", "AllResourcesReady"]
     events = kubectl.json(
         "events", "-n", op_harness.JOBS_NS, "--field-selector", f"involvedObject.name={name}"
     )["items"]

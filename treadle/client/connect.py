@@ -26,10 +26,16 @@ so in the job::
         await conn.scheduler.resume()
     await conn.aclose()
 
-A trainer outside the job passes the same things as arguments (``scheduler=``, ``buffer=``,
-``placement=``, ``weights_dir=`` or ``weights_master=`` + ``weights_metadata=``, ``weights_prefix=``);
-an argument wins over the variable, and a missing one raises ``SpecError`` naming both. Call it
-from the event loop that will use the connection (its gRPC channels belong to that loop).
+A trainer outside the job gives the same things as arguments::
+
+    conn = connect.connect(connect.Endpoints.from_env(
+        {}, scheduler="10.0.0.5:50051", buffer="10.0.0.6:50053", placement="10.0.0.7:50052",
+        weights_dir="/mnt/weights", weights_prefix="team-a/math-tool",  # or weights_master=, _metadata=
+    ))
+
+(``from_env(os.environ, ...)``: an argument wins over its variable); a missing one raises
+``SpecError`` naming both. Call it from the event loop that will use the connection (its gRPC
+channels belong to that loop).
 """
 
 from __future__ import annotations
@@ -140,28 +146,19 @@ class Connection:
 
 
 def connect(
+    endpoints: Endpoints | None = None,
     *,
-    scheduler: str | None = None,
-    buffer: str | None = None,
-    placement: str | None = None,
-    weights_dir: str | None = None,
-    weights_master: str | None = None,
-    weights_metadata: str | None = None,
-    weights_prefix: str | None = None,
     keep_versions: int = 2,
     replicas: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Connection:
-    """A connection to the job from the pod's environment (``environ``, default ``os.environ``),
-    where an argument wins over its variable.
+    """A connection to the job at ``endpoints``; unset: all found in the pod's environment
+    (``environ``, default ``os.environ``).
 
     ``keep_versions``: versions the store keeps (the staleness bound plus one, so that no engine
     pulls a deleted one); ``replicas``: copies of each version in a Mooncake store (the job's
     ``spec.weights.replicas``; unset: ``TREADLE_WEIGHTS_REPLICAS`` or 2).
     """
-    endpoints = Endpoints.from_env(
-        os.environ if environ is None else environ, scheduler=scheduler, buffer=buffer, placement=placement,
-        weights_dir=weights_dir, weights_master=weights_master, weights_metadata=weights_metadata,
-        weights_prefix=weights_prefix,
-    )  # fmt: skip
+    if endpoints is None:
+        endpoints = Endpoints.from_env(os.environ if environ is None else environ)
     return Connection(endpoints, keep_versions=keep_versions, replicas=replicas)

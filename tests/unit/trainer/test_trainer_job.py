@@ -134,10 +134,22 @@ async def test_connect_finds_every_endpoint_in_the_pod(tmp_path: pathlib.Path) -
 
 
 async def test_a_trainer_outside_the_job_passes_addresses(tmp_path: pathlib.Path) -> None:
-    conn = connect.connect(
-        environ=pod_env(tmp_path), scheduler="10.0.0.1:1", buffer="10.0.0.2:2", placement="10.0.0.3:3",
+    endpoints = connect.Endpoints.from_env(
+        pod_env(tmp_path), scheduler="10.0.0.1:1", buffer="10.0.0.2:2", placement="10.0.0.3:3",
         weights_dir=str(tmp_path / "mine"), weights_prefix="ns/other",
     )  # fmt: skip
+    # The pod's store is replaced whole, not merged: no Mooncake variable survives beside a directory.
+    mine = {env_vars.WEIGHTS_DIR: str(tmp_path / "mine"), env_vars.WEIGHTS_PREFIX: "ns/other"}
+    assert endpoints.weights == {env_vars.WEIGHTS_AGENT: "coder", **mine}
+    alone = connect.Endpoints.from_env(
+        {}, scheduler="10.0.0.1:1", buffer="10.0.0.2:2", placement="10.0.0.3:3",
+        weights_dir=str(tmp_path / "mine"), weights_prefix="ns/other",
+    )  # fmt: skip
+    assert alone.weights == {
+        "TREADLE_WEIGHTS_DIR": str(tmp_path / "mine"),
+        "TREADLE_WEIGHTS_PREFIX": "ns/other",
+    }
+    conn = connect.connect(endpoints)
     try:
         assert (conn.endpoints.scheduler, conn.endpoints.buffer, conn.endpoints.placement) == (
             "10.0.0.1:1", "10.0.0.2:2", "10.0.0.3:3",
