@@ -51,7 +51,8 @@ class Trainer(base.Model):
     accelerator: base.Accelerator | None = None
     """Accelerator class of the trainer's node (``treadle.dev/accelerator=<value>``); unset: any node."""
     gpus: int = Field(default=0, ge=0, le=8)
-    """``nvidia.com/gpu`` the trainer asks for; > 0 also tolerates the ``nvidia.com/gpu`` taint."""
+    """``nvidia.com/gpu`` the trainer asks for; > 0 also tolerates the ``nvidia.com/gpu`` taint. The
+    reference trainer computes on CPU (it trains small models); GPUs serve a trainer of your own."""
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=16)
     """Extra node labels the trainer's pod requires, merged over the accelerator selector."""
     tolerations: list[base.Toleration] = Field(default_factory=list, max_length=16)
