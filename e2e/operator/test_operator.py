@@ -181,6 +181,43 @@ def test_delete_with_operator_down_removes_every_child(
         operator.start()
 
 
+def _trainer_jobs(kubectl: op_harness.Kubectl, job: str) -> list[dict[str, Any]]:
+    selector = f"treadle.dev/job={job},treadle.dev/component=trainer"
+    items: list[dict[str, Any]] = kubectl.json("jobs", "-n", op_harness.JOBS_NS, "-l", selector)["items"]
+    return [j for j in items if not j["metadata"].get("deletionTimestamp")]
+
+
+def test_the_trainer_job_lands_on_its_gpus_is_replaced_when_changed_and_collected(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    """``spec.trainer`` as a batch/v1 Job through the chart's RBAC: its pod on an H800 node with its
+    GPU; a changed trainer is a new Job (the old one pruned); deleting the job collects it."""
+    doc = copy.deepcopy(_doc(op_harness.ROOT / "manifests" / "examples" / "math-tool-h20.yaml"))
+    doc["metadata"]["name"] = "math-trainer"
+    doc["spec"]["trainer"] = {"accelerator": "H800", "gpus": 1, "steps": 5}
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    op_harness.wait_for("the trainer Job", lambda: len(_trainer_jobs(kubectl, name)) == 1)
+    (first,) = _trainer_jobs(kubectl, name)
+    assert first["metadata"]["ownerReferences"][0]["name"] == name
+    # KWOK's fake nodes run no container: they mark a Job's pod Succeeded as soon as it is bound.
+    op_harness.wait_for("the trainer's pod bound", lambda: any(
+        p["spec"].get("nodeName") and p["status"].get("phase") in ("Running", "Succeeded")
+        for p in _pods(kubectl, name, "trainer")
+    ))  # fmt: skip
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kubectl.json("nodes")["items"]}
+    (pod,) = _pods(kubectl, name, "trainer")
+    assert nodes[pod["spec"]["nodeName"]]["treadle.dev/accelerator"] == "H800"
+    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "treadle.trainer.job"]
+    patch = '[{"op": "replace", "path": "/spec/trainer/steps", "value": 6}]'
+    kubectl("patch", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--type=json", "-p", patch)
+    op_harness.wait_for("a new trainer Job in place of the old", lambda: [
+        j["metadata"]["name"] for j in _trainer_jobs(kubectl, name)
+    ] not in ([], [first["metadata"]["name"]]) and len(_trainer_jobs(kubectl, name)) == 1)  # fmt: skip
+    kubectl("delete", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--wait=true", "--timeout=60s")
+    op_harness.wait_for("garbage collection of the trainer", lambda: not _trainer_jobs(kubectl, name))
+
+
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_invalid_manifest_is_rejected_by_the_api_server_naming_the_field(
     path: Path, chart: str, kubectl: op_harness.Kubectl, apply_job: ApplyJob
