@@ -14,6 +14,10 @@ ACCELERATOR_LABEL = "treadle.dev/accelerator"
 POOL_LABEL = "treadle.dev/pool"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT_KEY = "nvidia.com/gpu"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node=fake"
+"""The annotation (selector form) of the nodes KWOK manages."""
+PROCESS_ANNOTATION = "treadle.dev/node-agent"
+"""Set on the process nodes, whose pods the node agent really runs (``treadle.devcluster.nodeagent``)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ DEFAULT_POOLS: tuple[NodePool, ...] = (
 def render_node(pool: NodePool, index: int) -> dict[str, Any]:
     """The Node object for the ``index``-th node of ``pool``."""
     name = f"{pool.name}-{index}"
+    kwok_key, kwok_value = KWOK_ANNOTATION.split("=")
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -69,7 +74,7 @@ def render_node(pool: NodePool, index: int) -> dict[str, Any]:
             "name": name,
             "labels": labels,
             # KWOK manages only nodes carrying this annotation.
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {kwok_key: kwok_value, "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {"taints": taints},
         "status": {

@@ -1,0 +1,50 @@
+"""``python -m treadle.devcluster.nodeagent``: the process nodes of one dev cluster (run as root).
+
+Started by ``treadle cluster up`` (``DevCluster.up``); logs to stderr, stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from treadle.devcluster.nodeagent import agent
+
+
+def parse(argv: list[str]) -> agent.Settings:
+    p = argparse.ArgumentParser(prog="python -m treadle.devcluster.nodeagent", description=__doc__)
+    p.add_argument("--cluster", required=True, help="dev cluster name (names its bridge and namespaces)")
+    p.add_argument("--kubeconfig", required=True, type=Path, help="the cluster's admin kubeconfig")
+    p.add_argument("--state-dir", required=True, type=Path, help="pods' volumes and container logs")
+    p.add_argument("--node", action="append", required=True, help="a process node's name (repeatable)")
+    p.add_argument("--cpu", default="16", help="each node's cpu capacity (default 16)")
+    p.add_argument("--memory", default="64Gi", help="each node's memory capacity (default 64Gi)")
+    p.add_argument("--accelerator", default=None, help="SIMULATED GPU class label, e.g. H20 (with --gpus)")
+    p.add_argument("--gpus", type=int, default=0, help="SIMULATED nvidia.com/gpu capacity per node")
+    p.add_argument("--initial-backoff", type=float, default=10.0, help="seconds before the 2nd restart")
+    args = p.parse_args(argv)
+    kubeconfig = yaml.safe_load(args.kubeconfig.read_text())
+    specs = tuple(
+        agent.NodeSpec(name=n, cpu=args.cpu, memory=args.memory, accelerator=args.accelerator, gpus=args.gpus)
+        for n in args.node
+    )
+    return agent.Settings(
+        cluster=args.cluster, kubeconfig=str(args.kubeconfig), state_dir=args.state_dir, nodes=specs,
+        api_port=agent.api_port(kubeconfig), venv_bin=str(Path(sys.executable).parent),
+        initial_backoff_s=args.initial_backoff,
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(agent.serve(parse(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
