@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -290,18 +291,19 @@ class DevCluster:
         return out
 
 
-def session_cluster(prefix: str, workdir: Path) -> DevCluster:
+def session_cluster(prefix: str, workdir: Path, **options: Any) -> DevCluster:
     """A cluster private to this process (``<prefix>-<pid>``), after removing those of dead sessions.
 
     Two test sessions on one machine then never share a control plane, and a session that was
-    killed before its teardown does not leave its processes and state behind for good.
+    killed before its teardown does not leave its processes and state behind for good. ``options``
+    are further ``DevCluster`` fields (pools, process nodes).
     """
     owned = re.compile(rf"{re.escape(prefix)}-(\d+)")
     clusters = workdir / "clusters"
     for path in sorted(clusters.iterdir()) if clusters.is_dir() else []:
         if (m := owned.fullmatch(path.name)) and not _alive(int(m.group(1))):
             DevCluster(name=path.name, workdir=workdir).down()
-    return DevCluster(name=f"{prefix}-{os.getpid()}", workdir=workdir)
+    return DevCluster(name=f"{prefix}-{os.getpid()}", workdir=workdir, **options)
 
 
 def _alive(pid: int) -> bool:

@@ -42,6 +42,7 @@ def parse(argv: list[str]) -> agent.Settings:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per probe otherwise
     asyncio.run(agent.serve(parse(argv)))
     return 0
 

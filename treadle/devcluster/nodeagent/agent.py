@@ -143,7 +143,7 @@ class NodeAgent:
                 await asyncio.to_thread(
                     self.client.patch_node_status, self.spec.name, {"conditions": status["conditions"]}
                 )
-            except (kubernetes.client.ApiException, OSError) as exc:
+            except kube.ERRORS as exc:
                 log.warning("node %s: heartbeat failed: %s", self.spec.name, exc)
             await asyncio.sleep(RENEW_S)
 
@@ -153,14 +153,17 @@ class NodeAgent:
         while True:
             try:
                 pods = await asyncio.to_thread(self.client.pods_on, self.spec.name)
-            except (kubernetes.client.ApiException, OSError) as exc:
+            except kube.ERRORS as exc:
                 log.warning("node %s: listing pods failed: %s", self.spec.name, exc)
                 await asyncio.sleep(SYNC_S)
                 continue
             refresh = loop.time() - refreshed > REFRESH_S
             if refresh:
                 refreshed = loop.time()
-            await self.sync(pods, refresh=refresh)
+            try:
+                await self.sync(pods, refresh=refresh)
+            except Exception:  # a bug met by one pod must not stop the node: log it, go on with the next list
+                log.exception("node %s: sync failed", self.spec.name)
             await asyncio.sleep(SYNC_S)
 
     async def sync(self, pods: list[dict[str, Any]], *, refresh: bool) -> None:
@@ -178,7 +181,7 @@ class NodeAgent:
                 if obj.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                     continue  # finished before this agent started: nothing to run again
                 runner = self._start(obj)
-            elif refresh:
+            elif refresh and not deleting:
                 await runner.refresh(obj)
             if deleting and uid not in self.stopping:
                 grace = float(obj["metadata"].get("deletionGracePeriodSeconds", pod.DEFAULT_GRACE_S))
@@ -214,8 +217,8 @@ class NodeAgent:
                     self.client.patch_pod_status, meta["namespace"], meta["name"], runner.uid, status
                 )
                 last = status
-            except kubernetes.client.ApiException as exc:
-                if exc.status in (404, 409):
+            except kube.ERRORS as exc:
+                if isinstance(exc, kubernetes.client.ApiException) and exc.status in (404, 409):
                     return  # the pod is gone (or a namesake replaced it)
                 log.warning("pod %s/%s: status patch failed: %s", meta["namespace"], meta["name"], exc)
                 await asyncio.sleep(1.0)
@@ -230,7 +233,7 @@ class NodeAgent:
             await runner.stop(grace)
             if remove:
                 # The final status first, as the kubelet does, then the object.
-                with contextlib.suppress(kubernetes.client.ApiException):
+                with contextlib.suppress(*kube.ERRORS):
                     await asyncio.to_thread(
                         self.client.patch_pod_status, meta["namespace"], meta["name"], uid, runner.status()
                     )
@@ -323,7 +326,7 @@ async def _dns_records(client: kube.NodeClient, server: dns.Server, gateway: str
             table = dns.records(services, slices)
             table[api_name] = [gateway]
             server.table = table
-        except (kubernetes.client.ApiException, OSError) as exc:
+        except kube.ERRORS as exc:
             log.warning("DNS records not refreshed: %s", exc)
         await asyncio.sleep(SYNC_S)
 

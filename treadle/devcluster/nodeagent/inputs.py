@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import kubernetes
+
 from treadle.devcluster.nodeagent import kube
 
 TOKEN_SECONDS = 3607  # what the ServiceAccount admission plugin asks for
@@ -101,7 +103,10 @@ class Inputs:
         """Make or refresh every volume; volume name -> host path to bind-mount."""
         out: dict[str, Path] = {}
         for vol in self.pod["spec"].get("volumes", []):
-            out[vol["name"]] = self._volume(vol)
+            try:
+                out[vol["name"]] = self._volume(vol)
+            except kubernetes.client.ApiException as exc:
+                raise InputError(f"volume {vol['name']!r}: API error {exc.status} {exc.reason}") from exc
         return out
 
     def _volume(self, vol: Mapping[str, Any]) -> Path:
@@ -159,6 +164,14 @@ class Inputs:
 
     def env(self, container: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
         """The container's environment over ``base`` (PATH, HOSTNAME, KUBERNETES_SERVICE_*)."""
+        try:
+            return self._env(container, base)
+        except kubernetes.client.ApiException as exc:
+            raise InputError(
+                f"container {container['name']!r} env: API error {exc.status} {exc.reason}"
+            ) from exc
+
+    def _env(self, container: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
         env = dict(base)
         for source in container.get("envFrom", []):
             prefix = source.get("prefix", "")

@@ -7,10 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from treadle import kubeapi
 
 LEASE_NAMESPACE = "kube-node-lease"
+ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
+"""What a call may raise when the API server refuses, fails or cannot be reached."""
 
 
 def now() -> str:
