@@ -17,7 +17,7 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from treadle.devcluster import kwok, nodes
+from treadle.devcluster import kwok
 from treadle.testing import mooncake_master as mooncake_master_mod
 from treadle.testing import redis_server as redis_server_mod
 
@@ -96,13 +96,11 @@ def dev_cluster() -> Iterator[kwok.DevCluster]:
 
 @pytest.fixture(scope="session")
 def run_cluster() -> Iterator[kwok.DevCluster]:
-    """A private control plane whose process node ``treadle-run-0`` really runs its pods (node agent).
+    """A private control plane whose one node, ``treadle-run-0``, really runs its pods (node agent).
 
-    One KWOK node per pool beside it; pods meant to run select ``kubernetes.io/hostname``.
+    No KWOK node: every pod that schedules runs.
     """
-    cluster = kwok.session_cluster(
-        "treadle-run", kwok.cache_dir() / "kwok-e2e", pools=nodes.scaled_pools(3), run_nodes=1
-    )
+    cluster = kwok.session_cluster("treadle-run", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1)
     cluster.up()
     try:
         yield cluster

@@ -6,8 +6,10 @@ from what the node agent reports; the containers are real processes started from
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +17,9 @@ from kubernetes import client, config
 from test_cluster import wait_for
 from test_cluster_lifecycle import pids_with
 
-from treadle.devcluster import kwok
+from treadle.devcluster import binaries, kwok
 
+ROOT = Path(__file__).resolve().parents[2]
 NODE = "treadle-run-0"
 IMAGE = "ghcr.io/treadle-dev/treadle-services:0.1.0"
 
@@ -174,3 +177,35 @@ def test_unknown_image_is_a_waiting_reason_not_a_crash(core: client.CoreV1Api, n
     state = wait_for(waiting, "waiting reason")
     assert state.reason == "ErrImageNeverPull" and "busybox" in state.message
     assert status(core, ns, "odd").phase == "Pending"
+
+
+def test_the_chart_and_a_jobs_coordination_pods_run(
+    run_cluster: kwok.DevCluster, core: client.CoreV1Api
+) -> None:
+    """``helm install``: Redis, the Mooncake master and the operator run as the chart deploys them; the
+    operator (in-cluster credentials through the agent's API relay) renders a job whose scheduler,
+    placement and buffer pods pass their gRPC readiness probes against the chart's Redis."""
+    helm = binaries.bin_dir() / "helm"
+    subprocess.run(
+        [str(helm), "install", "treadle", str(ROOT / "charts" / "treadle"), "--namespace", "treadle-system",
+         "--create-namespace", "--wait", "--timeout", "60s", "--kubeconfig", str(run_cluster.kubeconfig)],
+        check=True, capture_output=True, timeout=90,
+    )  # fmt: skip
+    system = core.list_namespaced_pod("treadle-system").items
+    assert len(system) == 3 and all(p.status.phase == "Running" and p.spec.node_name == NODE for p in system)
+    core.create_namespace({"metadata": {"name": "jobs"}})
+    run_cluster.kubectl(
+        "apply", "-n", "jobs", "-f", str(ROOT / "manifests" / "examples" / "math-tool-h20.yaml")
+    )
+
+    def coordination_ready() -> bool:
+        pods = core.list_namespaced_pod("jobs").items
+        statuses = {
+            p.metadata.labels.get("app.kubernetes.io/component"): p.status.container_statuses for p in pods
+        }
+        ready = {component for component, cs in statuses.items() if cs and all(c.ready for c in cs)}
+        return {"scheduler", "placement", "buffer"} <= ready
+
+    wait_for(coordination_ready, "scheduler, placement and buffer ready", timeout=60)
+    operator = next(p for p in system if "operator" in p.metadata.name)
+    assert status(core, "treadle-system", operator.metadata.name).container_statuses[0].restart_count == 0

@@ -44,10 +44,11 @@ class DevCluster:
     # Where the context is added: None keeps it in the cluster's own kubeconfig only.
     user_kubeconfig: Path | None = None
     run_nodes: int = 0
-    """Process nodes (``treadle-run-<i>``) whose pods really run, by the node agent (needs root)."""
-    run_accelerator: str | None = None
-    """With ``run_gpus``: the process nodes carry SIMULATED GPUs of this class (capacity only)."""
-    run_gpus: int = 0
+    """CPU process nodes (``treadle-run-<i>``) whose pods really run, by the node agent (needs root)."""
+    run_gpu_nodes: int = 0
+    """Process nodes (``treadle-run-gpu-<i>``) with SIMULATED GPUs: capacity, labels and taint only."""
+    run_accelerator: str = "H20"
+    run_gpus: int = 8
 
     def __post_init__(self) -> None:
         self.bins = binaries.bin_dir()
@@ -150,9 +151,10 @@ class DevCluster:
                 "--kubeconfig", str(self.user_kubeconfig or self.kubeconfig),
             ]  # fmt: skip
             self._run("kwokctl create cluster", args, timeout=timeout + 30)
-        manifest = yaml.safe_dump_all(nodes.render_pools(self.pools))
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest)
-        if self.run_nodes:
+        if self.pools:
+            manifest = yaml.safe_dump_all(nodes.render_pools(self.pools))
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest)
+        if self.run_node_names():
             self._start_node_agent(timeout)
         self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
                      timeout=timeout + 10)  # fmt: skip
@@ -164,7 +166,8 @@ class DevCluster:
         return self.cluster_dir / "nodeagent"
 
     def run_node_names(self) -> list[str]:
-        return [f"treadle-run-{i}" for i in range(self.run_nodes)]
+        cpu = [f"treadle-run-{i}" for i in range(self.run_nodes)]
+        return cpu + [f"treadle-run-gpu-{i}" for i in range(self.run_gpu_nodes)]
 
     def _agent_pid(self) -> int | None:
         pidfile = self.cluster_dir / "nodeagent.pid"
@@ -182,9 +185,9 @@ class DevCluster:
             self.agent_dir.mkdir(parents=True, exist_ok=True)
             args = [sys.executable, "-m", "treadle.devcluster.nodeagent", "--cluster", self.name,
                     "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.agent_dir)]  # fmt: skip
-            args += [a for n in self.run_node_names() for a in ("--node", n)]
-            if self.run_accelerator and self.run_gpus:
-                args += ["--accelerator", self.run_accelerator, "--gpus", str(self.run_gpus)]
+            args += [a for i in range(self.run_nodes) for a in ("--node", f"treadle-run-{i}")]
+            args += [a for i in range(self.run_gpu_nodes) for a in ("--gpu-node", f"treadle-run-gpu-{i}")]
+            args += ["--accelerator", self.run_accelerator, "--gpus", str(self.run_gpus)]
             log = self.cluster_dir / "logs" / "nodeagent.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as out:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import signal
@@ -25,7 +26,7 @@ from typing import Any
 import kubernetes
 
 from treadle.devcluster import nodes
-from treadle.devcluster.nodeagent import dns, kube, net, pod, proxy
+from treadle.devcluster.nodeagent import dns, images, kube, net, pod, proxy
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,13 @@ def render_node(spec: NodeSpec, address: str) -> dict[str, Any]:
     ``treadle.dev/simulated-gpus`` annotation: the GPUs are capacity only.
     """
     gpu = spec.accelerator is not None and spec.gpus > 0
-    pool = nodes.NodePool(spec.name, 1, spec.accelerator if gpu else None, spec.gpus,
-                          cpu=spec.cpu, memory=spec.memory)  # fmt: skip
+    # A GPU node of a class the KWOK pools know looks like one of them (product, memory, cpu, RAM).
+    like = next((p for p in nodes.DEFAULT_POOLS if gpu and p.accelerator == spec.accelerator), None)
+    if like is not None:
+        pool = dataclasses.replace(like, name=spec.name, count=1, gpus_per_node=spec.gpus)
+    else:
+        pool = nodes.NodePool(spec.name, 1, spec.accelerator if gpu else None, spec.gpus,
+                              cpu=spec.cpu, memory=spec.memory)  # fmt: skip
     node = nodes.render_node(pool, 0)
     node["metadata"]["name"] = spec.name
     labels = node["metadata"]["labels"]
@@ -268,8 +274,7 @@ class Settings:
     state_dir: Path
     nodes: tuple[NodeSpec, ...]
     api_port: int
-    venv_bin: str
-    system_path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    host: images.Host
     initial_backoff_s: float = 10.0
 
 
@@ -282,7 +287,7 @@ async def serve(settings: Settings) -> None:
     client = kube.NodeClient.from_environment(settings.kubeconfig)
     ctx = pod.Context(
         client=client, cluster=settings.cluster, network=network, state_dir=settings.state_dir,
-        venv_bin=settings.venv_bin, system_path=settings.system_path,
+        host=settings.host,
         initial_backoff_s=settings.initial_backoff_s,
     )  # fmt: skip
     loop = asyncio.get_running_loop()

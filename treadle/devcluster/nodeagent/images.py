@@ -46,11 +46,22 @@ class ImageUnknown(ValueError):
 
 
 @dataclass(frozen=True)
+class Host:
+    """What this machine offers the images: Treadle's virtualenv and checkout, the system PATH."""
+
+    venv_bin: str
+    """Treadle's virtualenv ``bin``: first on the PATH of Treadle's images (its ``python``, ``treadle``)."""
+    source_root: str
+    """The checkout whose ``treadle`` package Treadle's images run (``PYTHONPATH``), as images/ copy it."""
+    system_path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
 class Runtime:
-    """How a container of one image starts: the argv and the PATH it finds its binaries on."""
+    """How a container of one image starts: its argv and the environment the image gives it."""
 
     argv: tuple[str, ...]
-    path: str
+    env: Mapping[str, str]
 
 
 def repository(image: str) -> str:
@@ -61,13 +72,8 @@ def repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
-def resolve(
-    image: str, command: Sequence[str] | None, args: Sequence[str] | None, *, venv_bin: str, system_path: str
-) -> Runtime:
-    """The argv of a container as Kubernetes builds it (command replaces the ENTRYPOINT, args the CMD).
-
-    ``venv_bin`` is Treadle's virtualenv ``bin`` directory, first on the PATH of Treadle's images.
-    """
+def resolve(image: str, command: Sequence[str] | None, args: Sequence[str] | None, host: Host) -> Runtime:
+    """The argv of a container as Kubernetes builds it (command replaces the ENTRYPOINT, args the CMD)."""
     known = IMAGES.get(repository(image))
     if known is None:
         names = ", ".join(sorted(IMAGES))
@@ -78,5 +84,8 @@ def resolve(
     )
     if not argv:
         raise ImageUnknown(f"image {image!r}: the container has no command and the image no entrypoint")
-    path = f"{venv_bin}:{system_path}" if known.treadle_venv else system_path
-    return Runtime(argv=argv, path=path)
+    if not known.treadle_venv:
+        return Runtime(argv=argv, env={"PATH": host.system_path})
+    return Runtime(
+        argv=argv, env={"PATH": f"{host.venv_bin}:{host.system_path}", "PYTHONPATH": host.source_root}
+    )

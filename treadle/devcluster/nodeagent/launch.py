@@ -8,7 +8,9 @@ visible outside), then ``exec``s the container's argv, which keeps this process'
 
 A helper process rather than a ``preexec_fn``: the agent is multi-threaded, and forking it to run
 Python between fork and exec can deadlock. A failed ``exec`` (no such binary) is written to the
-spec's ``error_file`` for the agent's container status and exits 127, as a shell would.
+spec's ``error_file`` for the agent's container status and exits 127, as a shell would. The
+``started_fd`` pipe closes at the ``exec`` (or the exit), so the agent reports a container running
+only once its own program runs.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def enter(spec: dict[str, object]) -> None:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text())
+    # Closed by a successful exec (close-on-exec) or by the exit: the agent's "container started".
+    os.set_inheritable(spec["started_fd"], False)
     error_file = Path(spec["error_file"])
     try:
         enter(spec)

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 API_HOST = "kubernetes.default.svc.cluster.local"
 API_PORT = 443
 DEFAULT_GRACE_S = 30
+START_TIMEOUT_S = 60.0  # namespaces and bind mounts take milliseconds; a hung start is a bug
 BACKOFF_RESET_S = 600.0  # a container that ran this long without a crash restarts at once again
 
 
@@ -49,10 +50,14 @@ class Context:
     cluster: str
     network: net.ClusterNet
     state_dir: Path
-    venv_bin: str
-    system_path: str
+    host: images.Host
     initial_backoff_s: float = 10.0
     max_backoff_s: float = 300.0
+
+
+def _read_to_eof(fd: int) -> None:
+    while os.read(fd, 64):
+        pass
 
 
 def backoff(crashes: int, initial: float, cap: float) -> float:
@@ -221,12 +226,9 @@ class PodRunner:
     async def _start(self, c: Container) -> asyncio.subprocess.Process:
         """Start the container's process; raises ImageUnknown or InputError."""
         spec = c.spec
-        runtime = images.resolve(
-            spec.get("image", ""), spec.get("command"), spec.get("args"),
-            venv_bin=self.ctx.venv_bin, system_path=self.ctx.system_path,
-        )  # fmt: skip
+        runtime = images.resolve(spec.get("image", ""), spec.get("command"), spec.get("args"), self.ctx.host)
         base = {
-            "PATH": runtime.path, "HOSTNAME": self._hostname(), "HOME": "/root",
+            **runtime.env, "HOSTNAME": self._hostname(), "HOME": "/root",
             "KUBERNETES_SERVICE_HOST": API_HOST, "KUBERNETES_SERVICE_PORT": str(API_PORT),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(API_PORT), "KUBERNETES_PORT": f"tcp://{API_HOST}:{API_PORT}",
         }  # fmt: skip
@@ -252,13 +254,23 @@ class PodRunner:
             "error_file": str(error_file),
         }  # fmt: skip
         spec_file = cdir / "launch.json"
-        spec_file.write_text(json.dumps(launch_spec))
-        with open(cdir / f"{c.restart_count}.log", "ab") as logf:  # noqa: ASYNC230 (open is instant)
-            return await asyncio.create_subprocess_exec(
-                sys.executable, launch.__file__, str(spec_file),
-                stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+        read_end, write_end = os.pipe()
+        spec_file.write_text(json.dumps(launch_spec | {"started_fd": write_end}))
+        try:
+            with open(cdir / f"{c.restart_count}.log", "ab") as logf:  # noqa: ASYNC230 (open is instant)
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, launch.__file__, str(spec_file),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True, pass_fds=(write_end,),
+                )  # fmt: skip
+            os.close(write_end)
+            write_end = -1
+            await asyncio.wait_for(asyncio.to_thread(_read_to_eof, read_end), START_TIMEOUT_S)
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
+        return proc
 
     def _grace(self) -> float:
         return float(self.pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
