@@ -82,8 +82,6 @@ def resolve(image: str, command: Sequence[str] | None, args: Sequence[str] | Non
     argv = (tuple(command) if command else known.entrypoint) + (
         tuple(args) if args else () if command else known.cmd
     )
-    if not argv:
-        raise ImageUnknown(f"image {image!r}: the container has no command and the image no entrypoint")
     if not known.treadle_venv:
         return Runtime(argv=argv, env={"PATH": host.system_path})
     return Runtime(
