@@ -82,6 +82,7 @@ def test_pod_reaches_a_service_by_dns_name_and_reads_a_configmap_volume(
         "for _ in range(60):\n"
         "    try:\n"
         "        body = urllib.request.urlopen('http://web:8000/greeting.txt', timeout=2).read()\n"
+        "        print('fetched', body)\n"
         "        sys.exit(0 if body == b'hello' else 3)\n"
         "    except OSError:\n"
         "        time.sleep(0.5)\n"
@@ -94,6 +95,8 @@ def test_pod_reaches_a_service_by_dns_name_and_reads_a_configmap_volume(
     )
     terminated = done.container_statuses[0].state.terminated
     assert (done.phase, terminated.exit_code, terminated.reason) == ("Succeeded", 0, "Completed")
+    # kubectl logs: the API server proxies to the agent's log endpoint.
+    assert core.read_namespaced_pod_log("client", ns) == "fetched b'hello'\n"
     for name in ("web", "web-twin"):
         s = wait_for(
             lambda n=name: (s := status(core, ns, n)).container_statuses[0].ready and s, f"{name} ready"

@@ -156,8 +156,9 @@ class DevCluster:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest)
         if self.run_node_names():
             self._start_node_agent(timeout)
-        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
-                     timeout=timeout + 10)  # fmt: skip
+        if self.pools or self.run_node_names():  # `kubectl wait --all` fails when there is no node
+            self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
+                         timeout=timeout + 10)  # fmt: skip
         self._wait_default_service_account(timeout)
 
     @property
@@ -184,7 +185,9 @@ class DevCluster:
         if self._agent_pid() is None:
             self.agent_dir.mkdir(parents=True, exist_ok=True)
             args = [sys.executable, "-m", "treadle.devcluster.nodeagent", "--cluster", self.name,
-                    "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.agent_dir)]  # fmt: skip
+                    "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.agent_dir),
+                    "--tls-cert", str(self.cluster_dir / "pki" / "admin.crt"),
+                    "--tls-key", str(self.cluster_dir / "pki" / "admin.key")]  # fmt: skip
             args += [a for i in range(self.run_nodes) for a in ("--node", f"treadle-run-{i}")]
             args += [a for i in range(self.run_gpu_nodes) for a in ("--gpu-node", f"treadle-run-gpu-{i}")]
             args += ["--accelerator", self.run_accelerator, "--gpus", str(self.run_gpus)]

@@ -9,7 +9,7 @@ import dns.rcode
 import pytest
 
 from treadle.devcluster import nodes
-from treadle.devcluster.nodeagent import agent, images, inputs, pod
+from treadle.devcluster.nodeagent import agent, images, inputs, logs, pod
 from treadle.devcluster.nodeagent import dns as cluster_dns
 
 HOST = images.Host(venv_bin="/venv/bin", source_root="/src", system_path="/usr/bin:/bin")
@@ -138,3 +138,10 @@ def test_env_expansion_and_downward_fields() -> None:
 
 def test_api_port_comes_from_the_kubeconfig() -> None:
     assert agent.api_port({"clusters": [{"cluster": {"server": "https://127.0.0.1:32764"}}]}) == 32764
+
+
+def test_log_tail_keeps_the_last_lines() -> None:
+    data = b"a\nb\nc\n"
+    assert logs.tail_lines(data, None) == data
+    assert logs.tail_lines(data, 2) == b"b\nc\n"
+    assert logs.tail_lines(data, 0) == b""

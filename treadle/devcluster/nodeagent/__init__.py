@@ -6,7 +6,7 @@ the rendered command, args, env, volumes and probes, inside a network namespace 
 containers of a pod share 127.0.0.1 and two pods can bind the same port), a mount and UTS
 namespace per container, Services resolvable by the agent's DNS, and the API server reachable the
 in-cluster way. See ``agent`` (nodes and the sync loop), ``pod`` (one pod's lifecycle), ``net``,
-``launch``, ``inputs``, ``probes``, ``images``, ``dns`` and ``proxy``.
+``launch``, ``inputs``, ``probes``, ``images``, ``dns``, ``proxy`` and ``logs``.
 
 What differs from a kubelet with a container runtime, by design of a dev tool:
 - no images: each known image maps to this machine's Treadle virtualenv or a Debian binary
@@ -17,5 +17,5 @@ What differs from a kubelet with a container runtime, by design of a dev tool:
 - no kube-proxy: Service names resolve straight to ready pod IPs, so a Service's port must equal
   its target port;
 - GPUs on a process node are SIMULATED capacity (annotation ``treadle.dev/simulated-gpus``);
-- no kubelet API, so ``kubectl logs`` / ``exec`` do not work; logs are files under the state dir.
+- of the kubelet API only the log route (``logs``): ``kubectl logs`` works, ``kubectl exec`` does not.
 """

@@ -28,6 +28,8 @@ def parse(argv: list[str]) -> agent.Settings:
     p.add_argument("--memory", default="64Gi", help="each node's memory capacity (default 64Gi)")
     p.add_argument("--accelerator", default="H20", help="GPU class of the --gpu-node nodes (default H20)")
     p.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu of each --gpu-node node (default 8)")
+    p.add_argument("--tls-cert", required=True, type=Path, help="certificate of the log endpoint")
+    p.add_argument("--tls-key", required=True, type=Path, help="its private key")
     p.add_argument("--initial-backoff", type=float, default=10.0, help="seconds before the 2nd restart")
     args = p.parse_args(argv)
     kubeconfig = yaml.safe_load(args.kubeconfig.read_text())
@@ -43,7 +45,7 @@ def parse(argv: list[str]) -> agent.Settings:
         api_port=agent.api_port(kubeconfig), host=images.Host(
             venv_bin=str(Path(sys.executable).parent), source_root=str(Path(treadle.__file__).parents[1])
         ),
-        initial_backoff_s=args.initial_backoff,
+        initial_backoff_s=args.initial_backoff, tls_cert=args.tls_cert, tls_key=args.tls_key,
     )  # fmt: skip
 
 

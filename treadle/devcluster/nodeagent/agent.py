@@ -26,7 +26,7 @@ from typing import Any
 import kubernetes
 
 from treadle.devcluster import nodes
-from treadle.devcluster.nodeagent import dns, images, kube, net, pod, proxy
+from treadle.devcluster.nodeagent import dns, images, kube, logs, net, pod, proxy
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,10 @@ def render_node(spec: NodeSpec, address: str) -> dict[str, Any]:
             ("PIDPressure", "False", "KubeletHasSufficientPID", "no PID pressure"),
         )
     ]  # fmt: skip
-    node["status"]["addresses"] = [{"type": "InternalIP", "address": address},
-                                   {"type": "Hostname", "address": spec.name}]  # fmt: skip
+    # No Hostname address: the API server would try the name first for ``kubectl logs``, and nothing
+    # resolves it on this machine.
+    node["status"]["addresses"] = [{"type": "InternalIP", "address": address}]
+    node["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": logs.PORT}}
     node["status"]["nodeInfo"] |= {"kubeletVersion": "treadle-node-agent", "kubeProxyVersion": "none",
                                    "containerRuntimeVersion": "treadle-process://0.1"}  # fmt: skip
     return node
@@ -274,6 +276,9 @@ class Settings:
     state_dir: Path
     nodes: tuple[NodeSpec, ...]
     api_port: int
+    tls_cert: Path
+    tls_key: Path
+    """Certificate and key of the log endpoint (the dev cluster's own)."""
     host: images.Host
     initial_backoff_s: float = 10.0
 
@@ -297,6 +302,13 @@ async def serve(settings: Settings) -> None:
     relay = await proxy.serve(gateway, pod.API_PORT, settings.api_port)
     ips = IPPool(network.subnet)
     agents = [NodeAgent(spec, ctx, ips) for spec in settings.nodes]
+
+    def find(namespace: str, name: str) -> pod.PodRunner | None:
+        runners = (r for a in agents for r in a.runners.values())
+        meta = ((r, r.pod["metadata"]) for r in runners)
+        return next((r for r, m in meta if m["namespace"] == namespace and m["name"] == name), None)
+
+    log_server = await logs.serve(gateway, settings.tls_cert, settings.tls_key, find)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -317,6 +329,7 @@ async def serve(settings: Settings) -> None:
         await asyncio.gather(*(a.stop_all() for a in agents), return_exceptions=True)
         transport.close()
         relay.close()
+        await log_server.cleanup()
         await asyncio.to_thread(net.cleanup, settings.cluster, state)
         client.close()
 
