@@ -212,3 +212,22 @@ def test_the_chart_and_a_jobs_coordination_pods_run(
     wait_for(coordination_ready, "scheduler, placement and buffer ready", timeout=60)
     operator = next(p for p in system if "operator" in p.metadata.name)
     assert status(core, "treadle-system", operator.metadata.name).container_statuses[0].restart_count == 0
+
+
+def test_init_containers_run_in_order_before_the_container(core: client.CoreV1Api, ns: str) -> None:
+    def step(name: str, script: str) -> dict[str, Any]:
+        return {"name": name, "image": IMAGE, "command": ["python", "-c", script],
+                "volumeMounts": [{"name": "work", "mountPath": "/work"}]}  # fmt: skip
+
+    main = step("main", "print(open('/work/order').read())")
+    spec = pod("ordered", main["command"], restartPolicy="Never", volumeMounts=main["volumeMounts"],
+               volumes=[{"name": "work", "emptyDir": {}}])  # fmt: skip
+    spec["spec"]["initContainers"] = [
+        step("first", "open('/work/order', 'w').write('1')"),
+        step("second", "open('/work/order', 'a').write('2')"),
+    ]
+    core.create_namespaced_pod(ns, spec)
+    done = wait_for(lambda: (s := status(core, ns, "ordered")).phase in ("Succeeded", "Failed") and s, "done")
+    assert done.phase == "Succeeded"
+    assert [c.state.terminated.exit_code for c in done.init_container_statuses] == [0, 0]
+    assert core.read_namespaced_pod_log("ordered", ns) == "12\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import kubernetes
 from treadle.devcluster.nodeagent import kube
 
 TOKEN_SECONDS = 3607  # what the ServiceAccount admission plugin asks for
+TOKEN_RENEW_AT = 0.8  # of the token's lifetime, as the kubelet renews
 
 
 class InputError(RuntimeError):
@@ -81,6 +83,7 @@ class Inputs:
         self.pod = pod
         self.ns = pod["metadata"]["namespace"]
         self.pod_dir = pod_dir
+        self.tokens: dict[tuple[str, str | None, int], tuple[str, float]] = {}  # -> (token, renew at)
 
     def _object_data(self, kind: str, name: str, optional: bool) -> dict[str, bytes] | None:
         plural = "configmaps" if kind == "configMap" else "secrets"
@@ -150,7 +153,11 @@ class Inputs:
         if (token := source.get("serviceAccountToken")) is not None:
             account = self.pod["spec"].get("serviceAccountName") or "default"
             seconds = int(token.get("expirationSeconds", TOKEN_SECONDS))
-            value = self.client.request_token(self.ns, account, self.pod, seconds, token.get("audience"))
+            key = (account, token.get("audience"), seconds)
+            value, renew_at = self.tokens.get(key, ("", 0.0))
+            if time.monotonic() >= renew_at:
+                value = self.client.request_token(self.ns, account, self.pod, seconds, token.get("audience"))
+                self.tokens[key] = (value, time.monotonic() + TOKEN_RENEW_AT * seconds)
             return {token["path"]: value.encode()}
         for kind in ("configMap", "secret"):
             if (src := source.get(kind)) is not None:

@@ -133,7 +133,7 @@ class PodRunner:
         self.conditions: dict[str, tuple[str, str]] = {}  # type -> (status, lastTransitionTime)
         self.changed = asyncio.Event()
         self.stopping = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # Events being posted
 
     # ----- status -------------------------------------------------------------------------------
 
@@ -165,7 +165,8 @@ class PodRunner:
             asyncio.to_thread(self.ctx.client.post_event, self.pod, reason, message, kind)
         )
         task.add_done_callback(lambda t: t.exception())  # an Event that fails to post is not a pod failure
-        self._tasks.append(task)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ----- setup --------------------------------------------------------------------------------
 
@@ -192,10 +193,15 @@ class PodRunner:
     async def _setup(self) -> None:
         """Network namespace, /etc files and volumes; retried every 2 s while an input is missing."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.netns = await asyncio.to_thread(
-            net.create_pod_netns, self.ctx.cluster, self.ctx.network, self.uid, self.ip
-        )
-        (self.dir / "netns.ino").write_text(str(net.netns_inode(self.netns)))
+        while self.netns is None:
+            try:
+                self.netns = await asyncio.to_thread(
+                    net.create_pod_netns, self.ctx.cluster, self.ctx.network, self.uid, self.ip
+                )
+            except net.NetworkError as exc:
+                self._waiting_all("ContainerCreating", f"pod sandbox: {exc}")
+                self._event("FailedCreatePodSandBox", str(exc), "Warning")
+                await asyncio.sleep(2.0)
         self._write_etc()
         self.changed.set()
         while True:
