@@ -18,6 +18,7 @@ from typing import Any, Literal
 from treadle.api import v1alpha1
 from treadle.operator import reasons, render
 from treadle.operator.render import common as render_common
+from treadle.operator.render import feeder as render_feeder
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ def _components(job: v1alpha1.RolloutJob) -> list[tuple[str, str, str | None]]:
         (render_common.child_name(job, "env"), "env", None),
         (render_common.child_name(job, "reward"), "reward", None),
     ]
+    if render_feeder.dataset_tasks(job):
+        out.append((render_common.child_name(job, "feeder"), "feeder", None))
     out += [(render_common.child_name(job, "pool", p.name), "pool", p.name) for p in job.spec.pools]
     return out
 

@@ -20,6 +20,7 @@ the garbage collector deletes them with J even while the operator is down):
   else. Every other pod runs without a ServiceAccount token.
 - ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
 - ``J-env`` Deployment + Service: CPU environment pods.
+- ``J-feeder`` Deployment + Service: the dataset feeder (only for a job with dataset tasks).
 - ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
   It is the only ClusterIP Service (stateless, idempotent scoring behind a balancer); the others
   are headless: singletons, stateful env sessions and per-replica inference/store addresses.
@@ -40,7 +41,7 @@ from typing import Any
 
 from treadle.api import v1alpha1
 from treadle.operator import config
-from treadle.operator.render import backends, common, coordination, pool
+from treadle.operator.render import backends, common, coordination, feeder, pool
 
 
 def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
@@ -51,6 +52,8 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
         out[common.child_name(job, "weights")] = spec.weights.replicas
     out[common.child_name(job, "env")] = spec.environment.replicas
     out[common.child_name(job, "reward")] = backends.reward_replicas(job)
+    if feeder.dataset_tasks(job):
+        out[common.child_name(job, "feeder")] = 1
     out |= {common.child_name(job, "pool", p.name): p.replicas for p in spec.pools}
     return {name: 0 if spec.suspend else n for name, n in out.items()}
 
@@ -64,6 +67,7 @@ def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> lis
     out += backends.render_weights(job, cfg)
     out += backends.render_environment(job, cfg)
     out += backends.render_reward(job, cfg)
+    out += feeder.render_feeder(job, cfg)
     for p in job.spec.pools:
         out += pool.render_pool(job, cfg, p)
     return out

@@ -57,7 +57,7 @@ def render_coordination(
 ) -> list[dict[str, Any]]:
     """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
     container = common.service_container(job, cfg, component)
-    pod: dict[str, Any] = {"containers": [container]}
+    pod: dict[str, Any] = {"containers": [container], **common.cpu_placement(job)}
     if component == "scheduler":
         pod |= {
             "serviceAccountName": common.child_name(job, "scheduler"),

@@ -1,8 +1,9 @@
 """``python -m treadle.services.feeder``: feed each dataset task's rows to the scheduler.
 
-Reads the job as the other services do (``treadle.services.podenv``): the spec from
-``TREADLE_CONFIG``, ``TREADLE_JOB``, and ``TREADLE_REDIS_URL`` / ``TREADLE_SCHEDULER_ADDR`` /
-``TREADLE_KEY_PREFIX``, which the flags override. A dataset that cannot be read exits 2 with one line
+Reads the job as the other services do (``treadle.services.podenv``): its dataset tasks, target and
+Hugging Face cache from the job file (``TREADLE_CONFIG``, ``treadle.api.jobconfig.FeederConfig``),
+``TREADLE_JOB``, and ``TREADLE_REDIS_URL`` / ``TREADLE_SCHEDULER_ADDR`` / ``TREADLE_KEY_PREFIX``; the
+flags override. A dataset that cannot be read exits 2 with one line
 naming its field (``spec.tasks[i].dataset...``). Once every epoch is fed it keeps serving its
 health, metrics and ``/v1/feeds`` (a finished feeder is not a crashed one).
 """
@@ -16,13 +17,13 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import redis.asyncio as aioredis
 import uvicorn
 
 from treadle.api import dataset as dataset_api
-from treadle.api import env_vars, v1alpha1
+from treadle.api import env_vars, jobconfig
 from treadle.services import podenv
 from treadle.services.feeder import http_app, service
 from treadle.services.httputil import app as httputil_app
@@ -36,14 +37,12 @@ PROG = "python -m treadle.services.feeder"
 class Config:
     host: str
     port: int
-    job: v1alpha1.RolloutJob
+    feeder: jobconfig.FeederConfig
     redis_url: str
     scheduler: str
     namespace: str
-    target_pending: int
     interval_s: float
     mount: PurePosixPath
-    hf_cache: Path | None
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -60,18 +59,22 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument(
         "--config-map-mount", default=str(dataset_api.CONFIG_MAP_MOUNT), help="where ConfigMaps are"
     )
-    p.add_argument("--hf-cache", type=Path, help="Hugging Face hub cache (default: HF_HUB_CACHE)")
+    p.add_argument("--hf-cache", help="Hugging Face hub cache (default: the job's, else HF_HUB_CACHE)")
     a = p.parse_args(argv)
 
     def build() -> Config:
-        job = podenv.load_job(environ)
+        job = podenv.Job(environ).config
+        feeder = job.feeder
+        if a.target_pending is not None:
+            feeder = dataclasses.replace(feeder, target_pending=a.target_pending)
+        if a.hf_cache:
+            feeder = dataclasses.replace(feeder, hf_cache=a.hf_cache)
         return Config(
-            host=a.host, port=a.port, job=job,
+            host=a.host, port=a.port, feeder=feeder,
             redis_url=podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis"),
             scheduler=podenv.pick(a.scheduler, environ, env_vars.SCHEDULER_ADDR, flag="--scheduler"),
-            namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.name,
-            target_pending=job.spec.rollout.batch_size if a.target_pending is None else a.target_pending,
-            interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), hf_cache=a.hf_cache,
+            namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.job,
+            interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -83,8 +86,8 @@ async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
     scheduler = scheduler_client.SchedulerClient(cfg.scheduler)
     registry = httputil_app.registry()
     svc = service.FeederService(
-        feeds=service.feeds(cfg.job.spec, datasets, client=client, namespace=cfg.namespace),
-        scheduler=scheduler, target_pending=cfg.target_pending, registry=registry,
+        feeds=service.feeds(datasets, client=client, namespace=cfg.namespace),
+        scheduler=scheduler, target_pending=cfg.feeder.target_pending, registry=registry,
     )  # fmt: skip
     server = uvicorn.Server(serve.config(http_app.build_app(svc, registry), cfg.host, cfg.port))
     stop = asyncio.Event()
@@ -107,10 +110,7 @@ async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
     cfg = parse_args(argv, environ)
-    spec = cfg.job.spec
-    datasets = podenv.or_exit(
-        lambda: service.read_datasets(spec, mount=cfg.mount, hf_cache=cfg.hf_cache), prog=PROG
-    )
+    datasets = podenv.or_exit(lambda: service.read_datasets(cfg.feeder, mount=cfg.mount), prog=PROG)
     asyncio.run(run(cfg, datasets))
 
 
