@@ -32,6 +32,10 @@ KIND: Final = "RolloutJob"
 PLURAL = "rolloutjobs"
 REWARD_DEMAND_ANNOTATION = "treadle.dev/reward-demand"
 """Scoring requests waiting or in flight, written on the job by its scheduler; sizes the reward gateway."""
+FEEDER_PROBLEM_ANNOTATION = "treadle.dev/feeder-problem"
+"""Why the job's feeder cannot feed (a dataset it cannot read, the message naming
+``spec.tasks[i].dataset...``), written on the job by the feeder and removed once it reads them all;
+the operator reports it as ``Degraded`` (reason ``DatasetUnusable``)."""
 SINGULAR = "rolloutjob"
 SHORT_NAMES = ("rj",)
 # Children are named ``<job>-<component>`` and ``<job>-pool-<pool>``; Service names must stay

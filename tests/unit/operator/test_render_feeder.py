@@ -10,7 +10,7 @@ import pytest
 from treadle import errors
 from treadle.api import dataset as dataset_api
 from treadle.api import nodes, v1alpha1
-from treadle.operator import config, render, status
+from treadle.operator import config, reasons, render, status
 from treadle.operator.render import common as render_common
 
 CFG = config.OperatorConfig()
@@ -180,3 +180,59 @@ def test_a_judge_with_gpus_is_no_cpu_pod() -> None:
     pod = _pod(children, "fed-reward")
     assert "affinity" not in pod
     assert pod["tolerations"] == [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_the_feeder_may_patch_its_own_job_and_nothing_else() -> None:
+    children = _children(_job())
+    (rule,) = children[("Role", "fed-feeder")]["rules"]
+    assert rule == {"apiGroups": [v1alpha1.GROUP], "resources": [v1alpha1.PLURAL], "resourceNames": ["fed"],
+                    "verbs": ["patch"]}  # fmt: skip
+    binding = children[("RoleBinding", "fed-feeder")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fed-feeder", "namespace": "team-a"}]
+    assert binding["roleRef"]["name"] == "fed-feeder" and ("ServiceAccount", "fed-feeder") in children
+    pod = _pod(children, "fed-feeder")
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("fed-feeder", True)
+    order = [render_common.key(c) for c in render.render_children(_job(), CFG)]
+    assert order.index(("ServiceAccount", "fed-feeder")) < order.index(("Deployment", "fed-feeder"))
+    for component in ("env", "reward", "placement", "buffer"):
+        assert _pod(children, f"fed-{component}")["automountServiceAccountToken"] is False, component
+
+
+def _observed(job: v1alpha1.RolloutJob) -> status.Observed:
+    deployments = {
+        name: status.DeploymentState(desired=n, ready=n, updated=n, current=True)
+        for name, n in render.expected_replicas(job).items()
+    }
+    if "fed-feeder" in deployments:  # not ready while it cannot read a dataset
+        deployments["fed-feeder"] = status.DeploymentState(desired=1, ready=0, updated=1, current=True)
+    return status.Observed(deployments=deployments, gpu_capacity={"H20": 8})
+
+
+def test_what_the_feeder_says_on_the_job_makes_it_degraded_naming_the_dataset() -> None:
+    said = "spec.tasks[1].dataset.source.path: cannot read /data/gsm8k/train.parquet: No such file"
+    job = _job().model_copy(update={"metadata": {
+        **_job().metadata, "annotations": {v1alpha1.FEEDER_PROBLEM_ANNOTATION: said}}})  # fmt: skip
+    st, transitions = status.compute(job, _observed(job), now="t")
+    degraded = next(c for c in st.conditions if c.type == "Degraded")
+    assert (st.phase, degraded.status, degraded.reason) == ("Degraded", "True", reasons.DATASET_UNUSABLE)
+    assert degraded.message == f"feeder: {said}"
+    ready = next(c for c in st.conditions if c.type == "Ready")
+    assert ready.reason == reasons.DATASET_UNUSABLE and "feeder 0/1 ready" in ready.message
+    assert any(t.type == "Degraded" and t.event_type == "Warning" for t in transitions)
+    # Taken back (the feeder read every dataset): no longer degraded.
+    fixed = job.model_copy(update={"metadata": _job().metadata})
+    st, _ = status.compute(fixed, _observed(fixed), now="t")
+    assert next(c for c in st.conditions if c.type == "Degraded").status == "False"
+
+
+def test_a_feeder_problem_left_on_a_job_without_datasets_is_ignored() -> None:
+    job = operator_examples.load_example(
+        operator_examples.ROOT / "manifests/examples/math-tool-h20.yaml",
+        annotations={v1alpha1.FEEDER_PROBLEM_ANNOTATION: "spec.tasks[0].dataset: gone"},
+    )
+    deployments = {
+        name: status.DeploymentState(desired=n, ready=n, updated=n, current=True)
+        for name, n in render.expected_replicas(job).items()
+    }
+    st, _ = status.compute(job, status.Observed(deployments=deployments, gpu_capacity={"H20": 8}), now="t")
+    assert st.phase == "Ready"

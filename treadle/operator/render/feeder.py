@@ -6,6 +6,12 @@ update would run the new pod beside the old). It mounts what the sources name: e
 ``treadle.api.dataset.CONFIG_MAP_MOUNT/<name>`` (so a key is the file ``<name>/<key>``), and each of
 ``spec.feeder.volumes`` at its ``mountPath`` (``path`` sources and the Hugging Face cache lie under
 one, a rule of ``treadle.api.spec_rules``). ``url`` sources need nothing mounted.
+
+A dataset the feeder cannot read is the job's configuration to fix, not a crash: the feeder stays up
+(alive, not ready), writes the reason on its job (``v1alpha1.FEEDER_PROBLEM_ANNOTATION``, which its
+Role allows and nothing else) and reads again; the operator turns it into ``Degraded``. On the job
+rather than as a condition on its own Pod: a Role can pin one RolloutJob by name but not a Pod whose
+name is random, so ``pods/status`` would let the feeder rewrite every pod's status in the namespace.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 from treadle.api import dataset as dataset_api
 from treadle.api import v1alpha1
 from treadle.operator import config
-from treadle.operator.render import common
+from treadle.operator.render import common, coordination
 
 
 def dataset_tasks(job: v1alpha1.RolloutJob) -> list[v1alpha1.Task]:
@@ -46,7 +52,7 @@ def _volumes(job: v1alpha1.RolloutJob) -> tuple[list[dict[str, Any]], list[dict[
 
 
 def render_feeder(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
-    """Deployment + headless Service of the feeder; nothing for a job without dataset tasks."""
+    """Identity, Deployment and headless Service of the feeder; nothing for a job without dataset tasks."""
     if not dataset_tasks(job):
         return []
     memory = job.spec.feeder.memory
@@ -60,10 +66,15 @@ def render_feeder(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
                                   "failureThreshold": 6}  # fmt: skip
     volumes, mounts = _volumes(job)
     container["volumeMounts"] += mounts
-    pod = {"containers": [container], **common.cpu_placement(job)}
+    pod = {
+        "containers": [container], **common.cpu_placement(job),
+        **coordination.runs_as_own_identity(job, "feeder"),
+    }  # fmt: skip
     deployment = common.deployment(job, cfg, "feeder", replicas=1, max_surge=0, pod_spec=pod)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     deployment["spec"]["template"]["spec"]["volumes"] += volumes
     deployment = common.stamp(deployment)
     # Headless: one pod; the Service names its /metrics and /v1/feeds port for scrapers and people.
-    return [deployment, common.service(job, cfg, "feeder", {"http": config.PORTS["feeder"]}, headless=True)]
+    service = common.service(job, cfg, "feeder", {"http": config.PORTS["feeder"]}, headless=True)
+    # The account before the Deployment: a pod naming a missing one is refused.
+    return [*coordination.render_identity(job, cfg, "feeder"), deployment, service]

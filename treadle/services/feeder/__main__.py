@@ -3,9 +3,11 @@
 Reads the job as the other services do (``treadle.services.podenv``): its dataset tasks, target and
 Hugging Face cache from the job file (``TREADLE_CONFIG``, ``treadle.api.jobconfig.FeederConfig``),
 ``TREADLE_JOB``, and ``TREADLE_REDIS_URL`` / ``TREADLE_SCHEDULER_ADDR`` / ``TREADLE_KEY_PREFIX``; the
-flags override. A dataset that cannot be read exits 2 with one line
-naming its field (``spec.tasks[i].dataset...``). Once every epoch is fed it keeps serving its
-health, metrics and ``/v1/feeds`` (a finished feeder is not a crashed one).
+flags override. A dataset that cannot be read is named by its field (``spec.tasks[i].dataset...``):
+in a pod of a job (``TREADLE_NAMESPACE`` and credentials) the feeder stays up, not ready, writes the
+reason on its job (``problem``, which the operator reports as Degraded) and reads the job file and
+the datasets again every ``--retry-s``; elsewhere it exits 2 with that one line. Once every epoch
+is fed it keeps serving its health, metrics and ``/v1/feeds`` (a finished feeder is not a crashed one).
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from pathlib import PurePosixPath
 import redis.asyncio as aioredis
 import uvicorn
 
+from treadle import errors
 from treadle.api import dataset as dataset_api
 from treadle.api import env_vars, jobconfig
 from treadle.services import podenv
-from treadle.services.feeder import http_app, service
+from treadle.services.feeder import http_app, problem, service
 from treadle.services.httputil import app as httputil_app
 from treadle.services.httputil import serve
 from treadle.services.scheduler import client as scheduler_client
 
 PROG = "python -m treadle.services.feeder"
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Config:
     namespace: str
     interval_s: float
     mount: PurePosixPath
+    retry_s: float
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -60,6 +65,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         "--config-map-mount", default=str(dataset_api.CONFIG_MAP_MOUNT), help="where ConfigMaps are"
     )
     p.add_argument("--hf-cache", help="Hugging Face hub cache (default: the job's, else HF_HUB_CACHE)")
+    p.add_argument(
+        "--retry-s", type=float, default=30.0, help="seconds between readings of an unusable dataset"
+    )
     a = p.parse_args(argv)
 
     def build() -> Config:
@@ -74,7 +82,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             redis_url=podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis"),
             scheduler=podenv.pick(a.scheduler, environ, env_vars.SCHEDULER_ADDR, flag="--scheduler"),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.job,
-            interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount),
+            interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), retry_s=a.retry_s,
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -108,7 +116,62 @@ async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
         await client.aclose()
 
 
+async def wait_for_datasets(
+    argv: list[str] | None, environ: Mapping[str, str], reporter: problem.ProblemReporter
+) -> tuple[Config, list[service.TaskRows]] | None:
+    """The config and every dataset's rows, once they can be read; None if SIGTERM came first.
+
+    Meanwhile the feeder is alive (its port answers) but not ready (``/healthz`` fails), and its job
+    carries the reason, so a bad dataset shows as the job's Degraded condition, not a crash loop.
+    """
+    cfg = parse_args(argv, environ)
+    try:
+        datasets = service.read_datasets(cfg.feeder, mount=cfg.mount)
+    except errors.SpecError as exc:
+        why = str(exc)
+    else:
+        await reporter.report(None)  # what an earlier pod of the job said is over
+        return cfg, datasets
+    app = httputil_app.new_app(title="treadle feeder", registry=httputil_app.registry(), ready=lambda: False)
+    server = uvicorn.Server(serve.config(app, cfg.host, cfg.port))
+    serving = asyncio.create_task(server.serve(), name="serving")
+    try:
+        while True:
+            log.error("cannot feed (reading again in %.0fs): %s", cfg.retry_s, why)
+            await reporter.report(why)
+            done, _ = await asyncio.wait({serving}, timeout=cfg.retry_s)
+            if done:
+                return None
+            cfg = parse_args(argv, environ)  # the job file too: a fixed spec reaches the mounted copy
+            try:
+                datasets = service.read_datasets(cfg.feeder, mount=cfg.mount)
+            except errors.SpecError as exc:
+                why = str(exc)
+                continue
+            log.info("every dataset is readable now")
+            await reporter.report(None)
+            return cfg, datasets
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def run_in_pod(
+    argv: list[str] | None, environ: Mapping[str, str], reporter: problem.ProblemReporter
+) -> None:
+    try:
+        ready = await wait_for_datasets(argv, environ, reporter)
+    finally:
+        await reporter.aclose()
+    if ready is not None:
+        await run(*ready)
+
+
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
+    reporter = problem.ProblemReporter.from_env(environ)
+    if reporter is not None:
+        asyncio.run(run_in_pod(argv, environ, reporter))
+        return
     cfg = parse_args(argv, environ)
     datasets = podenv.or_exit(lambda: service.read_datasets(cfg.feeder, mount=cfg.mount), prog=PROG)
     asyncio.run(run(cfg, datasets))
