@@ -118,6 +118,14 @@ SPEC_RULES: tuple[Rule, ...] = (
         lambda f: all((v.persistent_volume_claim is None) != (v.host_path is None) for v in f.volumes),
     ),
     Rule(
+        ("feeder",),
+        "self.volumes.all(v, !v.mountPath.startsWith('/etc/treadle'))",
+        "spec.feeder.volumes[].mountPath must not lie under /etc/treadle (the job's config and its"
+        " ConfigMap datasets are mounted there)",
+        "spec.feeder.volumes",
+        lambda f: not any(v.mount_path.startswith("/etc/treadle") for v in f.volumes),
+    ),
+    Rule(
         (),
         "self.tasks.all(t, !has(t.dataset) || !has(t.dataset.source.path)"
         " || (!t.dataset.source.path.contains('/../') && self.feeder.volumes.exists(v,"

@@ -123,8 +123,12 @@ def test_the_feeder_counts_toward_readiness() -> None:
         ({"volumes": [{"name": "d", "mountPath": "/data", "hostPath": {"path": "/x"}},
                       {"name": "d", "mountPath": "/more", "hostPath": {"path": "/y"}}]},
          "spec.feeder.volumes"),
+        ({"volumes": [{"name": "d", "mountPath": "/data", "hostPath": {"path": "/x"}},
+                      {"name": "e", "mountPath": "/etc/treadle-datasets", "hostPath": {"path": "/y"}}]},
+         "spec.feeder.volumes"),
     ],
-    ids=["outside", "the-mount-itself", "two-sources", "no-source", "hf-cache-outside", "dots", "same-name"],
+    ids=["outside", "the-mount-itself", "two-sources", "no-source", "hf-cache-outside", "dots", "same-name",
+         "over-the-config"],
 )  # fmt: skip
 def test_a_dataset_path_must_lie_under_a_declared_volume(feeder: dict[str, Any], field: str) -> None:
     with pytest.raises(errors.SpecError) as info:
