@@ -3,8 +3,8 @@
 A pod started by the operator (and local mode, the same way) reads its job file
 (``treadle.api.jobconfig.EnvConfig``): an environment the job's tasks name that this image does not
 serve is a startup error, not a failure on the first trajectory; ``spec.environment.warmPool`` and
-``spec.externalResources.cpuCoresPerAction`` fill ``--warm-pool`` and ``--cpu-per-action``, which a
-bare env server without a job takes (default none and 1).
+``spec.externalResources.cpuCoresPerAction`` size the sandbox. An env server without a job file
+keeps no warm sandbox and pins an action to 1 CPU.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
 
 PROG = "python -m treadle.services.env"
-MAX_WARM_POOL = 64
-"""The CRD's bound on ``spec.environment.warmPool``."""
 CPU_PER_ACTION_FIELD = "spec.externalResources.cpuCoresPerAction"
 
 
@@ -52,12 +50,9 @@ def cpus_per_action(raw: str) -> int:
     return math.ceil(cores)
 
 
-def warm_pool(flag: int | None, job: jobconfig.EnvConfig | None) -> int:
-    """Warm sandbox processes for python-code: 0 when the pod's job runs no python-code task."""
-    value = flag if flag is not None else (job.warm_pool if job else 0)
-    if not 0 <= value <= MAX_WARM_POOL:
-        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field="--warm-pool", value=value)
-    return value if job is None or pythoncode.SPEC.name in job.environments else 0
+def warm_pool(job: jobconfig.EnvConfig | None) -> int:
+    """Warm sandbox processes for python-code: 0 without a job or when it runs no python-code task."""
+    return job.warm_pool if job is not None and pythoncode.SPEC.name in job.environments else 0
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
@@ -68,19 +63,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--step-timeout-s", type=float, default=30.0)
     p.add_argument("--idle-ttl-s", type=float, default=900.0)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
-    p.add_argument("--warm-pool", type=int, default=None, help="default: the job's or 0")
-    p.add_argument("--cpu-per-action", default=None, help="default: the job's or 1")
     a = p.parse_args(argv)
     job = podenv.Job(environ)
     env = podenv.or_exit(lambda: job.config.env if job.present else None, prog=PROG)
     if env is not None:
         podenv.or_exit(lambda: check_environments(env.environments), prog=PROG)
-    warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, env), prog=PROG)
-    raw_cpu = a.cpu_per_action or (env.cpu_per_action if env else "1")
-    cpus = podenv.or_exit(lambda: cpus_per_action(raw_cpu), prog=PROG)
+    cpus = podenv.or_exit(lambda: cpus_per_action(env.cpu_per_action if env else "1"), prog=PROG)
     app = http_app.build_app(
         max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
-        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm, cpus_per_action=cpus,
+        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 
