@@ -55,7 +55,6 @@ class TaskConfig:
             )
         if self.agents and self.agent != self.agents[0]:
             raise SpecError("must be the first of agents", field=f"tasks.{self.name}.agent", value=self.agent)
-        object.__setattr__(self, "agents", tuple(self.agents))  # JSON (``--tasks``) gives a list
 
     @property
     def members(self) -> int:
