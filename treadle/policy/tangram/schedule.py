@@ -12,8 +12,13 @@ sum of the queued actions' ACTs.
    prefixes (the last candidate evicted: it stays queued, its units go to the rest through the
    DP), stopping at the first eviction that does not lower it. Fixes (digest §0): keep the
    ``len - t + 1`` actions before the non-improving eviction (bug #2: the listing's ``C[:-t+1]`` is
-   empty at ``t = 1``), and never evict the head (bug #3: ``t <= len - 1``, so the oldest
-   admitted action always runs and nothing starves).
+   empty at ``t = 1``). Bug #3 (evicting every candidate could schedule nothing, for ever): the
+   head may be evicted only while running actions hold units of its key resource. Evicting it
+   wins only when the estimate prefers it to wait for one of its first ``depth`` amounts, so it
+   waits at most until completions free that amount; every round is FCFS, nothing passes it, and
+   with nothing running it always runs. The digest's stricter cap (``t <= len - 1``: the head runs
+   at once on whatever is free) is ``head_always_runs``; in the simulator it pins long reward
+   runs to the one core free at that instant and loses (``bench/reports/tangram.md``).
 4. **Objective** (Alg. 2): the candidates' exact ACT sum from DPArrange (``dparrange``), plus an
    estimate for the group's queued actions behind them: list scheduling on the completion heap
    (one entry per unit of the key resource: running actions' expected ends, the candidates'
@@ -48,6 +53,8 @@ class Settings:
     depth: int = DEFAULT_DEPTH
     horizon: int | None = None
     """Queued actions behind the candidates that Alg. 2 estimates (``None``: all of them)."""
+    head_always_runs: bool = False
+    """Never evict the head (the digest's fix for bug #3) instead of the bounded wait (module doc)."""
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -133,7 +140,11 @@ def _evict(
 
     keep = len(group)
     obj, granted = objective(keep)
-    for t in range(1, len(group)):  # bug #3: the head is never evicted
+    # Bug #3: the head may be evicted only while running actions hold units of this resource, so
+    # a completion brings another round; it then runs once the units its estimate waited for are
+    # free (at worst when nothing runs). ``head_always_runs``: the digest's cap, t <= len - 1.
+    defer = not settings.head_always_runs and any(r.key == key for r in running)
+    for t in range(1, len(group) + defer):
         new, new_granted = objective(len(group) - t)
         if new >= obj:
             break  # bug #2: keep the len - t + 1 actions before this eviction

@@ -68,10 +68,7 @@ def test_gpu_group_gets_buddy_feasible_amounts() -> None:
     assert grants[0].action_id == "g0"
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_the_head_always_runs_when_it_fits_and_grants_fit(seed: int) -> None:
-    """Bug #3 regression: greedy eviction never evicts the head, whatever the queue."""
-    rng = random.Random(seed)
+def _random_queue(rng: random.Random) -> tuple[list[model.Action], int, int]:
     total = rng.choice((4, 8, 16, 32))
     free = rng.randint(1, total)
     eff = profile.fit([(m, rng.uniform(0, 0.3) + 1.0 / m) for m in (1, 2, 4, 8)], 32)
@@ -83,11 +80,21 @@ def test_the_head_always_runs_when_it_fits_and_grants_fit(seed: int) -> None:
             )
         else:
             waiting.append(_fixed(i, rng.uniform(0.01, 5), cores=rng.randint(1, 2)))
+    return waiting, free, total
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["head-always-runs", "bounded-wait"])
+@pytest.mark.parametrize("seed", range(40))
+def test_grants_fit_keep_fcfs_order_and_the_head_runs(seed: int, strict: bool) -> None:
+    rng = random.Random(seed)
+    waiting, free, total = _random_queue(rng)
     running = [model.Running("cpu", 1, rng.uniform(0, 10)) for _ in range(total - free)]
-    settings = schedule.Settings(depth=rng.randint(1, 3), horizon=rng.choice((None, 0, 5)))
+    settings = schedule.Settings(rng.randint(1, 3), rng.choice((None, 0, 5)), head_always_runs=strict)
     grants = schedule.decide(waiting, running, {"cpu": pools.FlatPool(free, total)}, settings)
-    if waiting[0].min_units <= free:
+    if waiting[0].min_units <= free and (strict or not running):
         assert grants and grants[0].action_id == waiting[0].id
+    if grants:  # the head is first or nothing runs: FCFS
+        assert grants[0].action_id == waiting[0].id or waiting[0].min_units > free
     assert sum(g.units["cpu"] for g in grants) <= free
     by_id = {a.id: a for a in waiting}
     assert all(g.units["cpu"] in by_id[g.action_id].cost["cpu"] for g in grants)
@@ -95,11 +102,40 @@ def test_the_head_always_runs_when_it_fits_and_grants_fit(seed: int) -> None:
     assert [order.index(g.action_id) for g in grants] == sorted(order.index(g.action_id) for g in grants)
 
 
-def test_the_head_is_not_starved_over_rounds() -> None:
+@pytest.mark.parametrize("seed", range(200))
+def test_the_head_is_never_starved_over_rounds(seed: int) -> None:
+    """While the head waits, nothing of its resource starts behind it, so it runs at the latest once
+    the actions running when it arrived have all ended: a round per completion, short actions
+    arriving all along."""
+    rng = random.Random(seed)
+    waiting, free, total = _random_queue(rng)
+    now = 0.0
+    ends = [rng.uniform(0, 10) for _ in range(total - free)]
+    bound = len(ends) + 1
+    head = waiting[0].id
+    for _ in range(bound):
+        running = [model.Running("cpu", 1, e - now) for e in ends]
+        grants = schedule.decide(waiting, running, {"cpu": pools.FlatPool(total - len(ends), total)})
+        by_id = {a.id: a for a in waiting}
+        for g in grants:
+            ends += [now + by_id[g.action_id].duration(g.units["cpu"])] * g.units["cpu"]
+        if head in {g.action_id for g in grants}:
+            return
+        waiting = [a for a in waiting if a.id not in {g.action_id for g in grants}]
+        waiting.append(_fixed(1000 + len(waiting), 0.01))
+        now = min(ends)
+        ends.remove(now)
+    pytest.fail(f"the head waited more than {bound} rounds")
+
+
+def test_the_strict_head_runs_at_once() -> None:
     """A stream of short actions behind an elastic head: the head runs in the first round it fits."""
     waiting = [_elastic(0, t_ori=1000.0)] + [_fixed(i, 0.01) for i in range(50)]
-    grants = schedule.decide(waiting, [model.Running("cpu", 7, 0.01)], {"cpu": pools.FlatPool(1, 8)})
-    assert _units(grants) == [("e0", 1)]
+    status = {"cpu": pools.FlatPool(1, 8)}
+    strict = schedule.Settings(head_always_runs=True)
+    assert _units(schedule.decide(waiting, [model.Running("cpu", 7, 0.01)], status, strict)) == [("e0", 1)]
+    # The bounded wait: 7 cores free in 0.01 s, so the long elastic head waits for its second amount.
+    assert schedule.decide(waiting, [model.Running("cpu", 7, 0.01)], status) == []
 
 
 def test_an_unknown_resource_type_names_the_field() -> None:
