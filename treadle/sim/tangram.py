@@ -36,9 +36,9 @@ trajectory. Two workloads, each against its paper baseline:
     ``restore_fixed_s + model_gb / k / restore_gbps`` (its shard moves over every GPU's link at
     once) before it runs; at most one action per GPU.
   - ``static``: every teacher on its own ``static_gpus`` GPUs (TP), whatever ``nodes`` says (the
-    over-provisioned reference Fig. 8b's right half compares fewer pooled GPUs with), one action at a time (the
-    teacher forward over a whole trajectory is compute-bound prefill, so batching several would not
-    shorten the queue; ours), FCFS per teacher.
+    over-provisioned reference of Fig. 8b's right half), one action at a time (a teacher forward
+    over a whole trajectory is compute-bound prefill, so batching several would not shorten the
+    queue; ours), FCFS per teacher.
 
 Everything is simulated; the decision times are measured (wall clock around ``schedule.decide``).
 """

@@ -143,9 +143,10 @@ class Table:
             return value, ()
         amounts = []
         for i in range(count - 1, -1, -1):
-            c = int(self.choices[i][state])
-            amounts.append(self.tasks[i].options[c])
-            state = int(self.prevs[i][c, state])
+            options = self.tasks[i].options
+            c = self.choices[i].item(state) if len(options) > 1 else 0
+            amounts.append(options[c])
+            state = self.prevs[i].item(c, state)
         return value, tuple(reversed(amounts))
 
 
@@ -156,16 +157,21 @@ def arrange(op: Operator, tasks: Sequence[model.Action]) -> Table:
     row[0] = 0.0
     rows, choices, prevs = [row[:n]], [], []
     columns = np.arange(n)
+    first = np.zeros(n, dtype=np.int64)
     for task in tasks:
         prev = _prev_matrix(op, task.options)
-        costs = row[prev] + np.asarray(task.durations)[:, None]
-        if len(task.options) == 1:
-            choice = np.zeros(n, dtype=np.int64)
-            best = costs[0]
+        new = np.empty(n + 1)
+        new[n] = np.inf
+        if len(task.options) == 1:  # an inelastic candidate: a shift and a constant
+            choice = first
+            np.take(row, prev[0], out=new[:n])
+            new[:n] += task.durations[0]
         else:
+            costs = row[prev]
+            costs += np.asarray(task.durations)[:, None]
             choice = costs.argmin(axis=0)
-            best = costs[choice, columns]
-        row = np.append(best, np.inf)
+            new[:n] = costs[choice, columns]
+        row = new
         rows.append(row[:n])
         choices.append(choice)
         prevs.append(prev)

@@ -84,7 +84,7 @@ class Action:
     def scalable(self) -> bool:
         return len(self.options) > 1
 
-    @property
+    @functools.cached_property
     def min_units(self) -> int:
         return self.cost[self.key][0]
 
