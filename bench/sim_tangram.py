@@ -101,7 +101,8 @@ def main() -> None:
     mk = base["k8s"]["makespan_s"] / base["tangram"]["makespan_s"]
     lines += [
         "",
-        f"Rollout makespan (the step without training): K8s / Tangram = {mk:.2f}x (paper, whole RL step: 1.4x). "
+        f"Rollout makespan (the step without training): K8s / Tangram = {mk:.2f}x "
+        "(paper, whole RL step: 1.4x). "
         f"Busy share of a trajectory's life under Tangram at bsz {cb['batch']}: "
         f"{base['tangram']['busy_fraction'] * 100:.0f} % (K8s {base['k8s']['busy_fraction'] * 100:.0f} %; "
         "paper Fig. 3c: 47 %).",
@@ -119,7 +120,8 @@ def main() -> None:
         )
     lines += [
         "",
-        "Paper: 3.1x to 27.7x as the batch grows (128 to 1536), K8s overloaded with control-plane timeouts at 1536.",
+        "Paper: 3.1x to 27.7x as the batch grows (128 to 1536), K8s overloaded with control-plane "
+        "timeouts at 1536.",
         "",
         f"| cores (bsz {cb['batch']}) | K8s s | Tangram s | gain |",
         "|---|---|---|---|",
@@ -151,7 +153,8 @@ def main() -> None:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Paper (average ACT): 2.0x vs DoP 4 at bsz 256, 3.0x vs DoP 16 at bsz 1280, 1.8x vs DoP 4 with 1x cores.",
+        "Paper (average ACT): 2.0x vs DoP 4 at bsz 256, 3.0x vs DoP 16 at bsz 1280, "
+        "1.8x vs DoP 4 with 1x cores.",
         "",
         "## Fig. 8b: GPU scalability (MOPD-like, ACT per action, static / Tangram)",
         "",
@@ -169,7 +172,8 @@ def main() -> None:
         "",
         "Paper: 18.1x vs SGLang at 2048, 3.4x at 1024; SGLang slightly better at low concurrency.",
         "",
-        f"| Tangram GPUs (bsz {mb['batch']}) | Tangram ACT s | static ACT s ({mb['services'] * mb['static_gpus']} GPUs) |",
+        f"| Tangram GPUs (bsz {mb['batch']}) | Tangram ACT s | "
+        f"static ACT s ({mb['services'] * mb['static_gpus']} GPUs) |",
         "|---|---|---|",
     ]
     iso = None
@@ -186,7 +190,8 @@ def main() -> None:
         "",
         "## Table 1: ACT breakdown per action (seconds: exec / queue / overhead)",
         "",
-        "| workload (bsz) | kind | ours exec | ours queue | ours overhead | paper exec | paper queue | paper overhead |",
+        "| workload (bsz) | kind | ours exec | ours queue | ours overhead "
+        "| paper exec | paper queue | paper overhead |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for (wl, b), paper in TABLE1.items():
