@@ -20,8 +20,8 @@ trajectory. Two workloads, each against its paper baseline:
   - ``k8s``: a pod per trajectory, requested when the trajectory starts: the control plane creates
     ``pods_per_s`` pods a second in FIFO order, the scheduler places each on a node with
     ``pod_cpu_request`` cores and the trajectory's memory unrequested (else it stays pending), and
-    it runs ``pod_start_s`` later; a pod not running ``pod_timeout_s`` after its request times out
-    and is requested again. Actions run in their pod with ``baseline_dop`` threads, at most
+    it runs ``pod_start_s`` later; a request the control plane has not reached ``pod_timeout_s``
+    after it was made times out and is made again. Actions run in their pod with ``baseline_dop`` threads, at most
     ``pod_cpu_limit`` cores; a node's cores are shared fairly among its running actions (CFS with
     equal requests: water-filling under each action's cap, so an action on ``x`` of its ``d``
     threads' cores runs at ``x / d`` speed). The pod holds its request until the trajectory ends.
@@ -45,6 +45,7 @@ Everything is simulated; the decision times are measured (wall clock around ``sc
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import heapq
@@ -347,9 +348,11 @@ class _CpuK8s:
         """Trajectory -> node of its pod, once it runs."""
         self.waiting: dict[int, tuple[Job, Record]] = {}
         """Actions whose pod is not running yet."""
-        self.pending: list[tuple[int, float]] = []
-        """Created pods no node can take: (trajectory, request time)."""
-        self.next_create = 0.0
+        self.pending: list[int] = []
+        """Trajectories of created pods no node can take yet."""
+        self.backlog: collections.deque[tuple[int, float]] = collections.deque()
+        """Pod requests waiting for the control plane: (trajectory, request time)."""
+        self.creating = False
         self.timeouts = 0
         self.jobs: list[dict[int, list[float]]] = [{} for _ in range(cfg.nodes)]
         """Per node: record index -> [work left, threads, cap, speed]."""
@@ -363,15 +366,29 @@ class _CpuK8s:
             self._request(i, 0.0)
 
     def _request(self, traj: int, asked: float) -> None:
-        created = max(self.loop.now, self.next_create) + 1.0 / self.cfg.pods_per_s
-        self.next_create = created
-        self.loop.at(created, lambda: self._created(traj, asked))
+        self.backlog.append((traj, asked))
+        self._serve()
 
-    def _created(self, traj: int, asked: float) -> None:
-        if self.loop.now - asked > self.cfg.pod_timeout_s:
-            self.timeouts += 1
-            self._request(traj, self.loop.now)
+    def _serve(self) -> None:
+        """Create the next pod; a request older than the timeout is dropped and asked again (at the
+        back, costing the control plane nothing), so the backlog always drains."""
+        if self.creating:
             return
+        while self.backlog:  # ends: a request asked again is fresh
+            traj, asked = self.backlog.popleft()
+            if self.loop.now - asked <= self.cfg.pod_timeout_s:
+                self.creating = True
+                self.loop.at(self.loop.now + 1.0 / self.cfg.pods_per_s, lambda: self._created(traj))
+                return
+            self.timeouts += 1
+            self.backlog.append((traj, self.loop.now))
+
+    def _created(self, traj: int) -> None:
+        self.creating = False
+        self._serve()
+        self._place(traj)
+
+    def _place(self, traj: int) -> None:
         cfg = self.cfg
         fits = [
             n
@@ -380,7 +397,7 @@ class _CpuK8s:
             and self.memory[n] + cfg.trajectory_memory_gb <= cfg.memory_gb_per_node
         ]
         if not fits:
-            self.pending.append((traj, asked))
+            self.pending.append(traj)
             return
         node = min(fits, key=lambda n: (self.requested[n], n))  # least allocated
         self.requested[node] += cfg.pod_cpu_request
@@ -445,8 +462,7 @@ class _CpuK8s:
         self.requested[node] -= self.cfg.pod_cpu_request
         self.memory[node] -= self.cfg.trajectory_memory_gb
         if self.pending:
-            waiting, asked = self.pending.pop(0)
-            self._created(waiting, asked)
+            self._place(self.pending.pop(0))
 
 
 # ------------------------------------------------------------------------------------------ mopd
