@@ -21,10 +21,11 @@ trajectory. Two workloads, each against its paper baseline:
     ``pods_per_s`` pods a second in FIFO order, the scheduler places each on a node with
     ``pod_cpu_request`` cores and the trajectory's memory unrequested (else it stays pending), and
     it runs ``pod_start_s`` later; a request the control plane has not reached ``pod_timeout_s``
-    after it was made times out and is made again. Actions run in their pod with ``baseline_dop`` threads, at most
-    ``pod_cpu_limit`` cores; a node's cores are shared fairly among its running actions (CFS with
-    equal requests: water-filling under each action's cap, so an action on ``x`` of its ``d``
-    threads' cores runs at ``x / d`` speed). The pod holds its request until the trajectory ends.
+    after it was made times out and is made again. Actions run in their pod with ``baseline_dop``
+    threads, at most ``pod_cpu_limit`` cores; a node's cores are shared fairly among its running
+    actions (CFS with equal requests: water-filling under each action's cap, so an action on ``x``
+    of its ``d`` threads' cores runs at ``x / d`` speed). The pod holds its request until the
+    trajectory ends.
 
 * **mopd** (GPU): ``services`` teacher models, one per RL task; tasks get unequal shares of the
   batch (``task_skew``) and generation times scaled so they interleave (``task_spread``); a
@@ -378,7 +379,9 @@ class _CpuK8s:
             traj, asked = self.backlog.popleft()
             if self.loop.now - asked <= self.cfg.pod_timeout_s:
                 self.creating = True
-                self.loop.at(self.loop.now + 1.0 / self.cfg.pods_per_s, lambda: self._created(traj))
+                self.loop.at(
+                    self.loop.now + 1.0 / self.cfg.pods_per_s, functools.partial(self._created, traj)
+                )
                 return
             self.timeouts += 1
             self.backlog.append((traj, self.loop.now))
