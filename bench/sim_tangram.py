@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import benchcli
 import yaml
 
-from treadle.sim import kinds
+from treadle.sim import kinds, tangram
 from treadle.sim.kinds import tangram as tangram_kind
 
 HERE = Path(__file__).parent
@@ -35,6 +36,13 @@ TABLE1 = {
     ("mopd", 2048): (0.621, 0.081, 0.201),
     ("mopd", 3072): (0.705, 15.05, 0.240),
 }
+SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("depth 2, horizon 64 (scenario)", {}),
+    ("depth 1", {"depth": 1}),
+    ("depth 3", {"depth": 3}),
+    ("horizon: whole queue (the paper)", {"horizon": None}),
+    ("head always runs (digest's bug #3 cap)", {"head_always_runs": True}),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +210,25 @@ def main() -> None:
                 f"| {wl} ({b}) | {kind} | {m['exec_s']:.3f} | {m['queue_s']:.3f} | {m['overhead_s']:.3f} | "
                 f"{paper[0]} | {paper[1]} | {paper[2]} |"
             )
+    lines += [
+        "",
+        f"## Scheduler settings (Tangram, coding bsz {cb['batch']}, ours: the paper evaluates depth 2 only)",
+        "",
+        "| setting | ACT per trajectory s | reward runs s | rollout makespan s |",
+        "|---|---|---|---|",
+    ]
+    coding_cfg = plans["coding"].config
+    assert isinstance(coding_cfg, tangram.Coding)
+    for name, change in SETTINGS:
+        runs = [
+            tangram.run_coding(dataclasses.replace(coding_cfg, seed=s, **change), "tangram")
+            for s in plans["coding"].seeds
+        ]
+        lines.append(
+            f"| {name} | {statistics.fmean(r.act_per_traj_s for r in runs):.2f} | "
+            f"{statistics.fmean(r.stage_s['reward'] for r in runs):.2f} | "
+            f"{statistics.fmean(r.makespan_s for r in runs):.0f} |"
+        )
     decisions = [
         (f"{name} {cell}", c["tangram"]["decision_ms"])
         for name, cells in (("coding", coding), ("mopd", mopd))

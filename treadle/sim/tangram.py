@@ -93,6 +93,7 @@ class Coding:
     baseline_dop: int = 4
     depth: int = schedule.DEFAULT_DEPTH
     horizon: int | None = 64
+    head_always_runs: bool = False
     seed: int = 0
 
 
@@ -118,6 +119,7 @@ class Mopd:
     static_gpus: int = 4
     depth: int = schedule.DEFAULT_DEPTH
     horizon: int | None = 64
+    head_always_runs: bool = False
     seed: int = 0
 
 
@@ -270,7 +272,7 @@ class _CpuTangram:
         self.queues: list[list[tuple[model.Action, Job, Record]]] = [[] for _ in range(cfg.nodes)]
         self.running: list[dict[str, tuple[int, float]]] = [{} for _ in range(cfg.nodes)]
         """Per node: action id -> (cores, expected end)."""
-        self.settings = schedule.Settings(depth=cfg.depth, horizon=cfg.horizon)
+        self.settings = schedule.Settings(cfg.depth, cfg.horizon, head_always_runs=cfg.head_always_runs)
         self.decision_s: list[float] = []
         self.ids = itertools.count()
         rollout.submit = self.submit
@@ -491,7 +493,7 @@ class _GpuTangram:
         self.pool = buddy.empty(cfg.nodes, cfg.gpu_gb)
         self.queue: list[tuple[model.Action, Job, Record]] = []
         self.running: dict[str, tuple[int, float]] = {}
-        self.settings = schedule.Settings(depth=cfg.depth, horizon=cfg.horizon)
+        self.settings = schedule.Settings(cfg.depth, cfg.horizon, head_always_runs=cfg.head_always_runs)
         self.decision_s: list[float] = []
         self.restores = 0
         self.ids = itertools.count()

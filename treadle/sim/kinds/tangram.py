@@ -88,6 +88,10 @@ def _fields(cls: type, raw: Any, field: str) -> dict[str, Any]:
         try:
             if kind == "workloads.Dist":
                 out[key] = workloads.parse_dist(value, field=f"{field}.{key}")
+            elif kind == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError("must be true or false")
+                out[key] = value
             elif kind == "int | None":
                 out[key] = None if value is None else int(value)
             else:
