@@ -20,12 +20,13 @@ from typing import Any
 
 from treadle import errors
 from treadle.sim import kinds, scenario
-from treadle.sim.kinds import flexmarl, heddle, rollart
+from treadle.sim.kinds import flexmarl, heddle, rollart, tangram
 
 KINDS: Mapping[str, Callable[[Any], kinds.Plan]] = {
     rollart.NAME: rollart.parse,
     heddle.NAME: heddle.parse,
     flexmarl.NAME: flexmarl.parse,
+    tangram.NAME: tangram.parse,
 }
 """Scenario kind -> its parser."""
 
