@@ -73,7 +73,7 @@ def allocate(weights: Sequence[float], total: int, low: int, high: int) -> list[
     divisors *= divisors + 1.0  # marginal of the (m+1)-th candidate: w / (m (m + 1))
     vector = np.asarray(weights, dtype=np.float64)
     marginals = vector[:, None] / divisors[None, :]  # [prompt, level], falling along each row
-    cut = -np.partition(-marginals.ravel(), extra - 1)[extra - 1]  # the value of the last marginal the greedy takes
+    cut = -np.partition(-marginals.ravel(), extra - 1)[extra - 1]  # the last marginal taken
     above = marginals > cut
     taken = above.sum(axis=1)
     left = extra - int(taken.sum())

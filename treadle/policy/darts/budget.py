@@ -17,10 +17,14 @@ lands; ``fit_ptl`` once per (model, TP, GPU) from measured samples.
   total budget ``M``), ``E(M) = S_t·log M`` (Eq. 7, diminishing returns amplified by the dataset
   dispersion ``S_t = sigma/mu``), ``U = E - lambda·T`` maximised at ``M* = S_t / (lambda·alpha)``
   (Eq. 8) and ``M_total = clip(M*, N·M, N·M_up)`` (Eq. 9). Only the functional form is certain.
-* ``alpha`` (ours, digest §2.5): Eq. 4 evaluated at the two ends of the budget range on a pool of
-  lengths drawn from the last step's lengths (evenly spaced quantiles, no RNG), spread over the
-  replicas, and the finite difference per candidate. It is re-estimated every step because lengths
-  drift as the policy learns. ``lambda`` is in utility per second: larger is more conservative.
+* ``alpha`` (ours, digest §2.5): Eq. 4 evaluated at the two ends of the budget range, spread over
+  the replicas, and the finite difference per candidate. The lengths are the ``N·M / replicas``
+  evenly spaced quantiles of the last step's lengths (no RNG); the larger budget repeats each of
+  them evenly, so ``alpha`` prices what extra candidates cost through the batch size (PTL) and not
+  the further tail a bigger sample would reach: drawing more quantiles made ``alpha`` swing 5x from
+  step to step on the one or two extreme lengths it happened to include (simulated, 14B on H20).
+  It is re-estimated every step because lengths drift as the policy learns. ``lambda`` is in
+  utility per second: larger is more conservative.
 """
 
 from __future__ import annotations
@@ -125,11 +129,13 @@ def marginal_cost(
     if not recent or prompts < 1:
         return 0.0, 0.0
 
-    def t(total: int) -> float:
-        per_replica = math.ceil(total / replicas)
-        return rollout_time(_quantiles(recent, per_replica), ptl)
-
     lo, hi = prompts * m, prompts * m_up
+    base = _quantiles(recent, math.ceil(lo / replicas))
+
+    def t(total: int) -> float:
+        per_replica = math.ceil(total / replicas)  # the base lengths, each repeated evenly
+        return rollout_time([base[i * len(base) // per_replica] for i in range(per_replica)], ptl)
+
     alpha = (t(hi) - t(lo)) / (hi - lo)
     return alpha, t(lo) - alpha * lo
 
