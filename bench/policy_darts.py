@@ -15,9 +15,6 @@ import dataclasses
 import json
 import pathlib
 import random
-import statistics
-import time
-from collections.abc import Callable
 
 import benchcli
 
@@ -39,17 +36,6 @@ class Config:
     )
 
 
-def timed_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(median, min) milliseconds; the min shows the cost without noise from a shared host."""
-    fn()  # warm
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times), min(times)
-
-
 def main() -> None:
     cfg = benchcli.parse(Config, __doc__)
     rng = random.Random(cfg.seed)
@@ -58,10 +44,10 @@ def main() -> None:
     weights = darts.normalise(sigmas)
     results: dict[str, tuple[float, float]] = {}
     for label, total in (("low", n * m + 1), ("middle", n * (m + m_up) // 2 + 7), ("high", n * m_up - 1)):
-        results[f"allocate {label} budget ({total})"] = timed_ms(
+        results[f"allocate {label} budget ({total})"] = benchcli.timed_ms(
             lambda total=total: darts.allocate(weights, total, m, m_up), cfg.repeats
         )
-        results[f"allocate {label} budget, all tied"] = timed_ms(
+        results[f"allocate {label} budget, all tied"] = benchcli.timed_ms(
             lambda total=total: darts.allocate([1.0] * n, total, m, m_up), cfg.repeats
         )
     observations = {
@@ -83,13 +69,13 @@ def main() -> None:
         total = budget.total_budget(stats.dispersion(state), alpha, 0.04, prompts=n, m=m, m_up=m_up)
         return darts.allocate(darts.normalise(stats.sigmas(state, ids)), total, m, m_up)
 
-    results["plan a step (stats + budget + allocate)"] = timed_ms(plan, cfg.repeats)
+    results["plan a step (stats + budget + allocate)"] = benchcli.timed_ms(plan, cfg.repeats)
     lengths = [round(rng.lognormvariate(7.0, 0.8)) for _ in range(m_up)]
     truncated = [x > 8192 for x in lengths]
-    results[f"select_dual_end, one pool of {m_up}"] = timed_ms(
+    results[f"select_dual_end, one pool of {m_up}"] = benchcli.timed_ms(
         lambda: darts.select_dual_end(lengths, truncated, m, m - 1), cfg.repeats * 10
     )
-    results[f"select + advantages, one pool of {m_up}"] = timed_ms(
+    results[f"select + advantages, one pool of {m_up}"] = benchcli.timed_ms(
         lambda: selection.group_advantages(
             [float(x % 2) for x in lengths], selection.select(lengths, truncated, m, m - 1, m_up=m_up)
         ),

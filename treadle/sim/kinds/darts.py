@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from treadle import errors
@@ -114,7 +113,7 @@ class Plan:
             raise errors.SpecError(message, field=f"{field}.{exc.field}", value=exc.value) from None
         return cfg, systems
 
-    def run(self, options: kinds.Options) -> Report:
+    def run(self, options: kinds.Options) -> kinds.Cells:
         seeds = (options.seed,) if options.seed is not None else self.seeds[: 1 if options.quick else None]
         steps = options.steps if options.steps is not None else QUICK_STEPS if options.quick else self.steps
         wanted = tuple(_system(r, "--runs").name for r in options.runs)
@@ -127,7 +126,7 @@ class Plan:
                     if system.name == "verl" or not wanted or system.name in wanted:
                         results.setdefault(system.name, []).append(darts.run(cfg, system))
             cells[str(setup)] = _means(results)
-        return Report(self.name, cells)
+        return kinds.Cells(self.name, cells, METRICS, ("setup", "system"), "means over the seeds and steps")
 
 
 def _system(name: str, field: str) -> darts.System:
@@ -156,25 +155,3 @@ def _means(results: Mapping[str, list[darts.Result]]) -> dict[str, dict[str, flo
             "saturated": statistics.fmean(s.saturated for s in steps),
         }
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-    scenario: str
-    cells: Mapping[str, Mapping[str, Mapping[str, float]]]
-    """Setup -> system -> metric (means over seeds and steps; speedup over verl)."""
-
-    def table(self) -> str:
-        rows = [
-            [setup, system, *(f"{m[k]:,.2f}" for k in METRICS)]
-            for setup, by_system in self.cells.items()
-            for system, m in by_system.items()
-        ]
-        header = f"SIMULATED -- scenario {self.scenario}: means over the seeds and steps"
-        return kinds.table(header, ["setup", "system", *METRICS], rows)
-
-    def summary(self) -> dict[str, Any]:
-        return {"label": "simulated", "cells": self.cells}
-
-    def plot(self, out: Path) -> list[str]:
-        return []
