@@ -319,7 +319,8 @@ class _Run:
             kept = sorted(kept, key=lambda i: (max(ends[i]), i))[: cfg.batch]
             cutoff = max(ends[kept[-1]])
             ends = [[min(n, cutoff) for n in e] for e in ends]
-            self.deferred += [batch[i] for i in range(len(batch)) if i not in set(kept)]
+            trained = set(kept)
+            self.deferred += [batch[i] for i in range(len(batch)) if i not in trained]
         where = self._place(pools)
         replicas: list[list[float]] = [[] for _ in range(cfg.replicas)]
         for i, e in enumerate(ends):

@@ -113,3 +113,15 @@ def test_saturated_prompts_stop_at_their_mth_valid_completion() -> None:
 
 def test_uniform_weights_spread_the_budget_evenly() -> None:
     assert darts.allocate(allocation.normalise([1.0] * 4), 4 * 8 + 6, 8, 16) == [10, 10, 9, 9]
+
+
+def test_tail_batching_trains_the_first_n_groups_and_replays_the_deferred_as_a_step() -> None:
+    cfg = dataclasses.replace(CFG, oversample=0.5, steps=4)  # 24 prompts a step, 16 trained, 8 deferred
+    run = sim._Run(cfg, sim.SYSTEMS["tail-batching"])
+    first, trained = run.step()
+    assert trained == cfg.batch * cfg.group and first.candidates == 24 * cfg.group and first.aborted > 0
+    assert len(run.deferred) == 8
+    run.step()
+    assert len(run.deferred) == 16
+    tail, _ = run.step()  # the deferred prompts, all of them to completion
+    assert run.deferred == [] and tail.candidates == cfg.batch * cfg.group and tail.aborted == 0
