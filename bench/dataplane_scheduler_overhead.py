@@ -55,6 +55,7 @@ from typing import Any
 import benchcli
 import prometheus_client
 
+from treadle.api import jobconfig
 from treadle.localmode import stack as stack_mod
 from treadle.services import runtime
 from treadle.services.agent import client as agent_client
@@ -68,7 +69,7 @@ from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import client as scheduler_client
 from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.services.scheduler import service as scheduler_service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 TARGET_MEDIAN_MS, TARGET_P99_MS = 1.0, 5.0
 
@@ -340,19 +341,19 @@ async def main(cfg: Config) -> dict[str, Any]:
         if cfg.agent != "real":
             agents["in-process-0"] = InstantAgent(cfg, timeline)
         placement = placement_service.PlacementService(
-            pools={"p": "any"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+            pools={"p": "any"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
         )
         for i, address in enumerate(agents):
             placement.register_worker(placement_pb2.Worker(worker_id=f"w{i}", pool="p", address=address))
         buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1)
-        task = scheduler_protocol.TaskConfig(
+        task = jobconfig.TaskConfig(
             name="math",
             env="bench",
             group_size=cfg.group_size,
             max_turns=cfg.turns,
             max_tokens=cfg.max_tokens,
         )
-        settings = scheduler_protocol.Settings(
+        settings = jobconfig.Settings(
             alpha=1, batch_size=cfg.trajectories, max_in_flight=cfg.in_flight, backoff_s=0.05
         )
         sched = scheduler_service.SchedulerService(
@@ -365,7 +366,7 @@ async def main(cfg: Config) -> dict[str, Any]:
             buffer=buffer,
         )
         groups = [
-            scheduler_pb2.PromptGroup(group_id=f"g{i}", task="math", seed=i)
+            scheduler_protocol.PromptGroup(group_id=f"g{i}", task="math", seed=i)
             for i in range(cfg.trajectories // cfg.group_size)
         ]
         samples: list[int] = []

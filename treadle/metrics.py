@@ -69,6 +69,12 @@ BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"
 BUFFER_DELIVERED_TOTAL = f"{PREFIX}_buffer_delivered_total"
 BUFFER_EVICTED_TOTAL = f"{PREFIX}_buffer_evicted_total"
 BUFFER_STALENESS = f"{PREFIX}_buffer_staleness_versions"
+# Feeder (treadle.services.feeder), labelled by task: dataset rows accepted as new groups, the epoch
+# and the rows of it submitted (the durable position), and the dataset's size.
+FEEDER_ROWS_FED_TOTAL = f"{PREFIX}_feeder_rows_fed_total"
+FEEDER_EPOCH = f"{PREFIX}_feeder_epoch"
+FEEDER_POSITION = f"{PREFIX}_feeder_position_rows"
+FEEDER_ROWS = f"{PREFIX}_feeder_dataset_rows"
 
 # --- operator (owner: operator) ---------------------------------------------------------------------
 # Controller health, shaped like controller-runtime's so KubeRay-style operator dashboards apply.

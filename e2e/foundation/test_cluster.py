@@ -14,7 +14,8 @@ from typing import TypeVar
 import pytest
 from kubernetes import client, config
 
-from treadle.devcluster import kwok, nodes
+from treadle.api import nodes
+from treadle.devcluster import kwok
 
 T = TypeVar("T")
 GPU_TOLERATION = client.V1Toleration(key=nodes.GPU_TAINT_KEY, operator="Exists", effect="NoSchedule")

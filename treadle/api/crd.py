@@ -65,9 +65,12 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
         if len(branches) != 1:
             raise ValueError(f"unsupported union in schema: {branches}")
+        node.pop("title", None)
         node = {**_resolve(branches[0], defs), **node}
         if node.get("default", ...) is None:
             del node["default"]
+        # The branch is resolved whole; walking its properties again would default them twice.
+        return node
     for key in ("title", "$defs"):
         node.pop(key, None)
     if node.get("additionalProperties") is False:
@@ -84,7 +87,9 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         props = {}
         for name, sub in node["properties"].items():
             prop = _resolve(sub, defs)
-            if name not in required and "default" not in prop:
+            # An optional field (``X | None = None``) stays absent: a default would switch it on.
+            nullable = any(branch.get("type") == "null" for branch in sub.get("anyOf", ()))
+            if name not in required and "default" not in prop and not nullable:
                 if prop.get("type") == "object" and "properties" in prop:
                     # The API server validates a default as written (without defaulting inside
                     # it), so an object's default spells out every nested default.

@@ -4,6 +4,11 @@
 ``treadle.services.podenv``), the weight loader inside vLLM (``treadle.weights.loader``) and the
 Mooncake store process (``treadle.weights.store``) read them. Both sides name them from here, so a
 rename cannot leave a pod with a variable nobody reads.
+
+No variable repeats a field of the job's spec: every job setting reaches a service once, through
+the job file (``CONFIG``) and ``treadle.api.jobconfig``. A variable says only what the spec does
+not: where things are (addresses, paths, key prefixes) and which pod this is (its pool, its agent).
+``RENDERED`` lists them, and the operator's tests hold every rendered pod to it.
 """
 
 from __future__ import annotations
@@ -25,28 +30,11 @@ BUFFER_ADDR = "TREADLE_BUFFER_ADDR"
 ENV_URL = "TREADLE_ENV_URL"
 REWARD_URL = "TREADLE_REWARD_URL"
 
-# Coordination services.
-SCHEDULING_POLICY = "TREADLE_SCHEDULING_POLICY"
-PLACEMENT_POLICY = "TREADLE_PLACEMENT_POLICY"
-STALENESS = "TREADLE_STALENESS"
-BATCH_SIZE = "TREADLE_BATCH_SIZE"
-
 # The inference agent beside vLLM.
 ENGINE_URL = "TREADLE_ENGINE_URL"
 POOL = "TREADLE_POOL"
 AGENT = "TREADLE_AGENT"
 AGENT_STATE = "TREADLE_AGENT_STATE"
-ACCELERATOR = "TREADLE_ACCELERATOR"
-
-# The environment pool.
-ENVIRONMENTS = "TREADLE_ENVIRONMENTS"
-WARM_POOL = "TREADLE_WARM_POOL"
-CPU_PER_ACTION = "TREADLE_CPU_PER_ACTION"
-
-# The reward gateway.
-REWARD_TYPE = "TREADLE_REWARD_TYPE"
-REWARD_EXTERNAL_URL = "TREADLE_REWARD_EXTERNAL_URL"
-REWARD_JUDGE_MODEL = "TREADLE_REWARD_JUDGE_MODEL"
 
 # The vLLM container's weight loader (``treadle.weights.vllm_extension``).
 WEIGHTS_PREFIX = "TREADLE_WEIGHTS_PREFIX"
@@ -56,3 +44,17 @@ WEIGHTS_MASTER = "TREADLE_WEIGHTS_MASTER"
 WEIGHTS_METADATA = "TREADLE_WEIGHTS_METADATA"
 WEIGHTS_REPLICAS = "TREADLE_WEIGHTS_REPLICAS"
 WEIGHTS_INITIAL_VERSION = "TREADLE_WEIGHTS_INITIAL_VERSION"
+
+RENDERED = frozenset(
+    {
+        JOB, NAMESPACE, CONFIG, ENDPOINTS, KEY_PREFIX, REDIS_URL, MOONCAKE_MASTER, MOONCAKE_METADATA_URL,
+        SCHEDULER_ADDR, PLACEMENT_ADDR, BUFFER_ADDR, ENV_URL, REWARD_URL,
+        ENGINE_URL, POOL, AGENT, AGENT_STATE,
+        WEIGHTS_PREFIX, WEIGHTS_AGENT, WEIGHTS_DIR, WEIGHTS_MASTER, WEIGHTS_METADATA,
+    }
+)  # fmt: skip
+"""The ``TREADLE_*`` variables a rendered pod may carry: addresses, paths and the pod's identity
+(``IDENTITY``), none a spec field."""
+IDENTITY = frozenset({JOB, NAMESPACE, POOL, AGENT, WEIGHTS_AGENT})
+"""Which job this pod belongs to and which pool and agent it serves: names (the pool's and agent's
+from the spec) that differ from pod to pod, no setting."""

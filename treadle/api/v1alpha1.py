@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from treadle import errors
+from treadle.api import dataset as dataset_api
 from treadle.api import sampling as sampling_
 from treadle.api import spec_rules
 from treadle.policy import baselines, registry
@@ -130,8 +131,9 @@ class Task(_Model):
     """Task name, unique in the job; the tag trajectories carry for routing."""
     agents: list[Name] = Field(min_length=1, max_length=8)
     """Agents acting in this task, in turn order (one for single-agent RL)."""
-    environment: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
-    """Environment name served by the env pool (e.g. ``math-tool``, ``python-code``, ``frozenlake``)."""
+    environment: str = Field(min_length=1, max_length=253, pattern=REWARD_FN)
+    """Environment served by the env pool: a built-in (``math-tool``, ``python-code``, ``frozenlake``) or
+    a user environment ``py:<module>:<Class>`` under a module prefix the env pool allows."""
     reward: str = Field(min_length=1, max_length=253, pattern=REWARD_FN)
     """Reward function served by the reward gateway: a built-in (``math``, ``exact``, ``code-tests``,
     ``llm-judge``, ``env``) or a user function ``py:<module>:<function>`` under a module prefix the
@@ -150,6 +152,8 @@ class Task(_Model):
     """Turn limit per trajectory."""
     weight: float = Field(default=1.0, gt=0.0, le=1000.0)
     """Relative share of this task in a training batch."""
+    dataset: dataset_api.Dataset | None = None
+    """Rows the task's prompts come from (fed by the job's feeder); unset: environment seeds."""
 
 
 class ApiQuota(_Model):

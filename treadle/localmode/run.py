@@ -3,10 +3,12 @@
 Called by ``treadle.localmode.cli`` and by the integration tests (``start_services`` alone, to
 crash parts of a live stack). The order of a run:
 
-1. ``plan.make_plan`` turns the job into service configs (pure).
+1. ``plan.make_plan`` decides what only local mode decides (workers, groups, the scheduler's counts).
 2. ``start_services``: per worker a SIMULATED vLLM engine (``treadle.services.fakevllm``) and its
    inference agent; the environment servers; the reward gateway; the buffer (embedded memory store,
-   or Redis with ``--redis``); placement; the scheduler. Workers are registered with placement and
+   or Redis with ``--redis``); placement; the scheduler. Each reads the job from
+   ``<run dir>/job.json`` (``TREADLE_CONFIG``), as a pod reads its ConfigMap; flags give addresses
+   and local counts. Workers are registered with placement and
    a load reporter forwards each agent's ``/v1/load`` to placement (in a cluster the agent would).
 3. The prompt groups are submitted; a SIMULATED TRAINER (no gradient step) runs RollArt's loop:
    ``get_batch`` -> suspend -> bump the engines' weight version -> ``commit_version`` -> resume ->
@@ -33,7 +35,7 @@ from typing import Any
 import httpx
 
 from treadle import errors
-from treadle.api import env_vars, v1alpha1
+from treadle.api import env_vars, jobconfig, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
 from treadle.services.agent import client as agent_client
@@ -64,18 +66,26 @@ class Services:
     metrics: dict[str, str]
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan) -> dict[str, str]:
+    """What a pod of the job gets (``treadle.operator.render``): the job file and the job's name.
+
+    Every service reads the job's settings from that file (``treadle.api.jobconfig``), as in a
+    cluster; flags give only addresses and local mode's own counts. No ``TREADLE_NAMESPACE``: with
+    it the scheduler would report reward demand to whatever cluster the machine's kubeconfig names.
+    """
+    stack.run_dir.mkdir(parents=True, exist_ok=True)
+    path = stack.run_dir / "job.json"
+    path.write_text(jobconfig.job_file(plan.job))
+    return {env_vars.CONFIG: str(path), env_vars.JOB: plan.job.name}
 
 
 async def start_services(
     stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
+    env = job_env(stack, plan)
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
-    gateway = await stack.start(
-        "reward", "treadle.services.reward", [], kind="http", env=reward_env(plan.reward)
-    )
+    gateway = await stack.start("reward", "treadle.services.reward", [], kind="http", env=env)
     reward = gateway.url
     await _check_reward_functions(reward, plan)
     engines: dict[str, str] = {}
@@ -88,40 +98,36 @@ async def start_services(
             kind="http", health_path="/health",
         )  # fmt: skip
         engines[w.worker_id] = eng.url
+        # The pod's identity (which pool, which agent) is a variable, as the operator renders it.
         agent = await stack.start(
             f"agent-{w.worker_id}", "treadle.services.agent",
-            ["--engine-url", eng.url, "--worker-id", w.worker_id, "--poll-interval-s", "0.2",
-             "--agent", plan.config.pool_agents[w.pool]], kind="http",
+            ["--engine-url", eng.url, "--worker-id", w.worker_id, "--poll-interval-s", "0.2"], kind="http",
+            env={**env, env_vars.AGENT: plan.config.placement.pool_agents[w.pool]},
         )  # fmt: skip
         agents[w.worker_id] = agent.url
     envs = [
-        (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http")).url
+        (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http", env=env)).url
         for i in range(options.env_servers)
     ]
     metrics: dict[str, str] = {}
-    cfg = plan.config
-    buffer_args = ["--alpha", str(cfg.alpha), "--task-weights", _json(cfg.task_weights)]
-    buffer_args += ["--namespace", cfg.job, "--agents", _json(cfg.agents)]
+    buffer_args = ["--namespace", plan.job.name]
     if redis_url:
         buffer_args += ["--redis", redis_url]
-    buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics)
-    tasks = {name: {"affinity": t.affinity, "pools": list(t.pools)} for name, t in cfg.task_placement.items()}
-    rb = cfg.rebalance
-    interval = rb.interval_s if options.rebalance_interval_s is None else options.rebalance_interval_s
+    buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics, env)
+    # Local mode's simulated engines only take a moved worker's label (no weights to load).
+    placement_args = ["--no-apply-weights"]
+    if options.rebalance_interval_s is not None:
+        placement_args += ["--rebalance-interval-s", str(options.rebalance_interval_s)]
     placement = await _start_grpc(
-        stack, "placement", "treadle.services.placement",
-        ["--pools", _json(cfg.pools), "--tasks", _json(tasks), "--policy", cfg.placement_policy,
-         "--pool-agents", _json(cfg.pool_agents), "--pool-shapes", _json(cfg.pool_shapes),
-         "--rebalance-interval-s", str(interval), "--rebalance-delta", str(rb.delta),
-         "--rebalance-rule", rb.rule, "--rebalance-step", str(rb.max_moves_per_poll),
-         "--rebalance-settle-polls", str(rb.settle_polls)], metrics,
-    )  # fmt: skip
-    sched_args = ["--tasks", _json([dataclasses.asdict(t) for t in cfg.tasks])]
-    sched_args += ["--settings", _json(dataclasses.asdict(cfg.settings)), "--reward-url", reward]
-    sched_args += ["--placement", placement, "--buffer", buffer]
+        stack, "placement", "treadle.services.placement", placement_args, metrics, env
+    )
+    counts = plan.counts
+    sched_args = ["--max-tokens", str(counts.max_tokens), "--max-in-flight", str(counts.max_in_flight)]
+    sched_args += ["--max-concurrent-generations", str(counts.max_concurrent_generations)]
+    sched_args += ["--reward-url", reward, "--placement", placement, "--buffer", buffer]
     for url in envs:
         sched_args += ["--env-url", url]
-    scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics)
+    scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
     client = placement_client.PlacementClient(placement)
     try:
         for w in plan.workers:
@@ -140,23 +146,13 @@ async def start_services(
 
 
 async def _start_grpc(
-    stack: stack_mod.Stack, name: str, module: str, args: list[str], metrics: dict[str, str]
-) -> str:
+    stack: stack_mod.Stack, name: str, module: str, args: list[str], metrics: dict[str, str],
+    env: dict[str, str],
+) -> str:  # fmt: skip
     port = procs.free_port()
-    proc = await stack.start(name, module, [*args, "--metrics-port", str(port)], kind="grpc")
+    proc = await stack.start(name, module, [*args, "--metrics-port", str(port)], kind="grpc", env=env)
     metrics[name] = f"http://127.0.0.1:{port}/metrics"
     return proc.address
-
-
-def reward_env(reward: v1alpha1.Reward) -> dict[str, str]:
-    """The reward gateway's environment for ``spec.reward``: what the operator renders into its pod,
-    read by the gateway's ``__main__`` (the one place that turns it into judge / external URLs)."""
-    env: dict[str, str] = {env_vars.REWARD_TYPE: reward.type}
-    if reward.url is not None:
-        env[env_vars.REWARD_EXTERNAL_URL] = reward.url
-    if reward.judge_model is not None:
-        env[env_vars.REWARD_JUDGE_MODEL] = reward.judge_model
-    return env
 
 
 async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
@@ -164,7 +160,7 @@ async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
         known = {f["name"] for f in (await client.get(reward_url + "/v1/functions")).json()}
     if reward_protocol.ANY_FUNCTION in known:  # an external service owns the names
         return
-    for i, task in enumerate(plan.config.tasks):
+    for i, task in enumerate(plan.config.scheduler.tasks):
         if task.reward_fn not in known and not task.reward_fn.startswith("py:"):
             raise errors.SpecError(
                 f"the reward gateway has no function {task.reward_fn!r}; it serves {sorted(known)}",
@@ -332,7 +328,10 @@ async def drive(
         asyncio.create_task(report_loads(services), name="load reporter"),
         asyncio.create_task(
             simulated_trainer(
-                services, batch_size=plan.config.batch_size, out=trainer, agents=plan.config.agents
+                services,
+                batch_size=plan.config.scheduler.settings.batch_size,
+                out=trainer,
+                agents=plan.config.buffer.agents,
             ),
             name="trainer",
         ),

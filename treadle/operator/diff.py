@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.operator import render
+from treadle.operator.render import common as render_common
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,13 @@ def plan(rendered: Sequence[dict[str, Any]], observed: Mapping[tuple[str, str], 
     apply = []
     unchanged = 0
     for obj in rendered:
-        have = observed.get(render.key(obj))
-        want_hash = obj["metadata"]["annotations"][render.HASH_ANNOTATION]
-        have_hash = (have or {}).get("metadata", {}).get("annotations", {}).get(render.HASH_ANNOTATION)
+        have = observed.get(render_common.key(obj))
+        want_hash = obj["metadata"]["annotations"][render_common.HASH_ANNOTATION]
+        have_hash = (have or {}).get("metadata", {}).get("annotations", {}).get(render_common.HASH_ANNOTATION)
         if have is None or have_hash != want_hash:
             apply.append(obj)
         else:
             unchanged += 1
-    wanted = {render.key(obj) for obj in rendered}
+    wanted = {render_common.key(obj) for obj in rendered}
     delete = tuple(sorted(k for k in observed if k not in wanted))
     return Plan(apply=tuple(apply), delete=delete, unchanged=unchanged)

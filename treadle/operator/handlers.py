@@ -29,6 +29,7 @@ import kubernetes
 from treadle import errors, kubeapi
 from treadle.api import v1alpha1
 from treadle.operator import diff, reasons, render, runtime, status
+from treadle.operator.render import common as render_common
 
 JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
 KOPF_PREFIX = "kopf.treadle.dev"
@@ -113,9 +114,11 @@ def login(*, memo: runtime.Runtime, **_: Any) -> kopf.ConnectionInfo:
     ServiceAccount), re-read on every login so a rotated token is picked up."""
     c = kubeapi.load_configuration(memo.kubeconfig)
     keys = c.api_key or {}
-    # The client files a kubeconfig/ServiceAccount token under "BearerToken" (older: "authorization").
+    # The client files a kubeconfig/ServiceAccount token under "BearerToken" (older: "authorization"),
+    # with the scheme in front: "Bearer " from a kubeconfig, "bearer " from the in-cluster loader.
     auth = keys.get("BearerToken") or keys.get("authorization") or ""
-    token = auth.removeprefix("Bearer ").strip() or None
+    scheme, _space, value = auth.partition(" ")
+    token = (value if scheme.lower() == "bearer" else auth).strip() or None
     return kopf.ConnectionInfo(
         server=c.host,
         ca_path=c.ssl_ca_cert,
@@ -152,14 +155,14 @@ def job_bodies(
     return {(namespace or "", name): _plain(body)}
 
 
-@kopf.index("apps", "v1", "deployments", labels={render.JOB_LABEL: kopf.PRESENT})
+@kopf.index("apps", "v1", "deployments", labels={render_common.JOB_LABEL: kopf.PRESENT})
 def child_deployments(
     *, namespace: str | None, name: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[JobKey, tuple[str, status.DeploymentState]]:
-    return {(namespace or "", labels[render.JOB_LABEL]): (name, status.deployment_state(_plain(body)))}
+    return {(namespace or "", labels[render_common.JOB_LABEL]): (name, status.deployment_state(_plain(body)))}
 
 
-@kopf.index("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
+@kopf.index("", "v1", "pods", labels={render_common.JOB_LABEL: kopf.PRESENT})
 def child_pod_problems(
     *, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
 ) -> dict[JobKey, status.PodProblem]:
@@ -170,7 +173,7 @@ def child_pod_problems(
     Unschedulable for a moment would stay a problem after it runs; an empty mapping drops them.
     """
     problem = status.pod_problem(_plain(body))
-    return {} if problem is None else {(namespace or "", labels[render.JOB_LABEL]): problem}
+    return {} if problem is None else {(namespace or "", labels[render_common.JOB_LABEL]): problem}
 
 
 # --- reconcile: render, diff, apply ----------------------------------------------------------------
@@ -257,7 +260,7 @@ def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
     done = []
     for obj in plan.apply:
         memo.kube.apply(obj)
-        action = "update" if render.key(obj) in observed else "create"
+        action = "update" if render_common.key(obj) in observed else "create"
         memo.metrics.children_applied.labels(obj["kind"], action).inc()
         done.append(f"{obj['kind']}/{obj['metadata']['name']}")
     for kind, name in plan.delete:
@@ -282,12 +285,12 @@ def forget(*, namespace: str | None, name: str, memo: runtime.Runtime, **_: Any)
 # --- status ---------------------------------------------------------------------------------------
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={render.JOB_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "pods", labels={render.JOB_LABEL: kopf.PRESENT})
+@kopf.on.event("apps", "v1", "deployments", labels={render_common.JOB_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={render_common.JOB_LABEL: kopf.PRESENT})
 def child_changed(
     *, namespace: str | None, labels: Mapping[str, str], memo: runtime.Runtime, **kwargs: Any
 ) -> None:
-    refresh(memo, (namespace or "", labels[render.JOB_LABEL]), **kwargs)
+    refresh(memo, (namespace or "", labels[render_common.JOB_LABEL]), **kwargs)
 
 
 def _values(index: kopf.Index[JobKey, Any], key: JobKey) -> list[Any]:

@@ -15,7 +15,8 @@ import kubernetes
 
 from treadle import kubeapi
 from treadle.api import nodes
-from treadle.operator import render, status
+from treadle.operator import status
+from treadle.operator.render import common as render_common
 
 # Collection path of each child kind (namespaced).
 COLLECTIONS: Mapping[str, str] = {
@@ -38,7 +39,7 @@ class Kube(kubeapi.Client):
         out: dict[str, Any] = self._call(
             "PATCH",
             path,
-            query=[("fieldManager", render.FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", render_common.FIELD_MANAGER), ("force", "true")],
             body=obj,
             content_type="application/apply-patch+yaml",  # JSON is YAML
         )
@@ -57,7 +58,9 @@ class Kube(kubeapi.Client):
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for kind, collection in COLLECTIONS.items():
             listed = self._call(
-                "GET", collection.format(ns=namespace), query=[("labelSelector", f"{render.JOB_LABEL}={job}")]
+                "GET",
+                collection.format(ns=namespace),
+                query=[("labelSelector", f"{render_common.JOB_LABEL}={job}")],
             )
             for item in listed.get("items", []):
                 owners = item.get("metadata", {}).get("ownerReferences", [])

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from treadle.api import v1alpha1
 from treadle.operator import reasons, render
+from treadle.operator.render import common as render_common
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,15 @@ def gpu_shortfalls(job: v1alpha1.RolloutJob, capacity: Mapping[str, int]) -> lis
 def _components(job: v1alpha1.RolloutJob) -> list[tuple[str, str, str | None]]:
     """(deployment name, component, pool) of every Deployment the job renders."""
     out: list[tuple[str, str, str | None]] = [
-        (render.child_name(job, c), c, None) for c in render.COORDINATION
+        (render_common.child_name(job, c), c, None) for c in render_common.COORDINATION
     ]
     if job.spec.weights.store == "mooncake":
-        out.append((render.child_name(job, "weights"), "weights", None))
-    out += [(render.child_name(job, "env"), "env", None), (render.child_name(job, "reward"), "reward", None)]
-    out += [(render.child_name(job, "pool", p.name), "pool", p.name) for p in job.spec.pools]
+        out.append((render_common.child_name(job, "weights"), "weights", None))
+    out += [
+        (render_common.child_name(job, "env"), "env", None),
+        (render_common.child_name(job, "reward"), "reward", None),
+    ]
+    out += [(render_common.child_name(job, "pool", p.name), "pool", p.name) for p in job.spec.pools]
     return out
 
 
@@ -146,7 +150,7 @@ def compute(
     prev = job.status
     pools = []
     for pool in job.spec.pools:
-        state = observed.deployments.get(render.child_name(job, "pool", pool.name))
+        state = observed.deployments.get(render_common.child_name(job, "pool", pool.name))
         desired = 0 if job.spec.suspend else pool.replicas
         ready = min(state.ready, desired) if state is not None else 0
         pools.append(
@@ -229,8 +233,8 @@ def drifted(job: v1alpha1.RolloutJob, observed: Observed) -> list[str]:
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
     """Classify one Pod object (as the API returns it) into a problem, if it has one."""
     labels = pod.get("metadata", {}).get("labels", {})
-    component = str(labels.get(render.COMPONENT_LABEL, "?"))
-    pool = labels.get(render.POOL_LABEL) if component == "pool" else None
+    component = str(labels.get(render_common.COMPONENT_LABEL, "?"))
+    pool = labels.get(render_common.POOL_LABEL) if component == "pool" else None
     status = pod.get("status", {})
     for cs in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]:
         waiting = cs.get("state", {}).get("waiting") or {}

@@ -1,18 +1,18 @@
-"""What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job's ConfigMap.
+"""What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job file.
 
 Called by every service's ``__main__`` (flags override, these fill the rest) and by the unit tests.
-``treadle.operator.render`` writes the variables (``_env`` and each component's extras) and mounts
-the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json`` the
-in-cluster addresses). The job's spec becomes scheduler, placement and buffer configs through
-``treadle.localmode.plan.job_config``, the same translation local mode uses; only the counts a
-cluster decides differently are chosen here. Anything missing or malformed raises ``SpecError``
-naming the variable (and, for the job, the field inside it), so a pod fails at startup with the
-reason in its log instead of running half-configured.
+``treadle.operator.render`` writes the variables (``common.pod_env`` and each pod's identity) and
+mounts the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json``
+the in-cluster addresses); local mode writes the same ``job.json`` and sets the same variables.
+The spec becomes every service's config through ``treadle.api.jobconfig.job_config``; only the
+counts a cluster decides are chosen here. No variable repeats a spec field: the job file is the one
+source of a job setting. Anything missing or malformed raises ``SpecError`` naming the variable
+(and, for the job, the field inside it), so a pod fails at startup with the reason in its log
+instead of running half-configured.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import json
 import socket
@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from treadle import errors
-from treadle.api import env_vars, v1alpha1
-from treadle.localmode import plan
-from treadle.services.scheduler import protocol as scheduler_protocol
+from treadle.api import env_vars, jobconfig, v1alpha1
 
 ENGINE_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: sequences one inference replica runs at once."""
@@ -40,20 +38,6 @@ def pick(flag_value: str | None, environ: Mapping[str, str], var: str, *, flag: 
     value = environ.get(var, "")
     if not value:
         raise errors.SpecError(f"not set: pass {flag} or set {var}", field=var)
-    return value
-
-
-def integer(environ: Mapping[str, str], var: str, *, minimum: int = 0) -> int | None:
-    """An integer variable, or None when unset."""
-    raw = environ.get(var, "")
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.SpecError(f"must be an integer, got {raw!r}", field=var, value=raw) from None
-    if value < minimum:
-        raise errors.SpecError(f"must be >= {minimum}", field=var, value=value)
     return value
 
 
@@ -86,53 +70,58 @@ def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
 
 
 class Job:
-    """The job's configs, loaded on first use: a service given every flag never reads the ConfigMap."""
+    """The job's configs, loaded on first use: a service given every flag never reads the job file.
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    The counts are the caller's (local mode passes its own); None takes the cluster's (``job_config``).
+    """
+
+    def __init__(
+        self, environ: Mapping[str, str], *, max_tokens: int | None = None, max_in_flight: int | None = None,
+        max_concurrent_generations: int | None = None,
+    ) -> None:  # fmt: skip
         self.environ = environ
-        self._config: plan.JobConfig | None = None
+        self.counts = (max_tokens, max_in_flight, max_concurrent_generations)
+        self._config: jobconfig.JobConfig | None = None
 
     @property
-    def config(self) -> plan.JobConfig:
+    def config(self) -> jobconfig.JobConfig:
         if self._config is None:
-            self._config = job_config(self.environ)
+            tokens, in_flight, generations = self.counts
+            self._config = job_config(
+                self.environ,
+                max_tokens=tokens,
+                max_in_flight=in_flight,
+                max_concurrent_generations=generations,
+            )
         return self._config
 
     @property
     def present(self) -> bool:
-        """Whether the pod names a job config at all (local mode passes flags instead)."""
+        """Whether the pod names a job file at all (a bare process in a test passes flags instead)."""
         return bool(self.environ.get(env_vars.CONFIG))
 
 
-def job_config(environ: Mapping[str, str]) -> plan.JobConfig:
-    """The job's service configs as a cluster runs them, with the operator's per-service overrides.
+def job_config(
+    environ: Mapping[str, str],
+    *,
+    max_tokens: int | None = None,
+    max_in_flight: int | None = None,
+    max_concurrent_generations: int | None = None,
+) -> jobconfig.JobConfig:
+    """The job's service configs from its job file, with the counts a cluster decides unless given.
 
-    Counts a cluster decides: default tokens per turn and in-flight window (the scheduler's own
-    defaults), and generations at once = replicas x vLLM's default ``max_num_seqs``.
+    A cluster's counts: the scheduler's own defaults for tokens per turn and the in-flight window,
+    and generations at once = replicas x vLLM's default ``max_num_seqs``.
     """
     job = load_job(environ)
-    defaults = scheduler_protocol.Settings()
-    cfg = plan.job_config(
+    replicas = max(1, sum(p.replicas for p in job.spec.pools))
+    return jobconfig.job_config(
         job,
-        max_tokens=scheduler_protocol.TaskConfig(name="", env="").max_tokens,
-        max_in_flight=defaults.max_in_flight,
-        max_concurrent_generations=max(1, sum(p.replicas for p in job.spec.pools)) * ENGINE_MAX_NUM_SEQS,
-    )
-    # The operator renders these from the same spec; a hand-edited Deployment may change them.
-    alpha = integer(environ, env_vars.STALENESS)
-    batch_size = integer(environ, env_vars.BATCH_SIZE, minimum=1)
-    settings = dataclasses.replace(
-        cfg.settings,
-        alpha=cfg.settings.alpha if alpha is None else alpha,
-        batch_size=cfg.settings.batch_size if batch_size is None else batch_size,
-        scheduling_policy=environ.get(env_vars.SCHEDULING_POLICY) or cfg.settings.scheduling_policy,
-    )
-    return dataclasses.replace(
-        cfg,
-        settings=settings,
-        alpha=settings.alpha,
-        batch_size=settings.batch_size,
-        placement_policy=environ.get(env_vars.PLACEMENT_POLICY) or cfg.placement_policy,
+        max_tokens=jobconfig.TaskConfig(name="", env="").max_tokens if max_tokens is None else max_tokens,
+        max_in_flight=jobconfig.Settings().max_in_flight if max_in_flight is None else max_in_flight,
+        max_concurrent_generations=replicas * ENGINE_MAX_NUM_SEQS
+        if max_concurrent_generations is None
+        else max_concurrent_generations,
     )
 
 

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from treadle.api import jobconfig
 from treadle.services.buffer import client as buffer_client
 from treadle.services.buffer import grpc_server as buffer_grpc
 from treadle.services.buffer import redis_store
@@ -22,7 +23,6 @@ from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import grpc_server as placement_grpc
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import grpc_server as scheduler_grpc
-from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.services.scheduler import service as scheduler_service
 from treadle.testing import redis_server as redis_server_mod
 from treadle.v1 import buffer_pb2, common_pb2, placement_pb2, scheduler_pb2
@@ -42,11 +42,11 @@ async def servers(redis_server: redis_server_mod.RedisServer) -> AsyncIterator[d
     store = redis_store.RedisStore.from_url(redis_server.url, namespace=uuid.uuid4().hex)
     buf = buffer_service.BufferService(store=store, alpha=1, max_trajectory_bytes=64 * 1024)
     placement = placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     sched = scheduler_service.SchedulerService(
-        tasks={"math": scheduler_protocol.TaskConfig(name="math", env="math-tool")},
-        settings=scheduler_protocol.Settings(),
+        tasks={"math": jobconfig.TaskConfig(name="math", env="math-tool")},
+        settings=jobconfig.Settings(),
         envs=[Unreachable()],  # type: ignore[list-item]
         agent_for=lambda address: Unreachable(),  # type: ignore[arg-type,return-value]
         placement=placement_service.InProcess(placement),

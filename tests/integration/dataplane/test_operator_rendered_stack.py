@@ -23,9 +23,11 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config, render
+from treadle.operator.render import common as render_common
+from treadle.operator.render import pool as render_pool
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.placement import rebalance
@@ -72,10 +74,13 @@ class Rewriter:
     """In-cluster address -> 127.0.0.1 with a free port, the same for every reference to it."""
 
     def __init__(self, job: v1alpha1.RolloutJob, *, config_dir: Path, redis_url: str) -> None:
-        ep = render.endpoints(job)
+        ep = render_common.endpoints(job)
         self.ports = {name: procs.free_port() for name in config.PORTS}
-        self.subs: dict[str, str] = {render.CONFIG_MOUNT: str(config_dir), "redis://placeholder": redis_url}
-        for name in (*render.COORDINATION, "weights"):
+        self.subs: dict[str, str] = {
+            render_common.CONFIG_MOUNT: str(config_dir),
+            "redis://placeholder": redis_url,
+        }
+        for name in (*render_common.COORDINATION, "weights"):
             self.subs[ep[name]] = f"127.0.0.1:{self.ports[name]}"
         for name in ("env", "reward"):
             self.subs[ep[name]] = f"http://127.0.0.1:{self.ports[name]}"
@@ -117,7 +122,7 @@ async def test_rendered_children_run_and_fill_the_buffer(
         for name in ("buffer", "placement", "env", "reward"):
             c = by_name[name]
             argv, port = rw.command(c)
-            kind = "grpc" if name in render.COORDINATION else "http"
+            kind = "grpc" if name in render_common.COORDINATION else "http"
             await stack.launch(name, argv, port=port, kind=kind, env=rw.env(c))
         vllm = by_name["vllm"]
         assert vllm["command"] == ["python", "-m", config.VLLM_MODULE]  # replaced by the simulated engine
@@ -173,11 +178,11 @@ async def test_rendered_children_run_and_fill_the_buffer(
         assert stats.completed == stats.submitted, dict(stats.failed_by_reason)
         stored = [k async for k in redis.scan_iter(f"treadle:buf:{{{prefix}}}:t:*")]
         assert len(stored) == GROUPS * members
-        # Settings came from the job (staleness, batch size) through the ConfigMap.
+        # Settings came from the job (staleness, batch size) through the ConfigMap, and only there.
         sched_env = rw.env(by_name["scheduler"])
-        assert json.loads((config_dir / "job.json").read_text())["rollout"]["batchSize"] == int(
-            sched_env["TREADLE_BATCH_SIZE"]
-        )
+        assert set(sched_env) <= env_vars.RENDERED
+        spec = json.loads((config_dir / "job.json").read_text())
+        assert spec["rollout"]["batchSize"] == job.spec.rollout.batch_size
     await redis.aclose()
 
 
@@ -252,14 +257,14 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
             argv, port = rw.command(by_name[name])
             if name == "placement":  # the SIMULATED engines below take a move's label, not its weights
                 argv.append("--no-apply-weights")
-            kind = "grpc" if name in render.COORDINATION else "http"
+            kind = "grpc" if name in render_common.COORDINATION else "http"
             await stack.launch(name, argv, port=port, kind=kind, env=rw.env(by_name[name]))
         # One pod per replica; each has its own loopback, so each engine and agent gets its own ports.
         engines: dict[str, str] = {}
         home: dict[str, str] = {}
         pod_dirs: dict[str, Path] = {}
         for pool in job.spec.pools:
-            pod = pods[render.child_name(job, "pool", pool.name)]
+            pod = pods[render_common.child_name(job, "pool", pool.name)]
             for i in range(pool.replicas):
                 worker = f"{pool.name}-{i}"  # the pod's name, which the agent takes as its worker id
                 engine_port, agent_port = procs.free_port(), procs.free_port()
@@ -279,7 +284,7 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
                 pod_dirs[worker] = tmp_path / "pods" / worker  # the pod's emptyDir
                 pod_dirs[worker].mkdir(parents=True)
                 env["TREADLE_AGENT_STATE"] = env["TREADLE_AGENT_STATE"].replace(
-                    render.AGENT_STATE_DIR, str(pod_dirs[worker])
+                    render_pool.AGENT_STATE_DIR, str(pod_dirs[worker])
                 )
                 await stack.launch(
                     f"agent-{worker}", [*argv, "--worker-id", worker], port=agent_port, kind="http", env=env

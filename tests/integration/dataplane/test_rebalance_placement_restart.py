@@ -16,11 +16,13 @@ from pathlib import Path
 import fastapi
 import httpx
 
+from treadle.api import jobconfig
 from treadle.services.agent import http_app as agent_app
 from treadle.services.fakevllm import engine as fake_engine
 from treadle.services.fakevllm import http_app as fake_app
 from treadle.services.httputil import serve
 from treadle.services.placement import grpc_server as placement_grpc
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import rebalance
 from treadle.services.placement import service as placement_service
 from treadle.testing import procs
@@ -32,7 +34,7 @@ AGENTS = {"plan": "planner", "exec": "executor"}
 
 def new_placement() -> placement_service.PlacementService:
     return placement_service.PlacementService(
-        pools=POOLS, tasks={"pe": placement_service.TaskPlacement()}, pool_agents=AGENTS,
+        pools=POOLS, tasks={"pe": jobconfig.TaskPlacement()}, pool_agents=AGENTS,
         pool_shapes={"plan": "7b", "exec": "7b"}, rebalance_step=1,
     )  # fmt: skip
 
@@ -68,7 +70,9 @@ async def test_a_moved_worker_registers_with_the_receiver_after_placement_restar
             async with serve.running(app, port=agent_port):
                 await wait_for(lambda: pool_of(first, "e0") == "exec", "e0 to register as an executor")
                 for i in range(12):  # the planner's queue: 12 turns on its one worker
-                    first.assign(pb.AssignRequest(trajectory_id=f"q{i}", task="pe", agent="planner"))
+                    first.assign(
+                        placement_protocol.AssignRequest(trajectory_id=f"q{i}", task="pe", agent="planner")
+                    )
                 # e1 reports a turn running, so e0 (idle, with an engine) is the worker the policy moves.
                 first.report_load(pb.WorkerLoad(worker_id="e1", running=1, healthy=True))
                 first.report_load(pb.WorkerLoad(worker_id="p0", running=1, healthy=True, policy_version=3))
@@ -90,7 +94,9 @@ async def test_a_moved_worker_registers_with_the_receiver_after_placement_restar
                 assert state.worker.engine_address == engine_url
                 # Its turns are the planner's now: a planner turn may go to it, an executor turn may not.
                 second.report_load(pb.WorkerLoad(worker_id="e0", healthy=True))
-                got = second.assign(pb.AssignRequest(trajectory_id="t", task="pe", agent="planner"))
+                got = second.assign(
+                    placement_protocol.AssignRequest(trajectory_id="t", task="pe", agent="planner")
+                )
                 assert (got.worker_id, got.agent) == ("e0", "planner")
     finally:
         await served.stop(None)

@@ -7,6 +7,7 @@ import prometheus_client
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.services.agent import reporter, service
 from treadle.services.placement import grpc_server as placement_grpc
 from treadle.services.placement import service as placement_service
@@ -14,7 +15,7 @@ from treadle.services.placement import service as placement_service
 
 def new_placement() -> placement_service.PlacementService:
     return placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
 
 

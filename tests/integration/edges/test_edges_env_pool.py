@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import httpx
 
 from treadle import metrics
+from treadle.api import jobconfig
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
@@ -27,7 +28,7 @@ from treadle.services.reward import client as reward_client
 from treadle.services.scheduler import __main__ as scheduler_main
 from treadle.services.scheduler import protocol, service
 from treadle.testing import procs
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 GROUP = 4
 WaitUntil = Callable[[Callable[[], bool]], Awaitable[None]]  # the edges conftest's ``wait_until``
@@ -53,18 +54,18 @@ async def scheduler(
     pool: env_client.EnvPool, agent_url: str, reward_url: str
 ) -> AsyncIterator[service.SchedulerService]:
     placement = placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     placement.register_worker(placement_pb2.Worker(worker_id="w0", pool="decode", address=agent_url))
     agent = agent_client.AgentClient(agent_url)
     reward = reward_client.RewardClient(reward_url, timeout_s=5.0)
     svc = service.SchedulerService(
         tasks={
-            "math": protocol.TaskConfig(
+            "math": jobconfig.TaskConfig(
                 name="math", env="math-tool", reward_fn="math", group_size=GROUP, max_turns=2, max_tokens=8
             )
         },
-        settings=protocol.Settings(alpha=8, batch_size=GROUP, backoff_s=0.05),
+        settings=jobconfig.Settings(alpha=8, batch_size=GROUP, backoff_s=0.05),
         envs=pool.clients, agent_for=lambda address: agent, placement=placement_service.InProcess(placement),
         reward=reward, buffer=buffer_service.BufferService(store=store.MemoryStore(), alpha=8),
     )  # fmt: skip
@@ -79,9 +80,7 @@ async def scheduler(
 async def run_groups(svc: service.SchedulerService, *group_ids: str) -> list[str]:
     """Submit the groups and wait for every trajectory; the statuses."""
     results = svc.results()
-    await svc.submit(
-        [scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
-    )
+    await svc.submit([protocol.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)])
     out: list[str] = []
     async with asyncio.timeout(60):
         async for r in results:

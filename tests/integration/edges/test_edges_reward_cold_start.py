@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from treadle.api import jobconfig
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
@@ -21,7 +22,7 @@ from treadle.services.reward import client as reward_client
 from treadle.services.reward import http_app as reward_app
 from treadle.services.scheduler import protocol, service
 from treadle.testing import procs
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 GROUP = 2
 WaitUntil = Callable[[Callable[[], bool]], Awaitable[None]]  # the edges conftest's ``wait_until``
@@ -32,7 +33,7 @@ async def scheduler(
     env_url: str, agent_url: str, reward_url: str, **settings: float
 ) -> AsyncIterator[service.SchedulerService]:
     placement = placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     placement.register_worker(placement_pb2.Worker(worker_id="w0", pool="decode", address=agent_url))
     env = env_client.EnvClient(env_url)
@@ -40,11 +41,11 @@ async def scheduler(
     reward = reward_client.RewardClient(reward_url, timeout_s=5.0)
     svc = service.SchedulerService(
         tasks={
-            "math": protocol.TaskConfig(
+            "math": jobconfig.TaskConfig(
                 name="math", env="math-tool", reward_fn="math", group_size=GROUP, max_turns=2, max_tokens=8
             )
         },
-        settings=protocol.Settings(alpha=1, batch_size=GROUP, reward_attempts=2, backoff_s=0.05, **settings),
+        settings=jobconfig.Settings(alpha=1, batch_size=GROUP, reward_attempts=2, backoff_s=0.05, **settings),
         envs=[env],
         agent_for=lambda address: agent,
         placement=placement_service.InProcess(placement),
@@ -59,9 +60,9 @@ async def scheduler(
             await client.aclose()
 
 
-async def results_of(svc: service.SchedulerService) -> list[scheduler_pb2.TrajectoryResult]:
+async def results_of(svc: service.SchedulerService) -> list[protocol.TrajectoryResult]:
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="math", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="math", seed=1)])
     out = []
     async with asyncio.timeout(60):
         async for r in results:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from treadle.api import v1alpha1
+from treadle.api import jobconfig, v1alpha1
 from treadle.errors import SpecError
 from treadle.localmode import plan, run
 from treadle.services.reward import __main__ as reward_main
@@ -23,7 +23,7 @@ def load(name: str) -> v1alpha1.RolloutJob:
 def test_math_tool_example() -> None:
     job = load("math-tool-h20.yaml")
     p = plan.make_plan(job, plan.Options(trajectories=256))
-    (task,) = p.config.tasks
+    (task,) = p.config.scheduler.tasks
     assert (task.name, task.env, task.reward_fn) == ("gem-math", "math-tool", job.spec.tasks[0].reward)
     # groupSize 8 + redundancy 0.25 -> 10 members per group; ceil(256 / 10) = 26 groups
     assert (task.members, task.max_turns) == (10, 4)
@@ -32,13 +32,13 @@ def test_math_tool_example() -> None:
     assert [w.worker_id for w in p.workers] == ["decode-0", "decode-1"]  # 4 replicas, 2 simulated here
     assert p.replicas_in_job == {"decode": 4}
     cfg = p.config
-    assert (cfg.batch_size, cfg.alpha, cfg.settings.alpha, cfg.settings.batch_size) == (128, 1, 1, 128)
-    assert cfg.settings.max_concurrent_generations == 2 * 256
+    settings = cfg.scheduler.settings
+    assert (settings.batch_size, cfg.buffer.alpha, settings.alpha, settings.batch_size) == (128, 1, 1, 128)
+    assert settings.max_concurrent_generations == 2 * 256
     assert (
-        cfg.settings.scheduling_policy == "progressive-priority"
-        and cfg.placement_policy == "sticky-least-loaded"
+        settings.scheduling_policy == "progressive-priority" and cfg.placement.policy == "sticky-least-loaded"
     )
-    assert cfg.pools == {"decode": "decode-heavy"}
+    assert cfg.placement.pools == {"decode": "decode-heavy"}
 
 
 def test_multi_task_groups_follow_the_weights() -> None:
@@ -48,8 +48,8 @@ def test_multi_task_groups_follow_the_weights() -> None:
         by_task[task] = by_task.get(task, 0) + 1
     # weights 2 : 1 : 1 over groups of 8 -> ceil(32/8), ceil(16/8), ceil(16/8)
     assert by_task == {"gem-math": 4, "frozenlake": 2, "mixed-auto": 2}
-    assert p.config.task_weights == {"frozenlake": 1.0, "gem-math": 2.0, "mixed-auto": 1.0}
-    assert p.config.task_placement["mixed-auto"].affinity == "auto"
+    assert p.config.buffer.task_weights == {"frozenlake": 1.0, "gem-math": 2.0, "mixed-auto": 1.0}
+    assert p.config.placement.tasks["mixed-auto"].affinity == "auto"
     assert [w.pool for w in p.workers] == ["prefill", "prefill", "decode", "decode"]
 
 
@@ -83,6 +83,6 @@ def test_progress_and_summary_say_simulated() -> None:
 def test_the_reward_gateway_gets_the_jobs_scorer(
     reward: dict[str, str], urls: tuple[str | None, str | None], model: str | None
 ) -> None:
-    env = run.reward_env(v1alpha1.Reward.model_validate(reward))
-    assert reward_main.endpoints(None, None, env) == urls
-    assert env.get("TREADLE_REWARD_JUDGE_MODEL") == model
+    cfg = jobconfig.reward_config(v1alpha1.Reward.model_validate(reward))
+    assert reward_main.endpoints(None, None, cfg) == urls
+    assert cfg.judge_model == model

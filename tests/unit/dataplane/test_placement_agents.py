@@ -13,6 +13,8 @@ import prometheus_client as prom
 import pytest
 
 from treadle import errors, metrics
+from treadle.api import jobconfig
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import rebalance, service
 from treadle.v1 import placement_pb2 as pb
 
@@ -26,7 +28,7 @@ def make(
 ) -> service.PlacementService:
     """Placement with ``step`` 0 by default: the rule's own k, which these tables check."""
     svc = service.PlacementService(
-        pools=POOLS, tasks={"pe": service.TaskPlacement()}, pool_agents=AGENTS, pool_shapes=shapes,
+        pools=POOLS, tasks={"pe": jobconfig.TaskPlacement()}, pool_agents=AGENTS, pool_shapes=shapes,
         rebalance_rule=rule, rebalance_step=step,  # type: ignore[arg-type]
     )  # fmt: skip
     for wid, pool in workers.items():
@@ -36,12 +38,14 @@ def make(
     return svc
 
 
-def assign(svc: service.PlacementService, tid: str, agent: str) -> pb.Assignment:
-    return svc.assign(pb.AssignRequest(trajectory_id=tid, task="pe", agent=agent))
+def assign(svc: service.PlacementService, tid: str, agent: str) -> placement_protocol.Assignment:
+    return svc.assign(placement_protocol.AssignRequest(trajectory_id=tid, task="pe", agent=agent))
 
 
 def release(svc: service.PlacementService, tid: str, worker: str) -> None:
-    svc.release(pb.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="pe", turn_finished=True))
+    svc.release(
+        placement_protocol.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="pe", turn_finished=True)
+    )
 
 
 def agents_of(svc: service.PlacementService) -> dict[str, int]:
@@ -120,7 +124,7 @@ def test_a_busy_agent_receives_a_drained_worker_that_serves_it_after_the_move() 
 
 def test_the_default_step_moves_one_worker_per_poll_the_least_loaded() -> None:
     svc = service.PlacementService(
-        pools=POOLS, tasks={"pe": service.TaskPlacement()}, pool_agents=AGENTS, pool_shapes=SHAPE
+        pools=POOLS, tasks={"pe": jobconfig.TaskPlacement()}, pool_agents=AGENTS, pool_shapes=SHAPE
     )
     for wid, pool in {"p0": "plan", "e0": "exec", "e1": "exec", "e2": "exec"}.items():
         svc.register_worker(pb.Worker(worker_id=wid, pool=pool, address=wid, engine_address=wid))

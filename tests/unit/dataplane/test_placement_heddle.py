@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2 as pb
 
 
 def make() -> service.PlacementService:
     svc = service.PlacementService(
-        pools={"p": "decode-heavy"}, tasks={"math": service.TaskPlacement("decode-heavy")}, policy="heddle"
+        pools={"p": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}, policy="heddle"
     )
     for wid in ("w0", "w1"):
         svc.register_worker(pb.Worker(worker_id=wid, pool="p", address=f"http://{wid}"))
@@ -24,20 +26,21 @@ def place(
     *,
     worker_slots: int = 0,
 ) -> int:
-    req = pb.PlaceBatchRequest(worker_slots=worker_slots)
-    for tid, p in predictions.items():
-        req.trajectories.add(trajectory_id=tid, task="math", predicted_remaining=p)
-    return svc.place_batch(req).placed
+    candidates = tuple(placement_protocol.Candidate(tid, "math", p) for tid, p in predictions.items())
+    return svc.place_batch(placement_protocol.PlaceBatchRequest(candidates, worker_slots=worker_slots))
 
 
 def assign(svc: service.PlacementService, tid: str) -> tuple[str, str]:
-    a = svc.assign(pb.AssignRequest(trajectory_id=tid, task="math"))
+    a = svc.assign(placement_protocol.AssignRequest(trajectory_id=tid, task="math"))
     return a.worker_id, a.reason
 
 
 def step(svc: service.PlacementService, tid: str, worker: str, predicted: float) -> None:
-    svc.release(pb.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="math", turn_finished=True,
-                                  predicted_remaining=predicted, context_tokens=40))  # fmt: skip
+    req = placement_protocol.ReleaseRequest(
+        trajectory_id=tid, worker_id=worker, task="math", turn_finished=True, predicted_remaining=predicted,
+        context_tokens=40,
+    )  # fmt: skip
+    svc.release(req)
 
 
 def test_batch_is_split_by_the_dp_and_every_turn_routed() -> None:
@@ -87,7 +90,7 @@ def test_unplaced_trajectory_is_placed_at_its_first_turn_and_final_forgets_it() 
     svc = make()
     worker, reason = assign(svc, "solo")
     assert reason == "routed" and worker in {"w0", "w1"}
-    svc.release(pb.ReleaseRequest(trajectory_id="solo", task="math", final=True, turns=1))
+    svc.release(placement_protocol.ReleaseRequest(trajectory_id="solo", task="math", final=True, turns=1))
     svc.report_load(pb.WorkerLoad(worker_id=worker, healthy=False))
     other = ({"w0", "w1"} - {worker}).pop()
     assert assign(svc, "solo") == (other, "routed")  # placed again, on the healthy worker
@@ -131,8 +134,7 @@ def test_negative_worker_slots_name_the_field() -> None:
 )  # fmt: skip
 def test_bad_batch_names_the_field_and_places_nothing(candidate: dict[str, object], field: str) -> None:
     svc = make()
-    req = pb.PlaceBatchRequest()
-    req.trajectories.add(**candidate)
+    req = placement_protocol.PlaceBatchRequest((placement_protocol.Candidate(**candidate),))  # type: ignore[arg-type]
     with pytest.raises(errors.SpecError) as err:
         svc.place_batch(req)
     assert err.value.field == field
@@ -141,7 +143,7 @@ def test_bad_batch_names_the_field_and_places_nothing(candidate: dict[str, objec
 
 def test_per_turn_policies_ignore_place_batch() -> None:
     svc = service.PlacementService(
-        pools={"p": "decode-heavy"}, tasks={"math": service.TaskPlacement("decode-heavy")}
+        pools={"p": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     svc.register_worker(pb.Worker(worker_id="w0", pool="p", address="http://w0"))
     assert place(svc, {"t0": 5.0}) == 0

@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service
 from treadle.v1 import placement_pb2 as pb
 
 POOLS = {"h800": "prefill-heavy", "h20": "decode-heavy"}
 
 
-def make(**tasks: service.TaskPlacement) -> service.PlacementService:
+def make(**tasks: jobconfig.TaskPlacement) -> service.PlacementService:
     svc = service.PlacementService(
-        pools=POOLS, tasks=tasks or {"math": service.TaskPlacement("decode-heavy")}
+        pools=POOLS, tasks=tasks or {"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     for wid, pool in [("a", "h800"), ("b", "h20"), ("c", "h20")]:
         svc.register_worker(pb.Worker(worker_id=wid, pool=pool, address=f"http://{wid}"))
@@ -21,15 +23,17 @@ def make(**tasks: service.TaskPlacement) -> service.PlacementService:
 
 
 def assign(svc: service.PlacementService, tid: str, task: str = "math") -> str:
-    return str(svc.assign(pb.AssignRequest(trajectory_id=tid, task=task)).worker_id)
+    return str(svc.assign(placement_protocol.AssignRequest(trajectory_id=tid, task=task)).worker_id)
 
 
 def test_affinity_then_least_loaded_then_sticky() -> None:
     svc = make()
     assert [assign(svc, "t1"), assign(svc, "t2")] == ["b", "c"]  # decode-heavy pool only, spread
-    svc.release(pb.ReleaseRequest(trajectory_id="t1", worker_id="b", task="math", turn_finished=True))
+    svc.release(
+        placement_protocol.ReleaseRequest(trajectory_id="t1", worker_id="b", task="math", turn_finished=True)
+    )
     assert assign(svc, "t1") == "b"  # sticky
-    reply = svc.assign(pb.AssignRequest(trajectory_id="t3", task="math"))
+    reply = svc.assign(placement_protocol.AssignRequest(trajectory_id="t3", task="math"))
     assert (reply.address, reply.pool, reply.reason, reply.work) == (
         "http://b",
         "h20",
@@ -57,20 +61,22 @@ def test_migrate_drains_a_worker_and_moves_its_trajectories() -> None:
 
 
 def test_no_worker_is_unavailable() -> None:
-    svc = service.PlacementService(pools=POOLS, tasks={"math": service.TaskPlacement("decode-heavy")})
+    svc = service.PlacementService(pools=POOLS, tasks={"math": jobconfig.TaskPlacement("decode-heavy")})
     with pytest.raises(errors.Unavailable):
         assign(svc, "t1")
 
 
 def test_auto_affinity_uses_the_measured_profile() -> None:
-    svc = make(chat=service.TaskPlacement("auto"))
+    svc = make(chat=jobconfig.TaskPlacement("auto"))
     assert svc.pool_state().tasks[0].work == "decode-heavy"  # no profile yet: the documented default
     for i in range(8):  # long prompts, one short answer: prefill-heavy by the cost model
         tid = f"t{i}"
         worker = assign(svc, tid, "chat")
-        svc.release(pb.ReleaseRequest(trajectory_id=tid, worker_id=worker, task="chat", turn_finished=True,
-                                      prompt_tokens=30_000, output_tokens=8))  # fmt: skip
-        svc.release(pb.ReleaseRequest(trajectory_id=tid, task="chat", final=True, turns=1))
+        svc.release(placement_protocol.ReleaseRequest(
+            trajectory_id=tid, worker_id=worker, task="chat", turn_finished=True, prompt_tokens=30_000,
+            output_tokens=8,
+        ))  # fmt: skip
+        svc.release(placement_protocol.ReleaseRequest(trajectory_id=tid, task="chat", final=True, turns=1))
     task = svc.pool_state().tasks[0]
     assert (task.trajectories, task.mean_prompt_tokens, task.work) == (8, 30_000, "prefill-heavy")
     assert assign(svc, "next", "chat") == "a"
@@ -88,9 +94,13 @@ BAD_CALLS = {
         SE,
         "worker_id",
     ),
-    "unknown-task": (lambda s: s.assign(pb.AssignRequest(trajectory_id="t", task="nope")), SE, "task"),
+    "unknown-task": (
+        lambda s: s.assign(placement_protocol.AssignRequest(trajectory_id="t", task="nope")),
+        SE,
+        "task",
+    ),
     "no-trajectory": (
-        lambda s: s.assign(pb.AssignRequest(trajectory_id="", task="math")),
+        lambda s: s.assign(placement_protocol.AssignRequest(trajectory_id="", task="math")),
         SE,
         "trajectory_id",
     ),
@@ -101,13 +111,15 @@ BAD_CALLS = {
         "kv_cache_usage",
     ),
     "empty-release": (
-        lambda s: s.release(pb.ReleaseRequest(trajectory_id="t", task="math")),
+        lambda s: s.release(placement_protocol.ReleaseRequest(trajectory_id="t", task="math")),
         SE,
         "turn_finished",
     ),
     "unknown-worker-release": (
         lambda s: s.release(
-            pb.ReleaseRequest(trajectory_id="t", worker_id="zz", task="math", turn_finished=True)
+            placement_protocol.ReleaseRequest(
+                trajectory_id="t", worker_id="zz", task="math", turn_finished=True
+            )
         ),
         NF,
         None,
@@ -131,7 +143,9 @@ def test_bad_input_is_rejected_and_changes_nothing(
 
 def test_bad_configuration_names_the_field() -> None:
     with pytest.raises(errors.SpecError) as err:
-        service.PlacementService(pools=POOLS, tasks={"m": service.TaskPlacement("decode-heavy", pools=["x"])})
+        service.PlacementService(
+            pools=POOLS, tasks={"m": jobconfig.TaskPlacement("decode-heavy", pools=["x"])}
+        )
     assert err.value.field == "tasks.m.pools"
     with pytest.raises(errors.SpecError) as policy:
         service.PlacementService(pools=POOLS, tasks={}, policy="random")

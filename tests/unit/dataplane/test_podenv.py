@@ -14,6 +14,7 @@ from treadle import errors
 from treadle.api import v1alpha1
 from treadle.localmode import plan
 from treadle.operator import config, render
+from treadle.operator.render import common as render_common
 from treadle.services import podenv
 from treadle.services.buffer import __main__ as buffer_main
 from treadle.services.env import __main__ as env_main
@@ -43,23 +44,28 @@ def pod_env(tmp_path: Path, component: str, j: v1alpha1.RolloutJob | None = None
         if c["name"] == component
     )
     env = {e["name"]: e["value"] for e in container["env"]}
-    return {k: v.replace(render.CONFIG_MOUNT, str(tmp_path)) for k, v in env.items()}
+    return {k: v.replace(render_common.CONFIG_MOUNT, str(tmp_path)) for k, v in env.items()}
 
 
 def test_job_config_is_local_modes_translation(tmp_path: Path) -> None:
     cfg = podenv.job_config(pod_env(tmp_path, "scheduler"))
     local = plan.make_plan(job(), plan.Options())
-    assert cfg.tasks == [
-        t.__class__(**{**t.__dict__, "max_tokens": cfg.tasks[0].max_tokens}) for t in local.config.tasks
+    tasks = cfg.scheduler.tasks
+    assert tasks == [
+        t.__class__(**{**t.__dict__, "max_tokens": tasks[0].max_tokens}) for t in local.config.scheduler.tasks
     ]
-    assert (cfg.pools, cfg.task_placement, cfg.task_weights) == (
-        local.config.pools,
-        local.config.task_placement,
-        local.config.task_weights,
+    assert (cfg.placement.pools, cfg.placement.tasks, cfg.buffer.task_weights) == (
+        local.config.placement.pools,
+        local.config.placement.tasks,
+        local.config.buffer.task_weights,
     )
-    assert (cfg.alpha, cfg.batch_size, cfg.placement_policy) == (1, 128, "sticky-least-loaded")
+    assert (cfg.buffer.alpha, cfg.scheduler.settings.batch_size, cfg.placement.policy) == (
+        1,
+        128,
+        "sticky-least-loaded",
+    )
     # 4 replicas of the decode pool, each vLLM's default 256 sequences at once.
-    assert cfg.settings.max_concurrent_generations == 4 * 256
+    assert cfg.scheduler.settings.max_concurrent_generations == 4 * 256
 
 
 def test_every_coordination_service_starts_from_the_rendered_env(tmp_path: Path) -> None:
@@ -84,9 +90,10 @@ def test_flags_override_the_environment(tmp_path: Path) -> None:
     env = pod_env(tmp_path, "buffer")
     buf = buffer_main.parse_args(["--redis", "", "--alpha", "3", "--namespace", "x"], env)
     assert (buf.redis, buf.alpha, buf.namespace) == ("", 3, "x")
-    env = pod_env(tmp_path, "scheduler") | {"TREADLE_STALENESS": "2", "TREADLE_SCHEDULING_POLICY": "fcfs"}
-    sched = scheduler_main.parse_args(["--placement", "p:1"], env)
-    assert (sched.placement, sched.settings.alpha, sched.settings.scheduling_policy) == ("p:1", 2, "fcfs")
+    sched = scheduler_main.parse_args(
+        ["--placement", "p:1", "--max-in-flight", "7"], pod_env(tmp_path, "scheduler")
+    )
+    assert (sched.placement, sched.settings.alpha, sched.settings.max_in_flight) == ("p:1", 1, 7)
 
 
 def test_placement_takes_the_jobs_rebalancing_and_flags_override_it(tmp_path: Path) -> None:
@@ -121,14 +128,12 @@ def test_placement_takes_the_jobs_rebalancing_and_flags_override_it(tmp_path: Pa
         ({"TREADLE_CONFIG": ""}, "TREADLE_CONFIG: not set"),
         ({"TREADLE_CONFIG": "/nonexistent/job.json"}, "TREADLE_CONFIG: cannot read"),
         ({"TREADLE_JOB": ""}, "TREADLE_JOB: not set"),
-        ({"TREADLE_STALENESS": "one"}, "TREADLE_STALENESS: must be an integer"),
-        ({"TREADLE_BATCH_SIZE": "0"}, "TREADLE_BATCH_SIZE: must be >= 1"),
         (
             {"TREADLE_REWARD_URL": ""},
             "TREADLE_REWARD_URL: not set: pass --reward-url or set TREADLE_REWARD_URL",
         ),
     ],
-    ids=["no-config", "unreadable", "no-job", "staleness", "batch-size", "no-reward-url"],
+    ids=["no-config", "unreadable", "no-job", "no-reward-url"],
 )
 def test_bad_environment_is_a_startup_error_naming_the_variable(
     tmp_path: Path, change: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
@@ -151,9 +156,9 @@ def test_bad_job_json_names_the_field_inside_it(tmp_path: Path) -> None:
 
 
 def test_env_pod_refuses_an_environment_it_does_not_serve(tmp_path: Path) -> None:
-    env_main.check_environments(pod_env(tmp_path, "env"))  # math-tool is served
-    with pytest.raises(errors.SpecError, match="TREADLE_ENVIRONMENTS: this image serves no environment"):
-        env_main.check_environments({"TREADLE_ENVIRONMENTS": "math-tool,chess"})
+    env_main.check_environments(podenv.job_config(pod_env(tmp_path, "env")).env.environments)  # math-tool
+    with pytest.raises(errors.SpecError, match=r"spec\.tasks\.environment: this image serves no environment"):
+        env_main.check_environments({"math-tool", "chess"})
 
 
 def test_a_bound_host_is_advertised_as_is() -> None:

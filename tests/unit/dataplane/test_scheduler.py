@@ -18,9 +18,7 @@ import pytest
 import yaml
 
 from treadle import errors
-from treadle.api import v1alpha1
-from treadle.localmode import plan
-from treadle.policy import registry
+from treadle.api import jobconfig, v1alpha1
 from treadle.policy.heddle import predictor
 from treadle.services.buffer import protocol as buffer_protocol
 from treadle.services.buffer import service as buffer_service
@@ -28,10 +26,10 @@ from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
+from treadle.v1 import common_pb2, placement_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
-TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
+TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
 
 
 class Stack:
@@ -47,7 +45,7 @@ class Stack:
         self.agent = fakes.Agent()
         self.reward = reward or fakes.Reward()
         self.placement = placement_service.PlacementService(
-            pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+            pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
         )
         for i in range(2):
             self.placement.register_worker(
@@ -57,7 +55,7 @@ class Stack:
         defaults: dict[str, object] = {"alpha": 1, "batch_size": 8, "max_in_flight": 64, "backoff_s": 0.0}
         self.svc = service.SchedulerService(
             tasks={"math": TASK},
-            settings=protocol.Settings(**{**defaults, **settings}),  # type: ignore[arg-type]
+            settings=jobconfig.Settings(**{**defaults, **settings}),  # type: ignore[arg-type]
             envs=[self.env],
             agent_for=lambda address: self.agent,
             placement=placement_service.InProcess(self.placement),
@@ -67,10 +65,10 @@ class Stack:
         )
 
     async def submit(self, *group_ids: str) -> None:
-        groups = [scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
+        groups = [protocol.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate(group_ids)]
         await self.svc.submit(groups)
 
-    async def collect(self, n: int, results: AsyncIterator[scheduler_pb2.TrajectoryResult]) -> list[str]:
+    async def collect(self, n: int, results: AsyncIterator[protocol.TrajectoryResult]) -> list[str]:
         out = []
         async with asyncio.timeout(10):
             async for r in results:
@@ -80,7 +78,7 @@ class Stack:
         return sorted(out)
 
 
-def adds_up(s: scheduler_pb2.SchedulerStats) -> bool:
+def adds_up(s: protocol.Stats) -> bool:
     return s.submitted == s.pending + s.in_flight + s.unsaved + s.completed + s.failed + s.aborted
 
 
@@ -245,20 +243,18 @@ async def test_suspend_holds_admission_and_turns() -> None:
 @pytest.mark.parametrize(
     ("group", "field"),
     [
-        (scheduler_pb2.PromptGroup(group_id="g", task="nope"), "groups[1].task"),
-        (scheduler_pb2.PromptGroup(group_id="bad id!", task="math"), "groups[1].group_id"),
-        (scheduler_pb2.PromptGroup(group_id="g", task="math", seed=-1), "groups[1].seed"),
-        (scheduler_pb2.PromptGroup(group_id="g", task="math", options_json="[1]"), "groups[1].options_json"),
-        (scheduler_pb2.PromptGroup(group_id="g", task="math", options_json="{"), "groups[1].options_json"),
+        (protocol.PromptGroup(group_id="g", task="nope"), "groups[1].task"),
+        (protocol.PromptGroup(group_id="bad id!", task="math"), "groups[1].group_id"),
+        (protocol.PromptGroup(group_id="g", task="math", seed=-1), "groups[1].seed"),
+        (protocol.PromptGroup(group_id="g", task="math", options_json="[1]"), "groups[1].options_json"),
+        (protocol.PromptGroup(group_id="g", task="math", options_json="{"), "groups[1].options_json"),
     ],
     ids=["unknown-task", "bad-group-id", "negative-seed", "options-not-object", "options-not-json"],
 )
-async def test_bad_submit_names_the_field_and_queues_nothing(
-    group: scheduler_pb2.PromptGroup, field: str
-) -> None:
+async def test_bad_submit_names_the_field_and_queues_nothing(group: protocol.PromptGroup, field: str) -> None:
     st = Stack()
     with pytest.raises(errors.SpecError) as err:
-        await st.svc.submit([scheduler_pb2.PromptGroup(group_id="ok", task="math"), group])
+        await st.svc.submit([protocol.PromptGroup(group_id="ok", task="math"), group])
     assert err.value.field == field
     assert (st.svc.stats().submitted, st.svc.stats().pending) == (0, 0)
 
@@ -272,26 +268,6 @@ async def test_backpressure_and_idempotent_submit() -> None:
     with pytest.raises(errors.Overloaded):
         await st.submit("g2")
     await st.svc.aclose()
-
-
-def test_gate_orders_waiters_by_policy() -> None:
-    async def scenario() -> list[str]:
-        gate = service.Gate(1, registry.scheduling_policy("progressive-priority"))
-        await gate.acquire("first", turn=0, task="m")
-        order: list[str] = []
-
-        async def wait(tid: str, turn: int) -> None:
-            await gate.acquire(tid, turn=turn, task="m")
-            order.append(tid)
-            gate.release(tid)
-
-        waiters = [asyncio.create_task(wait(tid, turn)) for tid, turn in [("a", 0), ("b", 3), ("c", 1)]]
-        await asyncio.sleep(0)  # let every waiter queue
-        gate.release("first")
-        await asyncio.gather(*waiters)
-        return order
-
-    assert asyncio.run(scenario()) == ["b", "c", "a"]  # most turns first, FIFO among equals
 
 
 class FlakyBuffer:
@@ -380,67 +356,6 @@ async def test_sync_admission_with_a_batch_not_a_multiple_of_the_group_completes
     await st.svc.aclose()
 
 
-def test_preemptive_gate_aborts_the_lowest_ranked_running_turn() -> None:
-    async def scenario() -> tuple[list[str], list[str]]:
-        preempted: list[str] = []
-        gate = service.Gate(2, registry.scheduling_policy("heddle"), preempt=preempted.append)
-        await gate.acquire("short", turn=0, task="m", predicted_remaining=5.0)
-        await gate.acquire("mid", turn=0, task="m", predicted_remaining=50.0)
-        order: list[str] = []
-
-        async def wait(tid: str, predicted: float) -> None:
-            await gate.acquire(tid, turn=1, task="m", predicted_remaining=predicted)
-            order.append(tid)
-
-        long = asyncio.create_task(wait("long", 500.0))
-        tiny = asyncio.create_task(wait("tiny", 1.0))
-        await asyncio.sleep(0)  # both queue; long outranks "short", tiny outranks nobody
-        assert preempted == ["short"] and gate.state("short") == "generating"
-        gate.release("short")  # its aborted generation came back: the slot goes to "long"
-        await long
-        assert gate.state("long") == "generating" and gate.state("tiny") == "waiting"
-        gate.release("mid")
-        await tiny
-        return preempted, order
-
-    assert asyncio.run(scenario()) == (["short"], ["long", "tiny"])
-
-
-def test_preemptive_gate_spares_a_turn_past_max_progress() -> None:
-    async def scenario() -> list[str]:
-        now = [0.0]
-        preempted: list[str] = []
-        gate = service.Gate(
-            1, registry.scheduling_policy("heddle"), preempt=preempted.append, max_progress=0.25,
-            clock=lambda: now[0],
-        )  # fmt: skip
-        await gate.acquire("first", turn=0, task="m", predicted_remaining=5.0)
-        now[0] = 10.0
-        gate.release("first")  # a typical turn is now 10 s
-        await gate.acquire("short", turn=0, task="m", predicted_remaining=5.0)
-        now[0] = 13.0  # 30 % through its turn: past the bound
-        long = asyncio.create_task(gate.acquire("long", turn=1, task="m", predicted_remaining=500.0))
-        await asyncio.sleep(0)
-        assert preempted == [] and gate.state("long") == "waiting"
-        gate.release("short")
-        await long
-        now[0] = 14.0
-        late = asyncio.create_task(gate.acquire("later", turn=1, task="m", predicted_remaining=900.0))
-        await asyncio.sleep(0)  # "long" is 10 % through: cheap to throw away, so it is preempted
-        assert preempted == ["long"]
-        gate.release("long")
-        await late
-        return preempted
-
-    assert asyncio.run(scenario()) == ["long"]
-
-
-def test_negative_max_progress_names_the_setting() -> None:
-    with pytest.raises(errors.SpecError) as err:
-        service.Gate(1, registry.scheduling_policy("heddle"), max_progress=-0.5)
-    assert err.value.field == "preemption_max_progress"
-
-
 async def test_list_trajectories_exposes_rank_prediction_and_worker() -> None:
     st = Stack(scheduling_policy="heddle")
     st.agent.hold = asyncio.Event()
@@ -475,25 +390,6 @@ async def test_predictor_learns_from_completed_trajectories() -> None:
     await st.svc.aclose()
 
 
-def test_gate_counts_slots_per_worker_key() -> None:
-    async def scenario() -> list[str]:
-        gate = service.Gate(1, registry.scheduling_policy("fifo"))
-        await gate.acquire("a", turn=0, task="m", key="w0")
-        await gate.acquire("b", turn=0, task="m", key="w1")  # another worker: its own slot
-        c = asyncio.create_task(gate.acquire("c", turn=0, task="m", key="w0"))
-        await asyncio.sleep(0)
-        states = [gate.state("c")]
-        gate.release("b")  # frees w1, not w0
-        await asyncio.sleep(0)
-        states.append(gate.state("c"))
-        gate.release("a")
-        await c
-        states.append(gate.state("c"))
-        return states
-
-    assert asyncio.run(scenario()) == ["waiting", "waiting", "generating"]
-
-
 async def test_per_worker_slots_assign_before_waiting_and_complete() -> None:
     st = Stack(scheduling_policy="heddle", worker_slots=1)
     results = st.svc.results()
@@ -520,7 +416,7 @@ async def test_heddle_scheduling_preempts_through_the_agent_abort() -> None:
         if st.agent.started:
             break
         await asyncio.sleep(0)
-    await st.svc.submit([scheduler_pb2.PromptGroup(group_id="g2", task="math", seed=5)])
+    await st.svc.submit([protocol.PromptGroup(group_id="g2", task="math", seed=5)])
     for _ in range(200):
         if st.agent.aborted:
             break
@@ -567,7 +463,10 @@ def test_job_config_waits_for_a_reward_gateway_that_scales_to_zero() -> None:
     job = v1alpha1.parse_job(raw)
     counts = {"max_tokens": 128, "max_in_flight": 256, "max_concurrent_generations": 512}
     assert job.spec.reward.scale_to_zero
-    assert plan.job_config(job, **counts).settings.reward_unavailable_s == plan.REWARD_COLD_START_S
+    assert (
+        jobconfig.job_config(job, **counts).scheduler.settings.reward_unavailable_s
+        == jobconfig.REWARD_COLD_START_S
+    )
     raw["spec"]["reward"] = {**raw["spec"].get("reward", {}), "scaleToZero": False, "minReplicas": 1}
-    warm = plan.job_config(v1alpha1.parse_job(raw), **counts)
-    assert warm.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count
+    warm = jobconfig.job_config(v1alpha1.parse_job(raw), **counts)
+    assert warm.scheduler.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count

@@ -12,13 +12,15 @@ import dataplane_fakes as fakes
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
-TASK = protocol.TaskConfig(
+TASK = jobconfig.TaskConfig(
     name="pe", env="math-tool", agent="planner", agents=("planner", "executor"), group_size=2, max_turns=5
 )
 VERSIONS = {"p0": 10, "e0": 20, "e1": 21}
@@ -26,7 +28,7 @@ VERSIONS = {"p0": 10, "e0": 20, "e1": 21}
 
 def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.BufferService]:
     placement = placement_service.PlacementService(
-        pools={"plan": "any", "exec": "any"}, tasks={"pe": placement_service.TaskPlacement()},
+        pools={"plan": "any", "exec": "any"}, tasks={"pe": jobconfig.TaskPlacement()},
         pool_agents={"plan": "planner", "exec": "executor"},
     )  # fmt: skip
     for wid in VERSIONS:
@@ -35,7 +37,7 @@ def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.Buffe
     agents = {wid: fakes.Agent(version=v) for wid, v in VERSIONS.items()}
     buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1, agents=["planner", "executor"])
     svc = service.SchedulerService(
-        tasks={"pe": TASK}, settings=protocol.Settings(alpha=1, batch_size=8, backoff_s=0.0),
+        tasks={"pe": TASK}, settings=jobconfig.Settings(alpha=1, batch_size=8, backoff_s=0.0),
         envs=[fakes.Env(steps=steps)], agent_for=agents.__getitem__,
         placement=placement_service.InProcess(placement), reward=fakes.Reward(), buffer=buffer,
     )  # fmt: skip
@@ -45,7 +47,7 @@ def stack(*, steps: int) -> tuple[service.SchedulerService, buffer_service.Buffe
 async def test_turns_alternate_agents_and_each_table_gets_its_own_turns() -> None:
     svc, buffer = stack(steps=3)
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="pe", seed=1)])
     async with asyncio.timeout(10):
         done = [await anext(results) for _ in range(2)]
     assert {r.status for r in done} == {"completed"}
@@ -80,7 +82,7 @@ async def test_turns_alternate_agents_and_each_table_gets_its_own_turns() -> Non
 async def test_an_agent_without_a_turn_still_gets_its_row_so_its_group_completes() -> None:
     svc, buffer = stack(steps=1)  # done after the planner's first turn
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="pe", seed=1)])
     async with asyncio.timeout(10):
         for _ in range(2):
             await anext(results)
@@ -92,12 +94,12 @@ async def test_an_agent_without_a_turn_still_gets_its_row_so_its_group_completes
 
 def test_turn_order_and_bad_agent_lists() -> None:
     assert [TASK.agent_of(k) for k in range(5)] == ["planner", "executor", "planner", "executor", "planner"]
-    assert protocol.TaskConfig(name="m", env="e").agent_of(3) == ""
+    assert jobconfig.TaskConfig(name="m", env="e").agent_of(3) == ""
     with pytest.raises(errors.SpecError) as exc:
-        protocol.TaskConfig(name="m", env="e", agent="a", agents=("a", "a"))
+        jobconfig.TaskConfig(name="m", env="e", agent="a", agents=("a", "a"))
     assert exc.value.field == "tasks.m.agents"
     with pytest.raises(errors.SpecError) as exc:
-        protocol.TaskConfig(name="m", env="e", agent="b", agents=("a", "b"))
+        jobconfig.TaskConfig(name="m", env="e", agent="b", agents=("a", "b"))
     assert exc.value.field == "tasks.m.agent"
 
 
@@ -107,15 +109,17 @@ class WrongAgentPlacement:
     def __init__(self) -> None:
         self.released: list[str] = []
 
-    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
-        return placement_pb2.Assignment(worker_id="e0", address="e0", pool="exec", agent="executor")
+    async def assign(self, req: placement_protocol.AssignRequest) -> placement_protocol.Assignment:
+        return placement_protocol.Assignment(
+            worker_id="e0", address="e0", pool="exec", reason="sticky", work="decode-heavy", agent="executor"
+        )
 
-    async def release(self, req: placement_pb2.ReleaseRequest) -> None:
+    async def release(self, req: placement_protocol.ReleaseRequest) -> None:
         if req.turn_finished:
             self.released.append(req.worker_id)
 
-    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
-        return placement_pb2.PlaceBatchResponse()
+    async def place_batch(self, req: placement_protocol.PlaceBatchRequest) -> int:
+        return 0
 
 
 async def test_a_worker_of_another_agent_fails_the_trajectory_and_is_released() -> None:
@@ -123,12 +127,12 @@ async def test_a_worker_of_another_agent_fails_the_trajectory_and_is_released() 
     agent = fakes.Agent()
     buffer = buffer_service.BufferService(store=store.MemoryStore(), alpha=1)
     svc = service.SchedulerService(
-        tasks={"pe": TASK}, settings=protocol.Settings(alpha=1, batch_size=8, backoff_s=0.0),
+        tasks={"pe": TASK}, settings=jobconfig.Settings(alpha=1, batch_size=8, backoff_s=0.0),
         envs=[fakes.Env(steps=3)], agent_for=lambda address: agent, placement=placement,
         reward=fakes.Reward(), buffer=buffer,
     )  # fmt: skip
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g", task="pe", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g", task="pe", seed=1)])
     async with asyncio.timeout(10):
         done = [await anext(results) for _ in range(2)]
     assert {r.status for r in done} == {"failed"} and agent.started == 0

@@ -11,15 +11,16 @@ import dataplane_fakes as fakes
 import pytest
 
 from treadle import errors, metrics
+from treadle.api import jobconfig
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.env import client as env_client
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import __main__ as scheduler_main
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
-TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=2)
+TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=2)
 
 
 async def test_the_pool_follows_the_resolved_urls() -> None:
@@ -55,12 +56,12 @@ async def stack() -> AsyncIterator[tuple[service.SchedulerService, fakes.Env, fa
     env = fakes.Env(steps=2)
     agent = fakes.Agent()
     placement = placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     placement.register_worker(placement_pb2.Worker(worker_id="w0", pool="decode", address="a0"))
     svc = service.SchedulerService(
         tasks={"math": TASK},
-        settings=protocol.Settings(alpha=1, batch_size=8, max_in_flight=64, backoff_s=0.0),
+        settings=jobconfig.Settings(alpha=1, batch_size=8, max_in_flight=64, backoff_s=0.0),
         envs=[env], agent_for=lambda address: agent, placement=placement_service.InProcess(placement),
         reward=fakes.Reward(), buffer=buffer_service.BufferService(store=store.MemoryStore(), alpha=1),
     )  # fmt: skip
@@ -86,12 +87,12 @@ async def test_new_trajectories_use_an_added_env_and_open_sessions_keep_theirs(
     svc, first, agent = stack
     agent.hold = asyncio.Event()
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g1", task="math", seed=1)])
+    await svc.submit([protocol.PromptGroup(group_id="g1", task="math", seed=1)])
     await until(lambda: len(first.sessions) == 4)
     added = fakes.Env(steps=2)
     svc.set_envs([first, added])
     assert servers(svc) == 2
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g2", task="math", seed=2)])
+    await svc.submit([protocol.PromptGroup(group_id="g2", task="math", seed=2)])
     g2 = [f"g2-{i}" for i in range(4)]
     on_added = {tid for tid in g2 if zlib.crc32(tid.encode()) % 2 == 1}
     assert on_added, "the test needs a g2 trajectory that hashes to the second server"
@@ -103,7 +104,7 @@ async def test_new_trajectories_use_an_added_env_and_open_sessions_keep_theirs(
         svc.set_envs([])
     assert empty.value.field == "envs" and servers(svc) == 1
     agent.hold.set()
-    finished: list[scheduler_pb2.TrajectoryResult] = []
+    finished: list[protocol.TrajectoryResult] = []
     async with asyncio.timeout(10):
         async for r in results:
             finished.append(r)
@@ -112,6 +113,6 @@ async def test_new_trajectories_use_an_added_env_and_open_sessions_keep_theirs(
     assert [r.status for r in finished] == ["completed"] * 8
     assert set(first.closed) == {f"g1-{i}" for i in range(4)} | (set(g2) - on_added)
     assert set(added.closed) == on_added
-    await svc.submit([scheduler_pb2.PromptGroup(group_id="g3", task="math", seed=3)])
+    await svc.submit([protocol.PromptGroup(group_id="g3", task="math", seed=3)])
     await until(lambda: len(added.closed) == len(on_added) + 4)
     assert set(first.closed) == {f"g1-{i}" for i in range(4)} | (set(g2) - on_added)

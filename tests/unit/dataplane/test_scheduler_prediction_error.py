@@ -7,23 +7,24 @@ import asyncio
 import dataplane_fakes as fakes
 
 from treadle import metrics
+from treadle.api import jobconfig
 from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import protocol, service
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
-TASK = protocol.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
+TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
 
 
 async def test_every_prediction_is_scored_when_the_trajectory_completes() -> None:
     placement = placement_service.PlacementService(
-        pools={"decode": "decode-heavy"}, tasks={"math": placement_service.TaskPlacement("decode-heavy")}
+        pools={"decode": "decode-heavy"}, tasks={"math": jobconfig.TaskPlacement("decode-heavy")}
     )
     placement.register_worker(placement_pb2.Worker(worker_id="w0", pool="decode", address="a0"))
     svc = service.SchedulerService(
         tasks={"math": TASK},
-        settings=protocol.Settings(alpha=1, batch_size=8, max_in_flight=64, backoff_s=0.0),
+        settings=jobconfig.Settings(alpha=1, batch_size=8, max_in_flight=64, backoff_s=0.0),
         envs=[fakes.Env()],
         agent_for=lambda address: fakes.Agent(),
         placement=placement_service.InProcess(placement),
@@ -31,7 +32,7 @@ async def test_every_prediction_is_scored_when_the_trajectory_completes() -> Non
         buffer=buffer_service.BufferService(store=store.MemoryStore(), alpha=1),
     )
     results = svc.results()
-    await svc.submit([scheduler_pb2.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate("ab")])
+    await svc.submit([protocol.PromptGroup(group_id=g, task="math", seed=i) for i, g in enumerate("ab")])
     async with asyncio.timeout(10):
         done = []
         async for r in results:

@@ -1,11 +1,11 @@
-"""The env pod's two resource variables (warm pool, CPUs per action) and the sandbox's CPU choice."""
+"""The env pod's two resource settings (warm pool, CPUs per action) and the sandbox's CPU choice."""
 
 from __future__ import annotations
 
 import pytest
 
 from treadle import errors
-from treadle.api import env_vars
+from treadle.api import jobconfig
 from treadle.sandbox import runner
 from treadle.services.env import __main__ as env_main
 
@@ -29,30 +29,33 @@ def test_cpu_quantity_rounds_up_to_whole_cpus(raw: str, cpus: int) -> None:
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "-1", "1 core", "0", "0m", "1x"])
-def test_bad_cpu_quantity_names_the_variable(raw: str) -> None:
+def test_bad_cpu_quantity_names_the_field(raw: str) -> None:
     with pytest.raises(errors.SpecError) as info:
         env_main.cpus_per_action(raw)
-    assert info.value.field == env_vars.CPU_PER_ACTION
+    assert info.value.field == "spec.externalResources.cpuCoresPerAction"
 
 
-def test_warm_pool_from_the_flag_or_the_variable() -> None:
-    assert env_main.warm_pool(None, {}) == 0
-    assert env_main.warm_pool(None, {env_vars.WARM_POOL: "3"}) == 3
-    assert env_main.warm_pool(5, {env_vars.WARM_POOL: "3"}) == 5
+def job(warm_pool: int, *environments: str) -> jobconfig.EnvConfig:
+    return jobconfig.EnvConfig(environments=frozenset(environments), warm_pool=warm_pool, cpu_per_action="1")
+
+
+def test_warm_pool_from_the_flag_or_the_job() -> None:
+    assert env_main.warm_pool(None, None) == 0
+    assert env_main.warm_pool(None, job(3, "python-code")) == 3
+    assert env_main.warm_pool(5, job(3, "python-code")) == 5
 
 
 def test_warm_pool_only_for_a_pod_that_runs_python_code() -> None:
     # math-tool and frozenlake have nothing seed-independent to pre-start
-    assert env_main.warm_pool(None, {env_vars.WARM_POOL: "3", env_vars.ENVIRONMENTS: "math-tool"}) == 0
-    both = {env_vars.WARM_POOL: "3", env_vars.ENVIRONMENTS: "math-tool,python-code"}
-    assert env_main.warm_pool(None, both) == 3
+    assert env_main.warm_pool(None, job(3, "math-tool")) == 0
+    assert env_main.warm_pool(None, job(3, "math-tool", "python-code")) == 3
 
 
-@pytest.mark.parametrize("raw", ["65", "-1", "many"])
-def test_bad_warm_pool_names_the_variable(raw: str) -> None:
+@pytest.mark.parametrize("flag", [65, -1])
+def test_bad_warm_pool_names_the_flag(flag: int) -> None:
     with pytest.raises(errors.SpecError) as info:
-        env_main.warm_pool(None, {env_vars.WARM_POOL: raw})
-    assert info.value.field == env_vars.WARM_POOL
+        env_main.warm_pool(flag, None)
+    assert info.value.field == "--warm-pool"
 
 
 def test_least_used_cpus_first_ties_round_robin() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from treadle import errors
+from treadle.api import jobconfig, v1alpha1
 from treadle.services.reward import __main__ as reward_main
 from treadle.services.reward import functions, protocol
 
@@ -88,33 +89,20 @@ def test_resolve_refuses(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "environ", "expected"),
+    ("flags", "reward", "expected"),
     [
-        ((None, None), {}, (None, None)),
-        (
-            (None, None),
-            {"TREADLE_REWARD_TYPE": "rule", "TREADLE_REWARD_EXTERNAL_URL": "http://x"},
-            (None, None),
-        ),
-        (
-            (None, None),
-            {"TREADLE_REWARD_TYPE": "llm-judge", "TREADLE_REWARD_EXTERNAL_URL": "http://j"},
-            ("http://j", None),
-        ),
-        (
-            (None, None),
-            {"TREADLE_REWARD_TYPE": "external", "TREADLE_REWARD_EXTERNAL_URL": "http://e"},
-            (None, "http://e"),
-        ),
-        (
-            ("http://f", "http://g"),
-            {"TREADLE_REWARD_TYPE": "external", "TREADLE_REWARD_EXTERNAL_URL": "http://e"},
-            ("http://f", "http://g"),
-        ),
+        ((None, None), None, (None, None)),
+        ((None, None), {"type": "rule", "url": "http://x"}, (None, None)),
+        ((None, None), {"type": "llm-judge", "url": "http://j", "judgeModel": "m"}, ("http://j", None)),
+        ((None, None), {"type": "external", "url": "http://e"}, (None, "http://e")),
+        (("http://f", "http://g"), {"type": "external", "url": "http://e"}, ("http://f", "http://g")),
     ],
     ids=["nothing", "rule-ignores-url", "judge", "external", "flags-win"],
 )
 def test_the_job_url_goes_to_the_function_its_type_names(
-    flags: tuple[str | None, str | None], environ: dict[str, str], expected: tuple[str | None, str | None]
+    flags: tuple[str | None, str | None],
+    reward: dict[str, str] | None,
+    expected: tuple[str | None, str | None],
 ) -> None:
-    assert reward_main.endpoints(*flags, environ) == expected
+    job = jobconfig.reward_config(v1alpha1.Reward.model_validate(reward)) if reward else None
+    assert reward_main.endpoints(*flags, job) == expected

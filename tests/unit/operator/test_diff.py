@@ -6,18 +6,19 @@ from typing import Any
 
 from treadle.api import v1alpha1
 from treadle.operator import config, diff, render
+from treadle.operator.render import common as render_common
 
 CFG = config.OperatorConfig()
 
 
 def _observed(children: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {render.key(c): c for c in children}
+    return {render_common.key(c): c for c in children}
 
 
 def test_nothing_observed_applies_everything(math_job: v1alpha1.RolloutJob) -> None:
     rendered = render.render_children(math_job, CFG)
     plan = diff.plan(rendered, {})
-    assert [render.key(c) for c in plan.apply] == [render.key(c) for c in rendered]
+    assert [render_common.key(c) for c in plan.apply] == [render_common.key(c) for c in rendered]
     assert plan.delete == () and plan.unchanged == 0
 
 
@@ -32,7 +33,7 @@ def test_scaling_a_pool_applies_that_pool_and_config_only(math_job: v1alpha1.Rol
     pool = math_job.spec.pools[0].model_copy(update={"replicas": 1})
     job = math_job.model_copy(update={"spec": math_job.spec.model_copy(update={"pools": [pool]})})
     plan = diff.plan(render.render_children(job, CFG), observed)
-    assert sorted(render.key(c) for c in plan.apply) == [
+    assert sorted(render_common.key(c) for c in plan.apply) == [
         ("ConfigMap", "math-tool-config"),
         ("Deployment", "math-tool-pool-decode"),
     ]
@@ -51,7 +52,7 @@ def test_hand_edited_child_is_restored(math_job: v1alpha1.RolloutJob) -> None:
     rendered = render.render_children(math_job, CFG)
     observed = _observed(rendered)
     tampered = dict(observed[("Service", "math-tool-env")])
-    tampered["metadata"] = {**tampered["metadata"], "annotations": {render.HASH_ANNOTATION: "edited"}}
+    tampered["metadata"] = {**tampered["metadata"], "annotations": {render_common.HASH_ANNOTATION: "edited"}}
     observed[("Service", "math-tool-env")] = tampered
     plan = diff.plan(rendered, observed)
-    assert [render.key(c) for c in plan.apply] == [("Service", "math-tool-env")]
+    assert [render_common.key(c) for c in plan.apply] == [("Service", "math-tool-env")]

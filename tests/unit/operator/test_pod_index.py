@@ -17,6 +17,7 @@ from kopf._core.engines import indexing
 
 from treadle.api import v1alpha1
 from treadle.operator import handlers, reasons, render, status
+from treadle.operator.render import common as render_common
 
 T0 = "2026-01-01T00:00:00Z"
 HANDLER = ids.HandlerId("child_pod_problems")
@@ -24,7 +25,11 @@ UNSCHEDULABLE = "0/6 nodes are available: 2 Insufficient nvidia.com/gpu."
 
 
 def _pod(job: v1alpha1.RolloutJob, *, scheduled: bool) -> dict[str, Any]:
-    labels = {render.JOB_LABEL: job.name, render.COMPONENT_LABEL: "pool", render.POOL_LABEL: "decode"}
+    labels = {
+        render_common.JOB_LABEL: job.name,
+        render_common.COMPONENT_LABEL: "pool",
+        render_common.POOL_LABEL: "decode",
+    }
     conditions = (
         [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]
         if scheduled

@@ -12,6 +12,9 @@ import yaml
 
 from treadle.api import nodes, v1alpha1
 from treadle.operator import config, render
+from treadle.operator.render import backends as render_backends
+from treadle.operator.render import common as render_common
+from treadle.operator.render import coordination as render_coordination
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 CFG = config.OperatorConfig()
@@ -38,15 +41,15 @@ def _pools(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_every_child_is_owned_labelled_and_hashed(path: Path) -> None:
     job = operator_examples.load_example(path)
     children = render.render_children(job, CFG)
-    keys = [render.key(c) for c in children]
+    keys = [render_common.key(c) for c in children]
     assert len(keys) == len(set(keys)), "duplicate child"
     for child in children:
         meta = child["metadata"]
         assert meta["namespace"] == "team-a"
-        assert meta["ownerReferences"] == [render.owner_reference(job)]
+        assert meta["ownerReferences"] == [render_common.owner_reference(job)]
         assert meta["ownerReferences"][0]["uid"] == job.metadata["uid"]
-        assert meta["labels"][render.JOB_LABEL] == job.name
-        assert meta["annotations"][render.HASH_ANNOTATION] == render.spec_hash(child)
+        assert meta["labels"][render_common.JOB_LABEL] == job.name
+        assert meta["annotations"][render_common.HASH_ANNOTATION] == render_common.spec_hash(child)
         assert len(meta["name"]) <= 63
 
 
@@ -69,11 +72,11 @@ def test_pool_pods_target_their_accelerator_with_tp_gpus(path: Path) -> None:
         )
         assert agent["command"][:3] == ["python", "-m", "treadle.services.agent"]
         assert "nvidia.com/gpu" not in agent["resources"].get("limits", {})
-        assert d["spec"]["selector"]["matchLabels"] == render.selector(job, "pool", pool.name)
+        assert d["spec"]["selector"]["matchLabels"] == render_common.selector(job, "pool", pool.name)
 
 
 def test_services_run_their_module_on_the_fixed_port(math_job: v1alpha1.RolloutJob) -> None:
-    children = {render.key(c): c for c in render.render_children(math_job, CFG)}
+    children = {render_common.key(c): c for c in render.render_children(math_job, CFG)}
     for component in ("scheduler", "placement", "buffer", "env", "reward"):
         d = children[("Deployment", f"math-tool-{component}")]
         (container,) = d["spec"]["template"]["spec"]["containers"]
@@ -92,11 +95,13 @@ def test_suspend_scales_every_deployment_to_zero(math_job: v1alpha1.RolloutJob) 
 
 
 def test_changing_one_pool_changes_only_that_pool_and_the_config(math_job: v1alpha1.RolloutJob) -> None:
-    before = {render.key(c): c for c in render.render_children(math_job, CFG)}
+    before = {render_common.key(c): c for c in render.render_children(math_job, CFG)}
     pool = math_job.spec.pools[0].model_copy(update={"replicas": 7})
     job = math_job.model_copy(update={"spec": math_job.spec.model_copy(update={"pools": [pool]})})
-    after = {render.key(c): c for c in render.render_children(job, CFG)}
-    changed = sorted(k for k in after if render.spec_hash(after[k]) != render.spec_hash(before[k]))
+    after = {render_common.key(c): c for c in render.render_children(job, CFG)}
+    changed = sorted(
+        k for k in after if render_common.spec_hash(after[k]) != render_common.spec_hash(before[k])
+    )
     assert changed == [("ConfigMap", "math-tool-config"), ("Deployment", "math-tool-pool-decode")]
 
 
@@ -125,7 +130,7 @@ def test_reward_replicas_follow_demand(
             "metadata": math_job.metadata | {"annotations": annotations},
         }
     )
-    assert render.reward_replicas(job) == expected
+    assert render_backends.reward_replicas(job) == expected
 
 
 def test_local_weights_render_no_store(math_job: v1alpha1.RolloutJob) -> None:
@@ -137,7 +142,7 @@ def test_local_weights_render_no_store(math_job: v1alpha1.RolloutJob) -> None:
 
 
 def test_config_map_carries_spec_and_endpoints(math_job: v1alpha1.RolloutJob) -> None:
-    cm = render.render_config(math_job, CFG)
+    cm = render_coordination.render_config(math_job, CFG)
     spec = v1alpha1.parse_spec(yaml.safe_load(cm["data"]["job.json"]))
     assert spec == math_job.spec
     endpoints = yaml.safe_load(cm["data"]["endpoints.json"])

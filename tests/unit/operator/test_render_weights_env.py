@@ -10,6 +10,8 @@ import yaml
 
 from treadle.api import v1alpha1
 from treadle.operator import config, render
+from treadle.operator.render import common as render_common
+from treadle.operator.render import pool as render_pool
 from treadle.services.placement import __main__ as placement_main
 from treadle.weights import layout, loader
 
@@ -64,11 +66,11 @@ def test_a_single_agent_job_on_a_local_store_reads_the_jobs_prefix_from_the_node
     for pod in containers(j, "vllm").values():
         env = env_of(pod["container"])
         assert "TREADLE_WEIGHTS_AGENT" not in env and "TREADLE_WEIGHTS_MASTER" not in env
-        assert env["TREADLE_WEIGHTS_DIR"] == render.LOCAL_WEIGHTS_DIR
+        assert env["TREADLE_WEIGHTS_DIR"] == render_pool.LOCAL_WEIGHTS_DIR
         mounts = {m["name"]: m["mountPath"] for m in pod["container"]["volumeMounts"]}
-        assert mounts["weights"] == render.LOCAL_WEIGHTS_DIR
+        assert mounts["weights"] == render_pool.LOCAL_WEIGHTS_DIR
         volume = next(v for v in pod["volumes"] if v["name"] == "weights")
-        assert volume["hostPath"]["path"] == render.LOCAL_WEIGHTS_DIR
+        assert volume["hostPath"]["path"] == render_pool.LOCAL_WEIGHTS_DIR
         # What the extension makes of it (the directory moved to this test's).
         _, prefix = loader.store_from_env(env | {"TREADLE_WEIGHTS_DIR": str(tmp_path)})
         assert prefix == f"{j.namespace}/{j.name}"
@@ -91,7 +93,7 @@ def test_placement_applies_weights_in_a_cluster_and_not_without_a_job(tmp_path: 
         for c in child["spec"]["template"]["spec"]["containers"]
         if c["name"] == "placement"
     )
-    env = {e["name"]: e["value"].replace(render.CONFIG_MOUNT, str(tmp_path)) for e in container["env"]}
+    env = {e["name"]: e["value"].replace(render_common.CONFIG_MOUNT, str(tmp_path)) for e in container["env"]}
     assert placement_main.parse_args([], env).apply_weights is True
     assert placement_main.parse_args(["--no-apply-weights"], env).apply_weights is False
     bare = ["--pools", '{"a": "decode-heavy"}', "--tasks", '{"t": {}}']

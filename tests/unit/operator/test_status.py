@@ -8,6 +8,7 @@ import pytest
 
 from treadle.api import v1alpha1
 from treadle.operator import reasons, render, status
+from treadle.operator.render import common as render_common
 
 T0 = "2026-01-01T00:00:00Z"
 T1 = "2026-01-01T00:01:00Z"
@@ -110,7 +111,7 @@ def test_more_gpus_than_the_cluster_has_is_degraded_with_a_clear_reason(
     ids=["image-pull", "crash-loop", "gpu-unschedulable", "cpu-unschedulable"],
 )  # fmt: skip
 def test_pod_problems_are_classified(math_job: v1alpha1.RolloutJob, pod: dict[str, Any], reason: str) -> None:
-    pod["metadata"] = {"labels": {render.COMPONENT_LABEL: "pool", render.POOL_LABEL: "decode"}}
+    pod["metadata"] = {"labels": {render_common.COMPONENT_LABEL: "pool", render_common.POOL_LABEL: "decode"}}
     problem = status.pod_problem(pod)
     assert problem is not None and problem.reason == reason and problem.pool == "decode"
     observed = status.Observed(deployments=_all_ready(math_job), problems=[problem], gpu_capacity=CAPACITY)

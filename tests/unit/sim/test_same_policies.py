@@ -23,10 +23,12 @@ import yaml
 from treadle import api
 from treadle.localmode import plan as plan_mod
 from treadle.policy import admission, affinity, registry
+from treadle.services.placement import protocol as placement_protocol
 from treadle.services.placement import service as placement_service
+from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.services.scheduler import service as scheduler_service
 from treadle.sim import engine, scenario
-from treadle.v1 import placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2
 
 JOB = Path(__file__).parents[3] / "manifests" / "examples" / "multi-task-mixed.yaml"
 PLACEMENT, SCHEDULING = "least-loaded", "fifo"  # not the defaults: the fields must really select them
@@ -84,19 +86,23 @@ async def test_live_services_and_simulator_share_policy_functions(
     spies.path = "live"
     plan = plan_mod.make_plan(job, plan_mod.Options(trajectories=8))
     placement = placement_service.PlacementService(
-        pools=plan.config.pools, tasks=plan.config.task_placement, policy=plan.config.placement_policy
+        pools=plan.config.placement.pools,
+        tasks=plan.config.placement.tasks,
+        policy=plan.config.placement.policy,
     )
     for w in plan.workers:
         placement.register_worker(
             placement_pb2.Worker(worker_id=w.worker_id, pool=w.pool, address=f"http://{w.worker_id}")
         )
-    for task in plan.config.task_placement:
-        placement.assign(placement_pb2.AssignRequest(trajectory_id=f"{task}-0", task=task, turn=0))
+    for task in plan.config.placement.tasks:
+        placement.assign(placement_protocol.AssignRequest(trajectory_id=f"{task}-0", task=task, turn=0))
     # one generation slot, so waiting turns must be ordered by the scheduling policy; no trajectory
     # may start (max_in_flight 0), so submitting only consults admission and runs nothing
-    live_settings = dataclasses.replace(plan.config.settings, max_concurrent_generations=1, max_in_flight=0)
+    live_settings = dataclasses.replace(
+        plan.config.scheduler.settings, max_concurrent_generations=1, max_in_flight=0
+    )
     scheduler = scheduler_service.SchedulerService(
-        tasks={t.name: t for t in plan.config.tasks},
+        tasks={t.name: t for t in plan.config.scheduler.tasks},
         settings=live_settings,
         envs=[object()],  # type: ignore[list-item]
         agent_for=lambda address: None,  # type: ignore[arg-type,return-value]
@@ -112,7 +118,7 @@ async def test_live_services_and_simulator_share_policy_functions(
     await waiters[0]
     gate.release("b")
     await waiters[1]
-    await scheduler.submit([scheduler_pb2.PromptGroup(group_id="g0", task="gem-math", seed=1)])
+    await scheduler.submit([scheduler_protocol.PromptGroup(group_id="g0", task="gem-math", seed=1)])
     await scheduler.commit_version(1)
 
     # --- simulator: a scenario embedding the same job

@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
 
     url = podenv.or_exit(address, prog=PROG)
     if a.placement:
-        log.info(
-            "worker %s (%s, pool %s) at %s", a.worker_id, environ.get(env_vars.ACCELERATOR, "?"), a.pool, url
-        )
+        log.info("worker %s (pool %s) at %s", a.worker_id, a.pool, url)
     app = http_app.build_app(
         engine_url=a.engine_url, worker_id=a.worker_id, poll_interval_s=a.poll_interval_s,
         placement=a.placement, pool=a.pool or "", address=url, agent=a.agent, swap_lease_s=a.swap_lease_s,

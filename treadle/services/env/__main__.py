@@ -1,9 +1,10 @@
 """``python -m treadle.services.env --host 127.0.0.1 --port N``: run the environment service.
 
-A pod started by the operator lists the environments its job needs in ``TREADLE_ENVIRONMENTS``;
-one this image does not serve is a startup error, not a failure on the first trajectory.
-``TREADLE_WARM_POOL`` (``spec.environment.warmPool``) and ``TREADLE_CPU_PER_ACTION``
-(``spec.externalResources.cpuCoresPerAction``) fill ``--warm-pool`` and ``--cpu-per-action``.
+A pod started by the operator (and local mode, the same way) reads its job file
+(``treadle.api.jobconfig.EnvConfig``): an environment the job's tasks name that this image does not
+serve is a startup error, not a failure on the first trajectory; ``spec.environment.warmPool`` and
+``spec.externalResources.cpuCoresPerAction`` fill ``--warm-pool`` and ``--cpu-per-action``, which a
+bare env server without a job takes (default none and 1).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import argparse
 import decimal
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from kubernetes.utils import quantity
 
 from treadle import errors
-from treadle.api import env_vars
+from treadle.api import env_vars, jobconfig
 from treadle.services import podenv
 from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
@@ -25,20 +26,16 @@ from treadle.services.httputil import serve
 PROG = "python -m treadle.services.env"
 MAX_WARM_POOL = 64
 """The CRD's bound on ``spec.environment.warmPool``."""
+CPU_PER_ACTION_FIELD = "spec.externalResources.cpuCoresPerAction"
 
 
-def check_environments(environ: Mapping[str, str]) -> None:
+def check_environments(wanted: Collection[str]) -> None:
     """Refuse to start without every environment the job's tasks name."""
-    if missing := sorted(served(environ) - set(service.BUILTIN)):
+    if missing := sorted(set(wanted) - set(service.BUILTIN)):
         raise errors.SpecError(
             f"this image serves no environment {missing}; it serves {sorted(service.BUILTIN)}",
-            field=env_vars.ENVIRONMENTS, value=missing,
+            field=f"{env_vars.CONFIG}:spec.tasks.environment", value=missing,
         )  # fmt: skip
-
-
-def served(environ: Mapping[str, str]) -> set[str]:
-    """The environments the pod's job names; empty when unset (local mode: every builtin)."""
-    return {name for name in environ.get(env_vars.ENVIRONMENTS, "").split(",") if name}
 
 
 def cpus_per_action(raw: str) -> int:
@@ -48,20 +45,19 @@ def cpus_per_action(raw: str) -> int:
     except ValueError as exc:
         raise errors.SpecError(
             f"must be a Kubernetes CPU quantity such as 1, 2 or 500m, got {raw!r}",
-            field=env_vars.CPU_PER_ACTION, value=raw,
+            field=CPU_PER_ACTION_FIELD, value=raw,
         ) from exc  # fmt: skip
     if cores <= 0:
-        raise errors.SpecError("must be more than 0 cores", field=env_vars.CPU_PER_ACTION, value=raw)
+        raise errors.SpecError("must be more than 0 cores", field=CPU_PER_ACTION_FIELD, value=raw)
     return math.ceil(cores)
 
 
-def warm_pool(flag: int | None, environ: Mapping[str, str]) -> int:
+def warm_pool(flag: int | None, job: jobconfig.EnvConfig | None) -> int:
     """Warm sandbox processes for python-code: 0 when the pod's job runs no python-code task."""
-    value = flag if flag is not None else podenv.integer(environ, env_vars.WARM_POOL) or 0
+    value = flag if flag is not None else (job.warm_pool if job else 0)
     if not 0 <= value <= MAX_WARM_POOL:
-        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field=env_vars.WARM_POOL, value=value)
-    wanted = served(environ)
-    return value if not wanted or pythoncode.SPEC.name in wanted else 0
+        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field="--warm-pool", value=value)
+    return value if job is None or pythoncode.SPEC.name in job.environments else 0
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
@@ -72,12 +68,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--step-timeout-s", type=float, default=30.0)
     p.add_argument("--idle-ttl-s", type=float, default=900.0)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
-    p.add_argument("--warm-pool", type=int, default=None, help=f"default: ${env_vars.WARM_POOL} or 0")
-    p.add_argument("--cpu-per-action", default=None, help=f"default: ${env_vars.CPU_PER_ACTION} or 1")
+    p.add_argument("--warm-pool", type=int, default=None, help="default: the job's or 0")
+    p.add_argument("--cpu-per-action", default=None, help="default: the job's or 1")
     a = p.parse_args(argv)
-    podenv.or_exit(lambda: check_environments(environ), prog=PROG)
-    warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, environ), prog=PROG)
-    raw_cpu = a.cpu_per_action or environ.get(env_vars.CPU_PER_ACTION) or "1"
+    job = podenv.Job(environ)
+    env = podenv.or_exit(lambda: job.config.env if job.present else None, prog=PROG)
+    if env is not None:
+        podenv.or_exit(lambda: check_environments(env.environments), prog=PROG)
+    warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, env), prog=PROG)
+    raw_cpu = a.cpu_per_action or (env.cpu_per_action if env else "1")
     cpus = podenv.or_exit(lambda: cpus_per_action(raw_cpu), prog=PROG)
     app = http_app.build_app(
         max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,

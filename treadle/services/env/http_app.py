@@ -25,11 +25,13 @@ def build_app(
     sandbox_concurrency: int = 4,
     warm_pool: int = 0,
     cpus_per_action: int | None = None,
+    user_prefixes: tuple[str, ...] = (),
     svc: service.EnvService | None = None,
 ) -> fastapi.FastAPI:
     """``warm_pool``: started sandbox processes kept ready for python-code's runs (``runner.Sandbox``
     ``warm``); math-tool and frozenlake open in some 20 us from the seed alone, so nothing of theirs
-    is pre-started. ``cpus_per_action``: CPUs each sandboxed run is pinned to."""
+    is pre-started. ``cpus_per_action``: CPUs each sandboxed run is pinned to. ``user_prefixes``:
+    module prefixes user environments (``py:<module>:<Class>``) may come from."""
     registry = registry or http_app.registry()
     svc = svc or service.EnvService(
         registry=registry,
@@ -37,6 +39,7 @@ def build_app(
             sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cpus=cpus_per_action, warm=warm_pool)
         ),
         max_sessions=max_sessions, step_timeout_s=step_timeout_s, idle_ttl_s=idle_ttl_s,
+        user_prefixes=user_prefixes,
     )  # fmt: skip
     box = svc.context.sandbox
     if isinstance(box, runner.Sandbox):

@@ -4,6 +4,10 @@ The model calls ``<calculator>EXPR</calculator>`` (evaluated safely: numbers, + 
 parentheses) and ends with ``<answer>VALUE</answer>``. The reward gateway scores the answer with the
 ``math`` function against ``info["reference"]``; the env itself gives no reward.
 
+The problem is drawn from the seed, or, for a group the feeder made from a dataset row
+(``options["row"]``, ``treadle.data.rows``), it is the row's prompt with the row's answer as the
+reference (the dataset needs an ``answerColumn``).
+
 Opening a session costs some 20 us (the problem is drawn from the seed) and has no seed-independent part, so
 the pod's warm pool (``spec.environment.warmPool``) pre-starts nothing for it.
 """
@@ -17,6 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from treadle import errors
+from treadle.data import rows
 from treadle.services.env import base
 
 TOOL = re.compile(r"<calculator>(.*?)</calculator>", re.DOTALL)
@@ -84,14 +90,25 @@ def make_problem(seed: int) -> tuple[str, str]:
 
 
 class MathTool:
-    def __init__(self, seed: int, max_turns: int) -> None:
-        self.expr, self.reference = make_problem(seed)
+    def __init__(self, seed: int, max_turns: int, *, row: rows.Row | None = None) -> None:
+        self.expr: str | None = None
+        """The seed's expression; None for a dataset row."""
+        if row is None:
+            self.expr, self.reference = make_problem(seed)
+            self.question = f"Compute {self.expr}."
+        elif row.answer is None:
+            raise errors.SpecError(
+                "math-tool needs the row's reference answer: set the dataset's answerColumn",
+                field=f"options.{rows.OPTION}.answer",
+            )
+        else:
+            self.question, self.reference = row.prompt, row.answer
         self.max_turns = max_turns
         self.turns = 0
 
     async def reset(self) -> tuple[str, dict[str, Any]]:
         prompt = (
-            f"Compute {self.expr}. You may use a calculator: write <calculator>EXPRESSION</calculator> "
+            f"{self.question} You may use a calculator: write <calculator>EXPRESSION</calculator> "
             "and you will get <result>VALUE</result> back. Give the final answer as <answer>NUMBER</answer>."
         )
         return prompt, {"reference": self.reference, "reward_fn": "math", "max_turns": self.max_turns}
@@ -117,8 +134,9 @@ class MathTool:
 
 
 def _factory(seed: int, options: Mapping[str, Any], ctx: base.Context) -> MathTool:
-    base.check_keys(options, {"max_turns"})
-    return MathTool(seed, base.int_option(options, "max_turns", 8, lo=1, hi=256))
+    base.check_keys(options, {"max_turns", rows.OPTION})
+    max_turns = base.int_option(options, "max_turns", 8, lo=1, hi=256)
+    return MathTool(seed, max_turns, row=rows.from_option(options))
 
 
 SPEC = base.Spec("math-tool", "arithmetic with a calculator tool; scored by the `math` reward", _factory)

@@ -11,7 +11,9 @@ MAX_ACTION_CHARS = 256 * 1024
 
 
 class OpenRequest(BaseModel):
-    env: str = Field(min_length=1, max_length=64, description="environment name, e.g. math-tool")
+    env: str = Field(
+        min_length=1, max_length=253, description="environment name, e.g. math-tool, or py:MODULE:CLASS"
+    )
     session_id: str = Field(
         pattern=SESSION_ID_PATTERN, description="caller-chosen id, usually the trajectory id"
     )

@@ -26,6 +26,7 @@ from typing import Any
 import prometheus_client
 
 from treadle import errors, metrics
+from treadle.services import plugin
 from treadle.services.env import base, frozenlake, mathtool, protocol, pythoncode
 
 log = logging.getLogger(__name__)
@@ -60,12 +61,15 @@ class EnvService:
         registry: prometheus_client.CollectorRegistry,
         context: base.Context,
         specs: Mapping[str, base.Spec] = BUILTIN,
+        user_prefixes: tuple[str, ...] = (),
         max_sessions: int = 10_000,
         step_timeout_s: float = 30.0,
         idle_ttl_s: float = 900.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.specs = dict(specs)
+        self.user_prefixes = user_prefixes
+        """Module prefixes user environments (``py:<module>:<Class>``) may be imported from."""
         self.context = context
         self.max_sessions, self.step_timeout_s, self.idle_ttl_s = max_sessions, step_timeout_s, idle_ttl_s
         self.clock = clock
@@ -93,11 +97,7 @@ class EnvService:
         )
 
     async def open(self, req: protocol.OpenRequest) -> protocol.Observation:
-        spec = self.specs.get(req.env)
-        if spec is None:
-            raise errors.SpecError(
-                f"unknown environment {req.env!r}; known: {sorted(self.specs)}", field="env"
-            )
+        spec = self._spec(req.env)
         options = req.options or {}
         existing = self.sessions.get(req.session_id)
         if existing is not None:
@@ -121,6 +121,22 @@ class EnvService:
         self._opened.labels(req.env).inc()
         self._active.labels(req.env).inc()
         return first
+
+    def _spec(self, name: str) -> base.Spec:
+        """A built-in, or a user environment ``py:<module>:<Class>`` (imported once, then kept)."""
+        if (spec := self.specs.get(name)) is not None:
+            return spec
+        if not name.startswith(plugin.PREFIX):
+            raise errors.SpecError(
+                f"unknown environment {name!r}; known: {sorted(self.specs)} or py:MODULE:CLASS", field="env"
+            )
+        factory = plugin.load(name, self.user_prefixes, what="user environment", field="env")
+        if not callable(factory):
+            raise errors.SpecError(f"{name!r} is not a class or function", field="env")
+        doc = (factory.__doc__ or "").strip()
+        spec = base.Spec(name, doc.splitlines()[0] if doc else "user environment", factory)
+        self.specs[name] = spec
+        return spec
 
     async def step(self, session_id: str, action: str, *, index: int) -> protocol.StepResult:
         """Apply step ``index`` of the session once; retries of it get the same result."""

@@ -1,10 +1,10 @@
 """``python -m treadle.services.placement``: run placement for a job's pools and tasks.
 
-Flags override; a pod started by the operator takes pools, tasks, the policy and the rebalancing
-settings (``spec.rollout.rebalance``) from the job's config and ``TREADLE_PLACEMENT_POLICY``
-(``treadle.services.podenv``). A job with several agents runs inter-agent rebalancing
-(``rebalance.Rebalancer``) every ``--rebalance-interval-s`` unless that is 0 (the job's
-``rebalance.enabled`` false, or unset with no two agents of one instance shape).
+A pod started by the operator (and local mode, the same way) takes pools, tasks, the policy and the
+rebalancing settings (``spec.rollout.rebalance``) from the job file (``treadle.services.podenv``);
+flags override (a bare placement without a job takes them all). A job with several agents runs
+inter-agent rebalancing (``rebalance.Rebalancer``) every ``--rebalance-interval-s`` unless that is 0
+(the job's ``rebalance.enabled`` false, or unset with no two agents of one instance shape).
 
 A move loads the receiver's weights into the moved engine (``--apply-weights``) by default in a
 cluster, where the operator renders real vLLM with the weights extension and the job's weight
@@ -25,8 +25,7 @@ from typing import TypeVar
 
 import prometheus_client as prom
 
-from treadle.api import v1alpha1
-from treadle.localmode import plan
+from treadle.api import jobconfig, v1alpha1
 from treadle.policy import registry
 from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv, runtime
@@ -43,7 +42,7 @@ class Config:
     port: int
     metrics_port: int
     pools: dict[str, str]
-    tasks: dict[str, service.TaskPlacement]
+    tasks: dict[str, jobconfig.TaskPlacement]
     policy: str
     pool_agents: dict[str, str]
     pool_shapes: dict[str, str]
@@ -89,21 +88,23 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     def build() -> Config:
         # Without a job, the spec's defaults; bare placement rebalances whenever its pools name two agents.
         rb = (
-            job.config.rebalance if job.present else plan.rebalance_config(v1alpha1.Rebalance(), enabled=True)
+            job.config.placement.rebalance
+            if job.present
+            else jobconfig.rebalance_config(v1alpha1.Rebalance(), enabled=True)
         )
         tasks = (
-            {name: service.TaskPlacement(**spec) for name, spec in json.loads(a.tasks).items()}
+            {name: jobconfig.TaskPlacement(**spec) for name, spec in json.loads(a.tasks).items()}
             if a.tasks
-            else job.config.task_placement
+            else job.config.placement.tasks
         )
         # Without a job (a bare process in a test), the registry's default policy.
-        policy = a.policy or (job.config.placement_policy if job.present else registry.DEFAULT_PLACEMENT)
-        pools = json.loads(a.pools) if a.pools else job.config.pools
+        policy = a.policy or (job.config.placement.policy if job.present else registry.DEFAULT_PLACEMENT)
+        pools = json.loads(a.pools) if a.pools else job.config.placement.pools
         pool_agents = json.loads(a.pool_agents) if a.pool_agents else (
-            job.config.pool_agents if job.present else {}
+            job.config.placement.pool_agents if job.present else {}
         )  # fmt: skip
         pool_shapes = json.loads(a.pool_shapes) if a.pool_shapes else (
-            job.config.pool_shapes if job.present else {}
+            job.config.placement.pool_shapes if job.present else {}
         )  # fmt: skip
         return Config(host=a.host, port=a.port, metrics_port=a.metrics_port, pools=pools, tasks=tasks,
                       policy=policy, pool_agents=pool_agents, pool_shapes=pool_shapes,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import grpc
 
-from treadle.services.grpcutil import status
+from treadle.services.grpcutil import convert, status
+from treadle.services.placement import protocol
 from treadle.v1 import placement_pb2, placement_pb2_grpc
 
 
@@ -22,14 +23,20 @@ class PlacementClient:
     async def report_load(self, load: placement_pb2.WorkerLoad) -> None:
         await status.unary(self._stub.ReportLoad(load), what="placement.ReportLoad")
 
-    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
-        return await status.unary(self._stub.Assign(req), what="placement.Assign")
+    async def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
+        msg = convert.to_pb(req, placement_pb2.AssignRequest)
+        reply = await status.unary(self._stub.Assign(msg), what="placement.Assign")
+        return convert.from_pb(protocol.Assignment, reply)
 
-    async def release(self, req: placement_pb2.ReleaseRequest) -> None:
-        await status.unary(self._stub.Release(req), what="placement.Release")
+    async def release(self, req: protocol.ReleaseRequest) -> None:
+        msg = convert.to_pb(req, placement_pb2.ReleaseRequest)
+        await status.unary(self._stub.Release(msg), what="placement.Release")
 
-    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
-        return await status.unary(self._stub.PlaceBatch(req), what="placement.PlaceBatch")
+    async def place_batch(self, req: protocol.PlaceBatchRequest) -> int:
+        reply = await status.unary(
+            self._stub.PlaceBatch(protocol.batch_to_pb(req)), what="placement.PlaceBatch"
+        )
+        return int(reply.placed)
 
     async def migrate(self, from_worker_id: str) -> int:
         req = placement_pb2.MigrateRequest(from_worker_id=from_worker_id)

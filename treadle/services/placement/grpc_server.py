@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from treadle.services.grpcutil import convert
 from treadle.services.grpcutil import server as grpc_server
-from treadle.services.placement import service
+from treadle.services.placement import protocol, service
 from treadle.v1 import placement_pb2, placement_pb2_grpc
 
 SERVICE_NAME = "treadle.v1.Placement"
@@ -28,12 +29,13 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         return placement_pb2.ReportLoadResponse()
 
     async def Assign(self, request: placement_pb2.AssignRequest, context: Any) -> placement_pb2.Assignment:
-        return self.svc.assign(request)
+        assigned = self.svc.assign(convert.from_pb(protocol.AssignRequest, request))
+        return convert.to_pb(assigned, placement_pb2.Assignment)
 
     async def Release(
         self, request: placement_pb2.ReleaseRequest, context: Any
     ) -> placement_pb2.ReleaseResponse:
-        self.svc.release(request)
+        self.svc.release(convert.from_pb(protocol.ReleaseRequest, request))
         return placement_pb2.ReleaseResponse()
 
     async def Migrate(
@@ -49,7 +51,7 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
     async def PlaceBatch(
         self, request: placement_pb2.PlaceBatchRequest, context: Any
     ) -> placement_pb2.PlaceBatchResponse:
-        return self.svc.place_batch(request)
+        return placement_pb2.PlaceBatchResponse(placed=self.svc.place_batch(protocol.batch_from_pb(request)))
 
 
 async def build_server(

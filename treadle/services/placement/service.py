@@ -24,23 +24,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping, Sequence
 
 import prometheus_client as prom
 
 from treadle import errors, metrics
+from treadle.api import jobconfig
 from treadle.policy import affinity, heddle_live, placement, registry
 from treadle.policy.flexmarl import load_balance
+from treadle.services.placement import protocol
 from treadle.v1 import placement_pb2
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskPlacement:
-    """What placement needs of one task: its declared affinity and an optional pool restriction."""
-
-    affinity: str = affinity.AUTO
-    pools: Sequence[str] = ()
 
 
 @dataclasses.dataclass
@@ -74,7 +67,7 @@ class PlacementService:
         self,
         *,
         pools: Mapping[str, str],
-        tasks: Mapping[str, TaskPlacement],
+        tasks: Mapping[str, jobconfig.TaskPlacement],
         policy: str = registry.DEFAULT_PLACEMENT,
         slack: int = placement.DEFAULT_SLACK,
         min_profile_samples: int = 8,
@@ -190,7 +183,7 @@ class PlacementService:
             raise errors.SpecError("must be within [0, 1]", field="kv_cache_usage", value=load.kv_cache_usage)
         w.load = load
 
-    def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
+    def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
         if not req.trajectory_id:
             raise errors.SpecError("must not be empty", field="trajectory_id")
         if req.task not in self.tasks:
@@ -214,7 +207,7 @@ class PlacementService:
         self._sticky[sticky] = decision.worker_id
         self._assigned_to(w.info.pool, decision.reason).inc()
         self._outstanding_of(decision.worker_id).set(w.outstanding)
-        return placement_pb2.Assignment(
+        return protocol.Assignment(
             worker_id=decision.worker_id,
             address=w.info.address,
             pool=w.info.pool,
@@ -223,28 +216,12 @@ class PlacementService:
             agent=self.pool_agents.get(w.info.pool, ""),
         )
 
-    def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
-        """Place trajectories admitted together (batch-level policies); validated all or nothing."""
-        by_task: dict[str, dict[str, float]] = {}
-        for i, c in enumerate(req.trajectories):
-            at = f"trajectories[{i}]"
-            if not c.trajectory_id:
-                raise errors.SpecError("must not be empty", field=f"{at}.trajectory_id")
-            if c.task not in self.tasks:
-                raise errors.SpecError(
-                    f"unknown task; known: {sorted(self.tasks)}", field=f"{at}.task", value=c.task
-                )
-            if not (c.predicted_remaining >= 0 and math.isfinite(c.predicted_remaining)):
-                raise errors.SpecError(
-                    "must be a finite number >= 0",
-                    field=f"{at}.predicted_remaining",
-                    value=c.predicted_remaining,
-                )
-            by_task.setdefault(c.task, {})[c.trajectory_id] = c.predicted_remaining
-        if req.worker_slots < 0:
-            raise errors.SpecError("must be >= 0", field="worker_slots", value=req.worker_slots)
+    def place_batch(self, req: protocol.PlaceBatchRequest) -> int:
+        """Place trajectories admitted together (batch-level policies); validated all or nothing.
+        Returns how many were placed (none under a per-turn policy)."""
+        by_task = protocol.batch_by_task(req, self.tasks)
         if not self.batch:
-            return placement_pb2.PlaceBatchResponse(placed=0)
+            return 0
         placed = 0
         for task, new in by_task.items():
             workers = self._healthy_eligible(task)
@@ -252,7 +229,7 @@ class PlacementService:
                 self._slots[task] = req.worker_slots
                 self._live[task] = heddle_live.place(self._live[task], new, workers, slots=self._slots[task])
                 placed += len(new)
-        return placement_pb2.PlaceBatchResponse(placed=placed)
+        return placed
 
     def _candidates(self, task: str, agent: str = "") -> tuple[list[str], list[placement.WorkerState]]:
         work = self._work[task]
@@ -299,17 +276,8 @@ class PlacementService:
             return None
         return placement.Decision(worker_id=worker, reason="migrated" if migrated else "routed")
 
-    def release(self, req: placement_pb2.ReleaseRequest) -> None:
-        if not req.trajectory_id:
-            raise errors.SpecError("must not be empty", field="trajectory_id")
-        if not (req.turn_finished or req.final):
-            raise errors.SpecError("a release needs turn_finished, final or both", field="turn_finished")
-        if req.prompt_tokens < 0 or req.output_tokens < 0:
-            raise errors.SpecError(
-                "must be >= 0", field="prompt_tokens" if req.prompt_tokens < 0 else "output_tokens"
-            )
-        if req.task not in self.tasks:
-            raise errors.SpecError(f"unknown task; known: {sorted(self.tasks)}", field="task", value=req.task)
+    def release(self, req: protocol.ReleaseRequest) -> None:
+        protocol.check_release(req, self.tasks)
         profile = self._profiles[req.task]
         if req.turn_finished:
             w = self._worker(req.worker_id, field="worker_id")
@@ -319,7 +287,7 @@ class PlacementService:
             self._first_prompt.setdefault(req.trajectory_id, req.prompt_tokens)
             profile.output_tokens += req.output_tokens
             profile.released_turns += 1
-            if self.batch and req.HasField("predicted_remaining") and not req.final:
+            if self.batch and req.predicted_remaining is not None and not req.final:
                 self._step(req)
         if req.final:
             if self.batch:
@@ -334,16 +302,11 @@ class PlacementService:
                 profile.first_prompt_tokens += first_prompt
                 self._work[req.task] = self._resolve(req.task)
 
-    def _step(self, req: placement_pb2.ReleaseRequest) -> None:
+    def _step(self, req: protocol.ReleaseRequest) -> None:
         """A step boundary under a batch-level policy: the new prediction may migrate the trajectory."""
-        if not (req.predicted_remaining >= 0 and math.isfinite(req.predicted_remaining)):
-            raise errors.SpecError(
-                "must be a finite number >= 0", field="predicted_remaining", value=req.predicted_remaining
-            )
-        if req.context_tokens < 0:
-            raise errors.SpecError("must be >= 0", field="context_tokens", value=req.context_tokens)
+        predicted = protocol.check_step(req)
         live, move = heddle_live.on_step(
-            self._live[req.task], req.trajectory_id, predicted_remaining=req.predicted_remaining,
+            self._live[req.task], req.trajectory_id, predicted_remaining=predicted,
             context_tokens=req.context_tokens, slots=self._slots[req.task],
         )  # fmt: skip
         self._live[req.task] = live
@@ -517,11 +480,11 @@ class InProcess:
     def __init__(self, svc: PlacementService) -> None:
         self.svc = svc
 
-    async def assign(self, req: placement_pb2.AssignRequest) -> placement_pb2.Assignment:
+    async def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
         return self.svc.assign(req)
 
-    async def release(self, req: placement_pb2.ReleaseRequest) -> None:
+    async def release(self, req: protocol.ReleaseRequest) -> None:
         self.svc.release(req)
 
-    async def place_batch(self, req: placement_pb2.PlaceBatchRequest) -> placement_pb2.PlaceBatchResponse:
+    async def place_batch(self, req: protocol.PlaceBatchRequest) -> int:
         return self.svc.place_batch(req)

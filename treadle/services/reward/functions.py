@@ -15,7 +15,6 @@ timeout in front of it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
 import re
@@ -27,6 +26,7 @@ import httpx
 
 from treadle import errors
 from treadle.sandbox import codetests, runner
+from treadle.services import plugin
 from treadle.services.reward import protocol
 
 Scored = tuple[float, dict[str, Any]]
@@ -220,19 +220,10 @@ def resolve(name: str, res: Resources) -> Fn:
         return score_external
     if name in BUILTIN:
         return BUILTIN[name][0]
-    if not name.startswith("py:"):
+    if not name.startswith(plugin.PREFIX):
         raise errors.SpecError(f"unknown reward function {name!r}; known: {sorted(BUILTIN)} or py:MODULE:FN",
                                field="reward_fn")  # fmt: skip
-    module_name, _, fn_name = name[3:].partition(":")
-    if not fn_name or not any(module_name == p or module_name.startswith(p + ".") for p in res.user_prefixes):
-        raise errors.SpecError(
-            f"user function {name!r} is not under an allowed module prefix {list(res.user_prefixes)}",
-            field="reward_fn",
-        )
-    try:
-        user = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as exc:
-        raise errors.SpecError(f"cannot import {name!r}: {exc}", field="reward_fn") from exc
+    user = plugin.load(name, res.user_prefixes, what="user function", field="reward_fn")
     return _wrap_user(user, name)
 
 

@@ -1,8 +1,9 @@
 """``python -m treadle.services.scheduler``: run the scheduler against env, reward, placement and buffer.
 
-Flags override; a pod started by the operator takes its tasks and settings from the job's config and
-the addresses from ``TREADLE_*`` (``treadle.services.podenv``). Agents are reached at the addresses
-placement hands out. In a cluster (``demand.RewardDemandReporter.from_env``) the scheduler also
+A pod started by the operator (and local mode, the same way) takes its tasks and settings from the
+job file and the addresses from ``TREADLE_*`` (``treadle.services.podenv``); ``--tasks`` and
+``--settings`` configure a bare scheduler without a job (tests, benchmarks). Agents are reached at
+the addresses placement hands out. In a cluster (``demand.RewardDemandReporter.from_env``) the scheduler also
 reports every ``DEMAND_INTERVAL_S`` how many trajectories wait for or are in reward scoring, which
 the operator turns into reward gateway replicas.
 
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import prometheus_client as prom
 
-from treadle.api import env_vars
+from treadle.api import env_vars, jobconfig
 from treadle.services import podenv, runtime
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
@@ -35,7 +36,7 @@ from treadle.services.env import client as env_client
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import client as placement_client
 from treadle.services.reward import client as reward_client
-from treadle.services.scheduler import demand, grpc_server, protocol, service
+from treadle.services.scheduler import demand, grpc_server, service
 
 PROG = "python -m treadle.services.scheduler"
 DEMAND_INTERVAL_S = 2.0
@@ -48,8 +49,8 @@ class Config:
     host: str
     port: int
     metrics_port: int
-    tasks: list[protocol.TaskConfig]
-    settings: protocol.Settings
+    tasks: list[jobconfig.TaskConfig]
+    settings: jobconfig.Settings
     env_urls: list[str]
     env_resolve_interval_s: float
     reward_url: str
@@ -62,8 +63,12 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
-    p.add_argument("--tasks", help="JSON list of TaskConfig fields, one object per task (the job's)")
-    p.add_argument("--settings", help="JSON object of Settings fields (the job's)")
+    p.add_argument("--tasks", help="JSON list of TaskConfig fields, one object per task (without a job)")
+    p.add_argument("--settings", help="JSON object of Settings fields (without a job)")
+    # What only the caller knows (local mode passes its own); unset, a cluster's (podenv.job_config).
+    p.add_argument("--max-tokens", type=int, help="tokens per turn at most")
+    p.add_argument("--max-in-flight", type=int, help="trajectories in flight at most")
+    p.add_argument("--max-concurrent-generations", type=int, help="turns generating at once at most")
     p.add_argument(
         "--env-url", action="append", help=f"environment server base URL, repeatable (${env_vars.ENV_URL})"
     )
@@ -75,12 +80,19 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--placement", help=f"placement gRPC address host:port (${env_vars.PLACEMENT_ADDR})")
     p.add_argument("--buffer", help=f"buffer gRPC address host:port (${env_vars.BUFFER_ADDR})")
     a = p.parse_args(argv)
-    job = podenv.Job(environ)
+    job = podenv.Job(environ, max_tokens=a.max_tokens, max_in_flight=a.max_in_flight,
+                     max_concurrent_generations=a.max_concurrent_generations)  # fmt: skip
 
     def build() -> Config:
-        tasks = [protocol.TaskConfig(**t) for t in json.loads(a.tasks)] if a.tasks else job.config.tasks
+        tasks = (
+            [jobconfig.TaskConfig(**t) for t in json.loads(a.tasks)]
+            if a.tasks
+            else job.config.scheduler.tasks
+        )
         settings = (
-            protocol.Settings(**json.loads(a.settings)) if a.settings is not None else job.config.settings
+            jobconfig.Settings(**json.loads(a.settings))
+            if a.settings is not None
+            else job.config.scheduler.settings
         )
         env_urls = a.env_url or [podenv.pick(None, environ, env_vars.ENV_URL, flag="--env-url")]
         return Config(

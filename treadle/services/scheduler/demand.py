@@ -6,7 +6,7 @@ reconcile of the job by the operator.
 The value goes to the job's ``treadle.dev/reward-demand`` annotation (one merge patch, only when
 it changed); the operator's update handler re-renders the reward gateway Deployment with
 ``ceil(demand / 32)`` replicas within ``[minReplicas, maxReplicas]`` (0 when idle and
-scale-to-zero), see ``treadle.operator.render.reward_replicas``.
+scale-to-zero), see ``treadle.operator.render.backends.reward_replicas``.
 
 The pod runs as the job's ``<job>-scheduler`` ServiceAccount, whose Role allows ``patch`` on this
 one RolloutJob and nothing else. Outside a cluster (no ``TREADLE_JOB`` / ``TREADLE_NAMESPACE`` or

@@ -1,0 +1,264 @@
+"""The one translation of a RolloutJob into each service's typed configuration.
+
+Called by ``treadle.services.podenv`` (a service started from the job file the operator mounts),
+by ``treadle.localmode`` (which writes the same job file and starts its services the same way) and
+by the tests that hold the two equal. A job setting reaches a service only through here: the
+operator renders the spec once (``job_file`` into the job's ConfigMap) and no ``TREADLE_*`` variable
+repeats a spec field (``treadle.api.env_vars``). What only the caller knows (tokens per turn, the
+in-flight window, generations at once) comes in as arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from treadle.api import v1alpha1
+from treadle.errors import SpecError
+from treadle.policy import affinity, registry
+from treadle.policy.flexmarl import load_balance
+
+REWARD_COLD_START_S = 180.0
+"""How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
+scheduling, image pull and start, with margin) before failing a trajectory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """One task domain as the scheduler runs it."""
+
+    name: str
+    env: str
+    agent: str = "default"
+    """The agent of a single-agent task; its first agent otherwise (the trajectory's record agent)."""
+    agents: tuple[str, ...] = ()
+    """Several agents in turn order (FlexMARL): turn k is ``agents[k % len(agents)]``'s, served by
+    a worker of that agent's pools and stored in that agent's experience table. Empty: every turn is
+    ``agent``'s (placement and the buffer see no agent per turn)."""
+    reward_fn: str = ""
+    """Reward function; empty takes the one the environment names in ``info["reward_fn"]``."""
+    group_size: int = 8
+    redundancy: float = 0.0
+    """Extra members started per group as a fraction of ``group_size`` (the DARTS seam: the buffer
+    receives them all; selecting ``group_size`` of them is DARTS's job)."""
+    max_turns: int = 8
+    max_tokens: int = 256
+    temperature: float = 1.0
+    system_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.agents) == 1 or len(set(self.agents)) != len(self.agents):
+            raise SpecError(
+                "several distinct agents, or none", field=f"tasks.{self.name}.agents", value=self.agents
+            )
+        if self.agents and self.agent != self.agents[0]:
+            raise SpecError("must be the first of agents", field=f"tasks.{self.name}.agent", value=self.agent)
+        object.__setattr__(self, "agents", tuple(self.agents))  # JSON (``--tasks``) gives a list
+
+    @property
+    def members(self) -> int:
+        return self.group_size + int(self.redundancy * self.group_size + 0.999999)
+
+    def agent_of(self, turn: int) -> str:
+        """The agent acting at ``turn`` (0-based); empty for a single-agent task."""
+        return self.agents[turn % len(self.agents)] if self.agents else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The scheduler's admission, retry and scheduling knobs (all counts in trajectories)."""
+
+    alpha: int = 1
+    batch_size: int = 64
+    max_in_flight: int = 1024
+    max_pending_trajectories: int = 1_000_000
+    max_concurrent_generations: int = 1_000_000
+    """Turns generating at once; when more wait, ``scheduling_policy`` orders them."""
+    worker_slots: int = 0
+    """If > 0: at most this many turns generate at once on each worker (its engine's running batch),
+    each worker with its own queue ordered (and, if preemptive, preempted) by the scheduling policy
+    -- Heddle's per-worker progressive priority; a turn is then assigned before it waits.
+    ``max_concurrent_generations`` applies only when this is 0."""
+    scheduling_policy: str = registry.DEFAULT_SCHEDULING
+    preemption_margin: float = 0.0
+    """Preemptive policies only: a waiting turn preempts a running one when its predicted remaining
+    work exceeds the running one's by more than this fraction (0: Heddle's Algorithm 1)."""
+    preemption_max_progress: float = 0.25
+    """Preemptive policies only: a running turn is preempted only while it has held its slot for at
+    most this fraction of a typical turn (the gate's running mean). The agent drops an aborted
+    turn's tokens, so this bounds the work a preemption throws away; ``inf``: Algorithm 1 unbounded."""
+    env_attempts: int = 4
+    reward_attempts: int = 4
+    generation_attempts: int = 3
+    backoff_s: float = 0.05
+    """First retry delay; doubles per attempt up to ``max_backoff_s``."""
+    max_backoff_s: float = 2.0
+    reward_unavailable_s: float = 0.0
+    """If > 0: the reward gateway may be unavailable (``Unavailable``: no endpoint, as while a gateway
+    scaled to zero starts its first pod, tens of seconds) for this long before a trajectory fails;
+    until then ``Unavailable`` is retried with backoff capped at ``max_backoff_s`` beyond
+    ``reward_attempts``. Timeouts and other errors still count against ``reward_attempts``. Set by
+    ``job_config`` when the job's reward gateway can scale to zero."""
+    buffer_put_max: int = 256
+    """Finished trajectories put to the buffer in one call at most."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPlacement:
+    """What placement needs of one task: its declared affinity and an optional pool restriction."""
+
+    affinity: str = affinity.AUTO
+    pools: Sequence[str] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RebalanceConfig:
+    """Placement's inter-agent rebalancing, from ``spec.rollout.rebalance`` (``v1alpha1.Rebalance``)."""
+
+    interval_s: float
+    """Seconds between polls; 0 when the job does not rebalance."""
+    delta: float
+    rule: load_balance.Rule
+    max_moves_per_poll: int
+    settle_polls: int
+
+
+def rebalance_config(spec: v1alpha1.Rebalance, *, enabled: bool) -> RebalanceConfig:
+    return RebalanceConfig(
+        interval_s=spec.interval_seconds if enabled else 0.0, delta=spec.delta, rule=spec.rule,
+        max_moves_per_poll=spec.max_moves_per_poll, settle_polls=spec.settle_polls,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    tasks: list[TaskConfig]
+    settings: Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementConfig:
+    pools: dict[str, str]
+    """Pool -> preferred work (placement's hardware affinity)."""
+    tasks: dict[str, TaskPlacement]
+    policy: str
+    rebalance: RebalanceConfig
+    """Inter-agent rebalancing (off unless the job has two agents of one shape)."""
+    pool_agents: dict[str, str]
+    """Pool -> the agent it serves (per-agent turns and inter-agent rebalancing)."""
+    pool_shapes: dict[str, str]
+    """Pool -> instance shape (model, TP, accelerator): rebalancing moves workers only within one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferConfig:
+    alpha: int
+    task_weights: dict[str, float]
+    agents: list[str]
+    """Agents the micro-batch pipeline updates together: every policy of a multi-agent job
+    (FlexMARL), none for a single policy (the barrier then spans whoever streams)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    environments: frozenset[str]
+    """The environments the job's tasks name (a pod refuses to start without all of them)."""
+    warm_pool: int
+    """``spec.environment.warmPool`` (the env service keeps none when no task runs python-code)."""
+    cpu_per_action: str
+    """``spec.externalResources.cpuCoresPerAction``, a Kubernetes CPU quantity."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    judge_url: str | None
+    """``spec.reward.url`` of an ``llm-judge`` job."""
+    external_url: str | None
+    """``spec.reward.url`` of an ``external`` job (every request forwarded there)."""
+    judge_model: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """What every service runs for a job, in local mode and in a cluster alike."""
+
+    job: str
+    scheduler: SchedulerConfig
+    placement: PlacementConfig
+    buffer: BufferConfig
+    env: EnvConfig
+    reward: RewardConfig
+
+
+def job_file(job: v1alpha1.RolloutJob) -> str:
+    """The validated spec as the job file every service reads (``job.json``; ``podenv.load_job``)."""
+    return json.dumps(job.spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+
+
+def job_config(
+    job: v1alpha1.RolloutJob, *, max_tokens: int, max_in_flight: int, max_concurrent_generations: int
+) -> JobConfig:
+    """Every service's configuration for ``job``; the three counts are what only the caller knows."""
+    spec = job.spec
+    models = {a.name: a.model for a in spec.agents}
+    tasks = [
+        TaskConfig(
+            name=t.name, env=t.environment, agent=t.agents[0],
+            agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
+            redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=max_tokens,
+        )
+        for t in spec.tasks
+    ]  # fmt: skip
+    settings = Settings(
+        alpha=spec.rollout.staleness,
+        batch_size=spec.rollout.batch_size,
+        max_in_flight=max_in_flight,
+        max_concurrent_generations=max_concurrent_generations,
+        scheduling_policy=spec.rollout.scheduling_policy,
+        # A gateway scaled to zero answers Unavailable until its first pod is ready: wait that out.
+        reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else 0.0,
+    )
+    pool_shapes = {
+        p.name: f"{models[p.agent]}/tp{p.tensor_parallel_size}/{p.accelerator}" for p in spec.pools
+    }
+    agents_by_shape: dict[str, set[str]] = {}
+    for p in spec.pools:
+        agents_by_shape.setdefault(pool_shapes[p.name], set()).add(p.agent)
+    # Unset: on exactly when a move is possible, i.e. two agents have pools of one shape.
+    rebalance = spec.rollout.rebalance
+    enabled = rebalance.enabled
+    if enabled is None:
+        enabled = any(len(agents) > 1 for agents in agents_by_shape.values())
+    return JobConfig(
+        job=job.name,
+        scheduler=SchedulerConfig(tasks=tasks, settings=settings),
+        placement=PlacementConfig(
+            pools={p.name: p.preferred_work for p in spec.pools},
+            tasks={t.name: TaskPlacement(t.affinity, tuple(t.pools)) for t in spec.tasks},
+            policy=spec.rollout.placement_policy,
+            rebalance=rebalance_config(rebalance, enabled=enabled),
+            pool_agents={p.name: p.agent for p in spec.pools},
+            pool_shapes=pool_shapes,
+        ),
+        buffer=BufferConfig(
+            alpha=spec.rollout.staleness,
+            task_weights={t.name: t.weight for t in spec.tasks},
+            agents=[a.name for a in spec.agents] if len(spec.agents) > 1 else [],
+        ),
+        env=EnvConfig(
+            environments=frozenset(t.environment for t in spec.tasks),
+            warm_pool=spec.environment.warm_pool,
+            cpu_per_action=spec.external_resources.cpu_cores_per_action,
+        ),
+        reward=reward_config(spec.reward),
+    )
+
+
+def reward_config(reward: v1alpha1.Reward) -> RewardConfig:
+    """``spec.reward.url`` goes to the endpoint its type uses (a rule job's is ignored)."""
+    return RewardConfig(
+        judge_url=reward.url if reward.type == "llm-judge" else None,
+        external_url=reward.url if reward.type == "external" else None,
+        judge_model=reward.judge_model,
+    )

@@ -1,0 +1,69 @@
+"""Pure renderers: RolloutJob (+ operator config) -> the Kubernetes objects it owns.
+
+One module per kind of child (``coordination``: the ConfigMap and the per-job coordination
+services; ``backends``: weights, environments and the reward gateway; ``pool``: inference pools),
+on ``common``'s names, labels and pod parts; this module composes them.
+
+Called by ``treadle.operator.reconcile`` (which diffs and applies what these return) and by the
+snapshot tests. No I/O, no clock: the same job and config always render byte-identical objects,
+and each object carries a hash of itself so the reconciler re-applies only what changed.
+
+Children of job ``J`` (all in J's namespace, owned by J through a controller ownerReference, so
+the garbage collector deletes them with J even while the operator is down):
+
+- ``J-config`` ConfigMap: the validated spec (``job.json``, ``treadle.api.jobconfig.job_file``) and
+  the endpoint map every component reads. The spec reaches every service only there: no
+  ``TREADLE_*`` variable repeats a spec field (``treadle.api.env_vars.RENDERED``).
+- ``J-scheduler``, ``J-placement``, ``J-buffer`` Deployments + Services: per-job coordination.
+- ``J-scheduler`` ServiceAccount + Role + RoleBinding: the one pod that talks to the API server
+  (it reports reward demand on the job), allowed to ``patch`` this one RolloutJob and nothing
+  else. Every other pod runs without a ServiceAccount token.
+- ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
+- ``J-env`` Deployment + Service: CPU environment pods.
+- ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
+  It is the only ClusterIP Service (stateless, idempotent scoring behind a balancer); the others
+  are headless: singletons, stateful env sessions and per-replica inference/store addresses.
+- ``J-pool-P`` Deployment + headless Service per inference pool: vLLM + the agent sidecar.
+
+Per-job coordination services, not shared ones: the scheduler, placement and buffer hold per-job
+state (staleness window, policy version, sticky worker map, group bookkeeping) and per-job policy
+choices (``rollout.schedulingPolicy``/``placementPolicy``); one process per job keeps a crash or a
+restart inside one job, lets a job be suspended or deleted by scaling or garbage-collecting its
+own pods, and needs no registration protocol or multi-tenant authorization inside the services.
+Only the stateful backends are shared and installed by the chart: Redis (the experience store,
+keys prefixed ``<namespace>/<job>``) and the Mooncake master (object keys prefixed the same way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treadle.api import v1alpha1
+from treadle.operator import config
+from treadle.operator.render import backends, common, coordination, pool
+
+
+def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
+    """Replicas each child Deployment must have, by name (what ``render_children`` writes)."""
+    spec = job.spec
+    out = {common.child_name(job, c): 1 for c in common.COORDINATION}
+    if spec.weights.store == "mooncake":
+        out[common.child_name(job, "weights")] = spec.weights.replicas
+    out[common.child_name(job, "env")] = spec.environment.replicas
+    out[common.child_name(job, "reward")] = backends.reward_replicas(job)
+    out |= {common.child_name(job, "pool", p.name): p.replicas for p in spec.pools}
+    return {name: 0 if spec.suspend else n for name, n in out.items()}
+
+
+def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """Every child of the job, in apply order (config first, inference pools last)."""
+    # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused.
+    out = [coordination.render_config(job, cfg), *coordination.render_scheduler_identity(job, cfg)]
+    for component in common.COORDINATION:
+        out += coordination.render_coordination(job, cfg, component)
+    out += backends.render_weights(job, cfg)
+    out += backends.render_environment(job, cfg)
+    out += backends.render_reward(job, cfg)
+    for p in job.spec.pools:
+        out += pool.render_pool(job, cfg, p)
+    return out

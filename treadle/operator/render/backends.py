@@ -1,0 +1,91 @@
+"""The job's shared backends: the weight store, the environment pool and the reward gateway."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from treadle.api import nodes, v1alpha1
+from treadle.operator import config
+from treadle.operator.render import common
+
+REWARD_REQUESTS_PER_REPLICA = 32
+
+
+def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """Mooncake store processes holding published weights (``weights.replicas`` copies); none for local."""
+    if job.spec.weights.store != "mooncake":
+        return []
+    container = common.service_container(
+        job,
+        cfg,
+        "weights",
+        resources={"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"memory": "64Gi"}},
+        extra_env={"MC_TCP_BIND_ADDRESS": "0.0.0.0"},
+    )
+    # Spread the copies: two replicas on one node would lose both with it.
+    spread = {
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": common.selector(job, "weights")},
+            }
+        ]
+    }
+    deployment = common.deployment(
+        job,
+        cfg,
+        "weights",
+        replicas=job.spec.weights.replicas,
+        pod_spec={"containers": [container], **spread},
+    )
+    # Headless: clients address each store process (each holds its own segment), not a balancer.
+    return [deployment, common.service(job, cfg, "weights", {"grpc": config.PORTS["weights"]}, headless=True)]
+
+
+def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """The CPU environment pool: sandboxed sessions, one container per pod (RollArt §3.1 isolation)."""
+    env = job.spec.environment
+    quantity = {"cpu": env.cpu, "memory": env.memory}
+    container = common.service_container(
+        job,
+        cfg,
+        "env",
+        image=env.image,
+        resources={"requests": dict(quantity), "limits": dict(quantity)},
+    )
+    # CPU pods stay off GPU nodes: the GPU taint already keeps them away, the selector makes it explicit.
+    pod = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
+    deployment = common.deployment(job, cfg, "env", replicas=env.replicas, pod_spec=pod)
+    # Headless: an environment session lives in one pod's memory, so the scheduler must open and
+    # step it on the same pod; DNS lists every pod and a balancer would scatter the steps.
+    return [deployment, common.service(job, cfg, "env", {"http": config.PORTS["env"]}, headless=True)]
+
+
+def reward_replicas(job: v1alpha1.RolloutJob) -> int:
+    """Gateway replicas for the current demand: 0 when idle and scale-to-zero, up to maxReplicas."""
+    reward = job.spec.reward
+    raw = str(job.metadata.get("annotations", {}).get(v1alpha1.REWARD_DEMAND_ANNOTATION, "0"))
+    demand = int(raw) if raw.isdigit() else 0
+    idle = reward.min_replicas if reward.scale_to_zero else max(reward.min_replicas, 1)
+    if demand == 0:
+        return idle
+    wanted = math.ceil(demand / REWARD_REQUESTS_PER_REPLICA)
+    return min(reward.max_replicas, max(idle, 1, wanted))
+
+
+def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """The reward gateway; its replicas follow ``reward_replicas``."""
+    reward = job.spec.reward
+    container = common.service_container(job, cfg, "reward")
+    pod: dict[str, Any] = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
+    gpus = job.spec.external_resources.reward_model_gpus
+    if reward.type == "llm-judge" and gpus > 0:
+        # The judge model runs on GPUs of its own (any class), as RollArt's reward LLM does.
+        container["resources"] = {"limits": {nodes.GPU_RESOURCE: str(gpus)}, "requests": {"cpu": "2"}}
+        pod["nodeSelector"] = {}
+        pod["tolerations"] = [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    deployment = common.deployment(job, cfg, "reward", replicas=reward_replicas(job), pod_spec=pod)
+    return [deployment, common.service(job, cfg, "reward", {"http": config.PORTS["reward"]})]

@@ -1,0 +1,228 @@
+"""The names, labels, hashes and pod parts every child of a job shares (``treadle.operator.render``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from treadle.api import env_vars, nodes, v1alpha1
+from treadle.operator import config
+
+HASH_ANNOTATION = "treadle.dev/spec-hash"
+JOB_LABEL = "treadle.dev/job"
+COMPONENT_LABEL = "treadle.dev/component"
+POOL_LABEL = nodes.POOL_LABEL
+CONFIG_MOUNT = "/etc/treadle"
+FIELD_MANAGER = "treadle-operator"
+COORDINATION = ("buffer", "scheduler", "placement")
+
+
+def child_name(job: v1alpha1.RolloutJob, component: str, pool: str | None = None) -> str:
+    return f"{job.name}-pool-{pool}" if pool is not None else f"{job.name}-{component}"
+
+
+def selector(job: v1alpha1.RolloutJob, component: str, pool: str | None = None) -> dict[str, str]:
+    """The labels that select one component's pods (stable across spec changes)."""
+    labels = {JOB_LABEL: job.name, COMPONENT_LABEL: component}
+    if pool is not None:
+        labels[POOL_LABEL] = pool
+    return labels
+
+
+def labels(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str, pool: str | None
+) -> dict[str, str]:
+    return {
+        **cfg.extra_labels,
+        "app.kubernetes.io/name": "treadle",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        **selector(job, component, pool),
+    }
+
+
+def owner_reference(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    return {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": v1alpha1.KIND,
+        "name": job.name,
+        "uid": str(job.metadata.get("uid", "")),
+        "controller": True,
+        # Foreground deletion of the job waits for its children.
+        "blockOwnerDeletion": True,
+    }
+
+
+def meta(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str, pool: str | None = None
+) -> dict[str, Any]:
+    return {
+        "name": child_name(job, component, pool),
+        "namespace": job.namespace,
+        "labels": labels(job, cfg, component, pool),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def spec_hash(obj: dict[str, Any]) -> str:
+    """A short digest of an object as rendered, excluding the hash annotation itself."""
+    body = json.loads(json.dumps(obj))
+    meta = body.get("metadata", {})
+    meta.get("annotations", {}).pop(HASH_ANNOTATION, None)
+    if meta.get("annotations") == {}:
+        del meta["annotations"]
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stamp(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = spec_hash(obj)
+    return obj
+
+
+def endpoints(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    """Where each component of the job listens, as in-cluster DNS names."""
+    ns = job.namespace
+
+    def host(component: str) -> str:
+        return f"{child_name(job, component)}.{ns}.svc"
+
+    out: dict[str, Any] = {name: f"{host(name)}:{config.PORTS[name]}" for name in (*COORDINATION, "weights")}
+    out["env"] = f"http://{host('env')}:{config.PORTS['env']}"
+    out["reward"] = f"http://{host('reward')}:{config.PORTS['reward']}"
+    out["pools"] = {
+        p.name: {
+            "service": f"{child_name(job, 'pool', p.name)}.{ns}.svc",
+            "agentPort": config.PORTS["agent"],
+            "agent": p.agent,
+            "accelerator": p.accelerator,
+            "preferredWork": p.preferred_work,
+            "tensorParallelSize": p.tensor_parallel_size,
+        }
+        for p in job.spec.pools
+    }
+    return out
+
+
+def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    ep = endpoints(job)
+    pairs = {
+        env_vars.JOB: job.name,
+        env_vars.NAMESPACE: job.namespace,
+        env_vars.CONFIG: f"{CONFIG_MOUNT}/job.json",
+        env_vars.ENDPOINTS: f"{CONFIG_MOUNT}/endpoints.json",
+        env_vars.KEY_PREFIX: f"{job.namespace}/{job.name}",
+        env_vars.REDIS_URL: cfg.redis_url,
+        env_vars.MOONCAKE_MASTER: cfg.mooncake_master,
+        env_vars.MOONCAKE_METADATA_URL: cfg.mooncake_metadata_url,
+        env_vars.SCHEDULER_ADDR: ep["scheduler"],
+        env_vars.PLACEMENT_ADDR: ep["placement"],
+        env_vars.BUFFER_ADDR: ep["buffer"],
+        env_vars.ENV_URL: ep["env"],
+        env_vars.REWARD_URL: ep["reward"],
+    }
+    return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def config_volume(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    return {"name": "treadle-config", "configMap": {"name": child_name(job, "config")}}
+
+
+def config_mount() -> dict[str, Any]:
+    return {"name": "treadle-config", "mountPath": CONFIG_MOUNT, "readOnly": True}
+
+
+def service_container(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    component: str,
+    *,
+    image: str | None = None,
+    resources: dict[str, Any] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    port = config.PORTS[component]
+    grpc = component in (*COORDINATION, "weights")
+    probe: dict[str, Any] = (
+        {"grpc": {"port": port}} if grpc else {"httpGet": {"path": "/healthz", "port": port}}
+    )
+    env = pod_env(job, cfg) + [{"name": k, "value": v} for k, v in (extra_env or {}).items()]
+    return {
+        "name": component,
+        "image": image or cfg.services_image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", config.MODULES[component], "--host", "0.0.0.0", "--port", str(port)],
+        "ports": [{"name": "grpc" if grpc else "http", "containerPort": port, "protocol": "TCP"}],
+        "env": env,
+        "resources": resources
+        or {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [config_mount()],
+    }
+
+
+def deployment(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    component: str,
+    *,
+    replicas: int,
+    pod_spec: dict[str, Any],
+    pool: str | None = None,
+    max_surge: int = 1,
+) -> dict[str, Any]:
+    metadata = meta(job, cfg, component, pool)
+    return stamp(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata,
+            "spec": {
+                "replicas": 0 if job.spec.suspend else replicas,
+                "selector": {"matchLabels": selector(job, component, pool)},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": 1},
+                },
+                "template": {
+                    "metadata": {"labels": dict(metadata["labels"])},
+                    "spec": {
+                        "enableServiceLinks": False,
+                        # No API access unless a component's pod_spec names its ServiceAccount.
+                        "automountServiceAccountToken": False,
+                        "volumes": [config_volume(job)],
+                        **pod_spec,
+                    },
+                },
+            },
+        }
+    )
+
+
+def service(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    component: str,
+    ports: dict[str, int],
+    *,
+    pool: str | None = None,
+    headless: bool = False,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": selector(job, component, pool),
+        "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports.items()],
+    }
+    if headless:
+        # DNS lists every ready pod; callers address the replicas themselves.
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = False
+    return stamp({"apiVersion": "v1", "kind": "Service", "metadata": meta(job, cfg, component, pool),
+                   "spec": spec})  # fmt: skip
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    """How children are matched between rendered and observed: (kind, name)."""
+    return (str(obj["kind"]), str(obj["metadata"]["name"]))

@@ -1,0 +1,73 @@
+"""The job's ConfigMap and its per-job coordination services (scheduler, placement, buffer)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from treadle.api import jobconfig, v1alpha1
+from treadle.operator import config
+from treadle.operator.render import common
+
+
+def render_config(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[str, Any]:
+    """The ConfigMap every component mounts at ``/etc/treadle``."""
+    return common.stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": common.meta(job, cfg, "config"),
+            "data": {
+                "job.json": jobconfig.job_file(job),
+                "endpoints.json": json.dumps(common.endpoints(job), sort_keys=True),
+            },
+        }
+    )
+
+
+def render_scheduler_identity(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+    """The scheduler's ServiceAccount, allowed only to patch its own job (the reward-demand annotation)."""
+    name = common.child_name(job, "scheduler")
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.meta(job, cfg, "scheduler")}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": common.meta(job, cfg, "scheduler"),
+        "rules": [
+            {
+                "apiGroups": [v1alpha1.GROUP],
+                "resources": [v1alpha1.PLURAL],
+                "resourceNames": [job.name],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": common.meta(job, cfg, "scheduler"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+    }
+    return [common.stamp(account), common.stamp(role), common.stamp(binding)]
+
+
+def render_coordination(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
+) -> list[dict[str, Any]]:
+    """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
+    container = common.service_container(job, cfg, component)
+    pod: dict[str, Any] = {"containers": [container]}
+    if component == "scheduler":
+        pod |= {
+            "serviceAccountName": common.child_name(job, "scheduler"),
+            "automountServiceAccountToken": True,
+        }
+    # One replica: the service's state is per job and lives in this one process (or in Redis).
+    deployment = common.deployment(job, cfg, component, replicas=1, max_surge=0, pod_spec=pod)
+    deployment["spec"]["strategy"] = {"type": "Recreate"}
+    deployment = common.stamp(deployment)
+    # Headless: a single replica needs no virtual IP (gRPC resolves the pod through DNS), and
+    # ClusterIPs are a scarce per-cluster range (a /24 in the dev cluster; 7 per job would not fit).
+    service = common.service(job, cfg, component, {"grpc": config.PORTS[component]}, headless=True)
+    return [deployment, service]

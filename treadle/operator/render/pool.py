@@ -1,0 +1,129 @@
+"""One inference pool: vLLM plus the Treadle agent sidecar, and where the engine finds its weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treadle.api import env_vars, nodes, v1alpha1
+from treadle.operator import config
+from treadle.operator.render import common
+
+LOCAL_WEIGHTS_DIR = "/var/lib/treadle/weights"
+"""The node's directory a ``weights.store: local`` job publishes to and its engines read from."""
+AGENT_STATE_DIR = "/var/run/treadle"
+"""The inference pod's ``emptyDir`` where its agent keeps what it serves (lives as long as the pod)."""
+
+
+def _weights_env(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, agent: v1alpha1.Agent
+) -> list[dict[str, Any]]:
+    """Where the engine's weights extension pulls published versions (``weights.loader.store_from_env``).
+
+    The prefix is the job's; a multi-agent job's agents publish under ``<prefix>/<agent>``
+    (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
+    """
+    env = {env_vars.WEIGHTS_PREFIX: f"{job.namespace}/{job.name}"}
+    if len(job.spec.agents) > 1:
+        env[env_vars.WEIGHTS_AGENT] = agent.name
+    if job.spec.weights.store == "mooncake":
+        env[env_vars.WEIGHTS_MASTER] = cfg.mooncake_master
+        env[env_vars.WEIGHTS_METADATA] = cfg.mooncake_metadata_url
+    else:
+        env[env_vars.WEIGHTS_DIR] = LOCAL_WEIGHTS_DIR
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def render_pool(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, pool: v1alpha1.Pool
+) -> list[dict[str, Any]]:
+    """One inference pool: vLLM (``nvidia.com/gpu`` = TP) plus the Treadle agent sidecar."""
+    agent = next(a for a in job.spec.agents if a.name == pool.agent)
+    tp = pool.tensor_parallel_size
+    vllm_port = config.PORTS["vllm"]
+    vllm = {
+        "name": "vllm",
+        "image": agent.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", config.VLLM_MODULE],
+        "args": [
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(vllm_port),
+            "--model",
+            agent.model,
+            "--served-model-name",
+            agent.name,
+            "--tensor-parallel-size",
+            str(tp),
+            "--max-model-len",
+            str(agent.max_model_len),
+            "--dtype",
+            agent.dtype,
+            "--worker-extension-cls",
+            config.VLLM_WORKER_EXTENSION,
+        ],
+        "env": [
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            *common.pod_env(job, cfg),
+            *_weights_env(job, cfg, agent),
+        ],
+        "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": str(4 * tp), "memory": f"{32 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
+            "limits": {"memory": f"{64 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
+        },
+        # Loading a large model takes minutes: the startup probe covers it, not liveness.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": vllm_port},
+            "periodSeconds": 10,
+            "failureThreshold": 90,
+        },
+        "readinessProbe": {"httpGet": {"path": "/health", "port": vllm_port}, "periodSeconds": 5},
+        "volumeMounts": [
+            common.config_mount(),
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *(
+                [{"name": "weights", "mountPath": LOCAL_WEIGHTS_DIR}]
+                if job.spec.weights.store == "local"
+                else []
+            ),
+        ],
+    }
+    sidecar = common.service_container(
+        job,
+        cfg,
+        "agent",
+        extra_env={
+            env_vars.ENGINE_URL: f"http://127.0.0.1:{vllm_port}",
+            env_vars.AGENT: agent.name,
+            env_vars.POOL: pool.name,
+            env_vars.AGENT_STATE: f"{AGENT_STATE_DIR}/agent.json",
+        },
+    )
+    sidecar["volumeMounts"].append({"name": "agent-state", "mountPath": AGENT_STATE_DIR})
+    pod = {
+        "containers": [vllm, sidecar],
+        "nodeSelector": {**pool.node_selector, nodes.ACCELERATOR_LABEL: pool.accelerator},
+        "tolerations": [
+            {"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+            *(t.model_dump(exclude_none=True) for t in pool.tolerations),
+        ],
+        "terminationGracePeriodSeconds": 60,
+    }
+    deployment = common.deployment(
+        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0
+    )
+    # TP > 1 shares tensors through /dev/shm (NCCL); the container default of 64 MiB is too small.
+    deployment["spec"]["template"]["spec"]["volumes"].append(
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{8 * tp}Gi"}}
+    )
+    # The agent keeps what a move made this worker serve across its own restarts (agent.served).
+    deployment["spec"]["template"]["spec"]["volumes"].append({"name": "agent-state", "emptyDir": {}})
+    if job.spec.weights.store == "local":
+        deployment["spec"]["template"]["spec"]["volumes"].append(
+            {"name": "weights", "hostPath": {"path": LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"}}
+        )
+    deployment = common.stamp(deployment)
+    ports = {"agent": config.PORTS["agent"], "openai": vllm_port}
+    return [deployment, common.service(job, cfg, "pool", ports, pool=pool.name, headless=True)]

@@ -1,0 +1,1 @@
+"""The feeder: submits each dataset task's rows to the scheduler, epoch by epoch, from a durable position."""

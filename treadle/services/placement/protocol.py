@@ -1,0 +1,131 @@
+"""Placement's own request and assignment types, their validation, and their proto conversions.
+
+``PlacementService`` and its in-process callers (the scheduler, through ``service.InProcess``) speak
+these types; protobuf is met only at the gRPC edge: ``grpc_server`` (server side) and ``client``
+(the scheduler's side) convert with ``grpcutil.convert`` (and ``batch_*_pb`` below, for the nested
+batch). Workers, loads and the pool state are
+still the proto messages (registered and reported over gRPC by agents).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection
+
+from treadle.errors import SpecError
+from treadle.services.grpcutil import convert
+from treadle.v1 import placement_pb2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AssignRequest:
+    trajectory_id: str
+    task: str
+    turn: int = 0
+    agent: str = ""
+    """The agent whose turn this is (multi-agent tasks): only workers of a pool serving it qualify."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Assignment:
+    worker_id: str
+    address: str
+    pool: str
+    reason: str
+    """The policy's reason: ``sticky``, ``least-loaded``, ``routed``, ``migrated``..."""
+    work: str
+    """``prefill-heavy`` or ``decode-heavy``, as resolved for the task."""
+    agent: str = ""
+    """The agent the worker's pool serves (empty when placement knows no pool agents)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    trajectory_id: str
+    task: str
+    worker_id: str = ""
+    """Worker of the finished turn; required with ``turn_finished``."""
+    turn_finished: bool = False
+    """One assigned turn is over: it no longer counts as outstanding on ``worker_id``."""
+    final: bool = False
+    """The trajectory ended: forget its sticky worker and add its turns to the task profile."""
+    turns: int = 0
+    """Turns the trajectory generated in all; with ``final``."""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    predicted_remaining: float | None = None
+    """With ``turn_finished``: the predictor's remaining tokens after this turn (a batch-level policy
+    may migrate the trajectory during its tool call)."""
+    context_tokens: int = 0
+    """With ``predicted_remaining``: the trajectory's context (prompt + output of this turn)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Candidate:
+    trajectory_id: str
+    task: str
+    predicted_remaining: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlaceBatchRequest:
+    trajectories: tuple[Candidate, ...]
+    worker_slots: int = 0
+    """Turns that may generate at once on one worker (the scheduler's ``Settings.worker_slots``)."""
+
+
+def check_release(req: ReleaseRequest, tasks: Collection[str]) -> None:
+    if not req.trajectory_id:
+        raise SpecError("must not be empty", field="trajectory_id")
+    if not (req.turn_finished or req.final):
+        raise SpecError("a release needs turn_finished, final or both", field="turn_finished")
+    if req.prompt_tokens < 0 or req.output_tokens < 0:
+        raise SpecError("must be >= 0", field="prompt_tokens" if req.prompt_tokens < 0 else "output_tokens")
+    _check_task(req.task, tasks, "task")
+
+
+def check_step(req: ReleaseRequest) -> float:
+    """The prediction of a release at a step boundary (``predicted_remaining`` set), checked."""
+    predicted = req.predicted_remaining
+    if predicted is None or not (predicted >= 0 and math.isfinite(predicted)):
+        raise SpecError("must be a finite number >= 0", field="predicted_remaining", value=predicted)
+    if req.context_tokens < 0:
+        raise SpecError("must be >= 0", field="context_tokens", value=req.context_tokens)
+    return predicted
+
+
+def batch_by_task(req: PlaceBatchRequest, tasks: Collection[str]) -> dict[str, dict[str, float]]:
+    """Check every candidate (all or nothing); their predictions by task and trajectory."""
+    by_task: dict[str, dict[str, float]] = {}
+    for i, c in enumerate(req.trajectories):
+        at = f"trajectories[{i}]"
+        if not c.trajectory_id:
+            raise SpecError("must not be empty", field=f"{at}.trajectory_id")
+        _check_task(c.task, tasks, f"{at}.task")
+        if not (c.predicted_remaining >= 0 and math.isfinite(c.predicted_remaining)):
+            raise SpecError(
+                "must be a finite number >= 0", field=f"{at}.predicted_remaining", value=c.predicted_remaining
+            )
+        by_task.setdefault(c.task, {})[c.trajectory_id] = c.predicted_remaining
+    if req.worker_slots < 0:
+        raise SpecError("must be >= 0", field="worker_slots", value=req.worker_slots)
+    return by_task
+
+
+def _check_task(task: str, tasks: Collection[str], field: str) -> None:
+    if task not in tasks:
+        raise SpecError(f"unknown task; known: {sorted(tasks)}", field=field, value=task)
+
+
+# --- protobuf, at the gRPC edge only (grpc_server, client) ------------------------------------------
+
+
+def batch_from_pb(msg: placement_pb2.PlaceBatchRequest) -> PlaceBatchRequest:
+    candidates = tuple(convert.from_pb(Candidate, c) for c in msg.trajectories)
+    return convert.from_pb(PlaceBatchRequest, msg, trajectories=candidates)
+
+
+def batch_to_pb(req: PlaceBatchRequest) -> placement_pb2.PlaceBatchRequest:
+    candidates = [convert.to_pb(c, placement_pb2.PlaceCandidate) for c in req.trajectories]
+    return convert.to_pb(req, placement_pb2.PlaceBatchRequest, trajectories=candidates)

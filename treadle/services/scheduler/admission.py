@@ -1,0 +1,63 @@
+"""Admission in the scheduler: the queue of submitted prompt groups and which of them start now.
+
+The decision is ``treadle.policy.admission``'s (AReaL's rule: whole groups start only while the
+trajectories started stay within ``(alpha + version + 1) * batch_size`` and ``max_in_flight``);
+this module keeps the queue, rejects repeated groups and bounds what may wait
+(``Settings.max_pending_trajectories``). Used by ``SchedulerService.submit`` and its admission rounds.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+
+from treadle import errors
+from treadle.api import jobconfig
+from treadle.policy import admission
+from treadle.services.scheduler import protocol
+
+
+class Admission:
+    def __init__(self, tasks: Mapping[str, jobconfig.TaskConfig], settings: jobconfig.Settings) -> None:
+        self.tasks = tasks
+        self.settings = settings
+        self.limits = admission.Limits(
+            alpha=settings.alpha, batch_size=settings.batch_size, max_in_flight=settings.max_in_flight
+        )
+        self._pending: collections.deque[protocol.Work] = collections.deque()
+        self.pending_trajectories = 0
+        self._known_groups: set[str] = set()
+
+    def submit(self, groups: Sequence[protocol.PromptGroup]) -> list[protocol.Work]:
+        """Validate ``groups`` (all or nothing) and queue the new ones; returns those queued.
+
+        Raises ``Overloaded`` (and queues nothing) if they would exceed ``max_pending_trajectories``.
+        """
+        work = protocol.validate_groups(groups, self.tasks)
+        fresh = [w for w in work if w.group_id not in self._known_groups]
+        members = sum(w.task.members for w in fresh)
+        limit = self.settings.max_pending_trajectories
+        if self.pending_trajectories + members > limit:
+            raise errors.Overloaded(
+                f"{self.pending_trajectories} trajectories pending; {members} more would exceed "
+                f"max_pending_trajectories={limit}"
+            )
+        for w in fresh:
+            self._known_groups.add(w.group_id)
+            self._pending.append(w)
+            self.pending_trajectories += w.task.members
+        return fresh
+
+    def take(self, *, version: int, accepted: int, running: int) -> list[protocol.Work]:
+        """Dequeue the groups that may start now, in submission order, with ``running`` trajectories in
+        flight and ``accepted`` finished; each group taken counts as running for the next."""
+        taken = []
+        while self._pending:
+            work = self._pending[0]
+            state = admission.AdmissionState(version=version, accepted=accepted, running=running)
+            if admission.admit_groups(state, self.limits, group_size=work.task.members, pending_groups=1) < 1:
+                break
+            taken.append(self._pending.popleft())
+            self.pending_trajectories -= work.task.members
+            running += work.task.members
+        return taken
