@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from treadle import errors
-from treadle.api import sampling, v1alpha1
+from treadle.api import jobconfig, sampling, v1alpha1
 from treadle.policy.darts import stats
 
 
@@ -62,3 +62,28 @@ def test_invalid_sampling_is_refused_naming_the_field(task: dict[str, Any], fiel
     with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_spec(_spec(**task))
     assert info.value.field == field
+
+
+def test_job_config_carries_the_mode_and_the_darts_settings() -> None:
+    spec = _spec(groupSize=4, sampling={"mode": "darts", "longEnd": 2})
+    spec["tasks"].append(
+        {"name": "u", "agents": ["a"], "environment": "math-tool", "reward": "r", "redundancy": 0.5}
+    )
+    job = v1alpha1.parse_job(
+        {"apiVersion": v1alpha1.API_VERSION, "kind": v1alpha1.KIND, "metadata": {"name": "j"}, "spec": spec}
+    )
+    tasks = {
+        t.name: t
+        for t in jobconfig.job_config(
+            job, max_tokens=64, max_in_flight=8, max_concurrent_generations=4
+        ).scheduler.tasks
+    }
+    darts = tasks["t"]
+    assert (darts.sampling, darts.m_up, darts.long_end, darts.lam) == ("darts", 8, 2, sampling.DEFAULT_LAMBDA)
+    assert darts.ema_decay == stats.DEFAULT_DECAY
+    redundant = tasks["u"]
+    assert (redundant.sampling, redundant.members, redundant.m_up) == (
+        "redundant",
+        12,
+        0,
+    )  # 8 + ceil(0.5 · 8), as before
