@@ -92,3 +92,17 @@ def dev_cluster() -> Iterator[kwok.DevCluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="session")
+def run_cluster() -> Iterator[kwok.DevCluster]:
+    """A private control plane whose one node, ``treadle-run-0``, really runs its pods (node agent).
+
+    No KWOK node: every pod that schedules runs.
+    """
+    cluster = kwok.session_cluster("treadle-run", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1)
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()

@@ -7,13 +7,15 @@ rejects every manifest in manifests/invalid naming its field; a job asking more 
 exist goes Degraded with InsufficientGPUCapacity while another job stays Ready; metrics; a job
 short of GPUs on purpose (blocker pods) is Degraded, then Ready once they go; the scheduler's
 reward-demand reporter, as the job's own ServiceAccount, scales the reward gateway 0 -> N -> 0;
-``treadle operator reshape`` changes one pool's TP and re-creates only that pool's pods.
+``treadle operator reshape`` changes one pool's TP and re-creates only that pool's pods; valid
+``tasks[].sampling`` modes pass a server-side dry run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,6 +26,7 @@ import op_harness
 import pytest
 import yaml
 
+from treadle.api import v1alpha1
 from treadle.services.scheduler import jobreport, protocol
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -82,9 +85,15 @@ def test_example_lands_on_its_pools_and_becomes_ready(
             )
             vllm = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
             assert vllm["resources"]["limits"]["nvidia.com/gpu"] == str(pool.get("tensorParallelSize", 1))
-    # CPU components stay on the CPU pool.
-    for pod in _pods(kubectl, name, "env"):
-        assert nodes[pod["spec"]["nodeName"]]["treadle.dev/accelerator"] == "none"
+    # CPU components stay off GPU nodes (by the rendered affinity; no label is required of CPU nodes).
+    for component in ("env", "scheduler", "placement", "buffer"):
+        for pod in _pods(kubectl, name, component):
+            labels = nodes[pod["spec"]["nodeName"]]
+            assert labels.get("treadle.dev/accelerator", "none") == "none", (
+                component,
+                pod["spec"]["nodeName"],
+            )
+            assert "nvidia.com/gpu.present" not in labels
     job = kubectl.job(name)
     assert job["status"]["poolsReady"] == f"{len(doc['spec']['pools'])}/{len(doc['spec']['pools'])}"
     assert not job["metadata"].get("finalizers"), "the operator must not add finalizers"
@@ -487,3 +496,46 @@ def test_reshape_changes_one_pools_tp_and_leaves_the_rest(
     assert other_pods <= {p["metadata"]["uid"] for p in _pods(kubectl, name)}
     (pool,) = kubectl.job(name)["status"]["pools"]
     assert (pool["desired"], pool["ready"], pool["gpus"]) == (1, 1, 8)
+
+
+def _sampling_job(name: str, **task: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": v1alpha1.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "agents": [{"name": "a", "model": "m"}],
+            "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
+            "tasks": [{"name": "t", "agents": ["a"], "environment": "math-tool", "reward": "math", **task}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "task"),
+    [
+        ("darts-defaults", {"sampling": {"mode": "darts"}}),
+        (
+            "darts-full",
+            {"sampling": {"mode": "darts", "mUp": 12, "longEnd": 2, "lambda": 0.1, "emaDecay": 0.9}},
+        ),
+        ("redundancy-only", {"redundancy": 0.5}),
+        ("redundant-named", {"redundancy": 0.5, "sampling": {"mode": "redundant"}}),
+        ("standard-named", {"sampling": {"mode": "standard"}}),
+    ],
+)
+def test_valid_sampling_is_accepted_by_the_api_server(
+    name: str, task: dict[str, Any], chart: str, kubectl: op_harness.Kubectl
+) -> None:
+    """The other side of manifests/invalid/18-20: a darts task, a redundancy-only task (no sampling)
+    and named modes pass a server-side dry run; the stored sampling stays as given ({} when absent:
+    no mode, as the Python model has it)."""
+    doc = _sampling_job(name, **task)
+    v1alpha1.parse_job(doc)  # the Python side accepts it too
+    proc = kubectl(
+        "apply", "--dry-run=server", "-n", op_harness.JOBS_NS, "-o", "json", "-f", "-",
+        stdin=yaml.safe_dump(doc), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    stored = json.loads(proc.stdout)["spec"]["tasks"][0]
+    assert stored["sampling"] == task.get("sampling", {})

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from treadle.api import v1alpha1
+from treadle.api import dataset as dataset_api
+from treadle.api import sampling, v1alpha1
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
 from treadle.policy.flexmarl import load_balance
@@ -42,6 +43,13 @@ class TaskConfig:
     redundancy: float = 0.0
     """Extra members started per group as a fraction of ``group_size`` (the DARTS seam: the buffer
     receives them all; selecting ``group_size`` of them is DARTS's job)."""
+    sampling: str = "standard"
+    """The sampling mode in force (``treadle.api.sampling``): ``standard``, ``redundant`` or ``darts``.
+    The four DARTS settings below are 0 in the other modes."""
+    m_up: int = 0
+    long_end: int = 0
+    lam: float = 0.0
+    ema_decay: float = 0.0
     max_turns: int = 8
     max_tokens: int = 256
     temperature: float = 1.0
@@ -54,7 +62,6 @@ class TaskConfig:
             )
         if self.agents and self.agent != self.agents[0]:
             raise SpecError("must be the first of agents", field=f"tasks.{self.name}.agent", value=self.agent)
-        object.__setattr__(self, "agents", tuple(self.agents))  # JSON (``--tasks``) gives a list
 
     @property
     def members(self) -> int:
@@ -164,6 +171,9 @@ class BufferConfig:
 class EnvConfig:
     environments: frozenset[str]
     """The environments the job's tasks name (a pod refuses to start without all of them)."""
+    user_modules: tuple[str, ...]
+    """Modules of the job's user environments (``py:<module>:<Class>``): the only ones the env service
+    imports user code from, besides its ``--allow-user-module`` prefixes."""
     warm_pool: int
     """``spec.environment.warmPool`` (the env service keeps none when no task runs python-code)."""
     cpu_per_action: str
@@ -177,6 +187,32 @@ class RewardConfig:
     external_url: str | None
     """``spec.reward.url`` of an ``external`` job (every request forwarded there)."""
     judge_model: str | None
+    user_modules: tuple[str, ...]
+    """Modules of the job's user reward functions (``py:<module>:<function>``), allowed as the env
+    service allows its user environments' (``EnvConfig.user_modules``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedTask:
+    """A dataset task as the feeder feeds it."""
+
+    index: int
+    """The task's index in ``spec.tasks`` (errors name ``spec.tasks[index].dataset``)."""
+    name: str
+    dataset: dataset_api.Dataset
+    members: int
+    """Trajectories per group (group size plus redundancy), as the scheduler counts them."""
+    weight: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FeederConfig:
+    tasks: tuple[FeedTask, ...]
+    """The job's dataset tasks, in ``spec.tasks`` order (none: the job renders no feeder)."""
+    target_pending: int
+    """Trajectories the feeder keeps waiting for admission: ``spec.rollout.batchSize``."""
+    hf_cache: str | None
+    """``spec.feeder.huggingFaceCache`` (None: the image's ``HF_HUB_CACHE``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +274,7 @@ class JobConfig:
     buffer: BufferConfig
     env: EnvConfig
     reward: RewardConfig
+    feeder: FeederConfig
     trainer: TrainerConfig | None
     """``spec.trainer``; None when a trainer outside the job drives it."""
 
@@ -247,20 +284,25 @@ def job_file(job: v1alpha1.RolloutJob) -> str:
     return json.dumps(job.spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
 
 
+def _task(t: v1alpha1.Task, *, max_tokens: int) -> TaskConfig:
+    """One task's configuration; a ``darts`` task's settings come with their defaults filled in."""
+    mode = t.sampling.resolved_mode(t.redundancy)
+    darts = t.sampling.settings(t.group_size) if mode == "darts" else sampling.DartsSettings(0, 0, 0.0, 0.0)
+    return TaskConfig(
+        name=t.name, env=t.environment, agent=t.agents[0],
+        agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
+        redundancy=t.redundancy, sampling=mode, m_up=darts.m_up, long_end=darts.long_end, lam=darts.lam,
+        ema_decay=darts.ema_decay, max_turns=t.max_turns, max_tokens=max_tokens,
+    )  # fmt: skip
+
+
 def job_config(
     job: v1alpha1.RolloutJob, *, max_tokens: int, max_in_flight: int, max_concurrent_generations: int
 ) -> JobConfig:
     """Every service's configuration for ``job``; the three counts are what only the caller knows."""
     spec = job.spec
     models = {a.name: a.model for a in spec.agents}
-    tasks = [
-        TaskConfig(
-            name=t.name, env=t.environment, agent=t.agents[0],
-            agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
-            redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=max_tokens,
-        )
-        for t in spec.tasks
-    ]  # fmt: skip
+    tasks = [_task(t, max_tokens=max_tokens) for t in spec.tasks]
     settings = Settings(
         alpha=spec.rollout.staleness,
         batch_size=spec.rollout.batch_size,
@@ -299,18 +341,48 @@ def job_config(
         ),
         env=EnvConfig(
             environments=frozenset(t.environment for t in spec.tasks),
+            user_modules=user_modules(t.environment for t in spec.tasks),
             warm_pool=spec.environment.warm_pool,
             cpu_per_action=spec.external_resources.cpu_cores_per_action,
         ),
-        reward=reward_config(spec.reward),
+        reward=reward_config(spec.reward, user_modules(t.reward for t in spec.tasks)),
+        feeder=feeder_config(spec),
         trainer=trainer_config(job, tasks),
     )
 
 
-def reward_config(reward: v1alpha1.Reward) -> RewardConfig:
+def feeder_config(spec: v1alpha1.RolloutJobSpec) -> FeederConfig:
+    """The feeder's part of ``job_config`` (it needs none of the caller's counts)."""
+    return FeederConfig(
+        tasks=tuple(
+            FeedTask(
+                index=i, name=t.name, dataset=t.dataset, weight=t.weight,
+                members=TaskConfig(name=t.name, env=t.environment, group_size=t.group_size,
+                                   redundancy=t.redundancy).members,
+            )
+            for i, t in enumerate(spec.tasks)
+            if t.dataset is not None
+        ),
+        target_pending=spec.rollout.batch_size,
+        hf_cache=spec.feeder.hugging_face_cache,
+    )  # fmt: skip
+
+
+def user_modules(names: Iterable[str]) -> tuple[str, ...]:
+    """The modules of the user code (``py:<module>:<attribute>``) among ``names``, sorted, once each.
+
+    The job's owner named them in its spec, so the services the job runs import exactly those:
+    a spec-driven allowlist, where a request could name any module.
+    """
+    return tuple(sorted({n.removeprefix(v1alpha1.USER_CODE).split(":")[0]
+                         for n in names if n.startswith(v1alpha1.USER_CODE)}))  # fmt: skip
+
+
+def reward_config(reward: v1alpha1.Reward, modules: tuple[str, ...] = ()) -> RewardConfig:
     """``spec.reward.url`` goes to the endpoint its type uses (a rule job's is ignored)."""
     return RewardConfig(
         judge_url=reward.url if reward.type == "llm-judge" else None,
         external_url=reward.url if reward.type == "external" else None,
         judge_model=reward.judge_model,
+        user_modules=modules,
     )

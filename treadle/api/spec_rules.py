@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from treadle.api import dataset
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -66,6 +68,50 @@ SPEC_RULES: tuple[Rule, ...] = (
             any(p.name == n and p.agent in t.agents for p in s.pools) for t in s.tasks for n in t.pools
         ),
     ),
+    # tasks[].sampling (treadle.api.sampling): which fields go with which mode.
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.mode) || t.sampling.mode == 'redundant'"
+        " || t.redundancy == 0.0)",
+        "spec.tasks[].redundancy must be 0 unless sampling.mode is redundant (darts sizes its own pools)",
+        "spec.tasks.redundancy",
+        lambda s: all(t.sampling.mode in (None, "redundant") or t.redundancy == 0 for t in s.tasks),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.mode) || t.sampling.mode != 'redundant'"
+        " || t.redundancy > 0.0)",
+        "spec.tasks[].redundancy must be above 0 when sampling.mode is redundant",
+        "spec.tasks.redundancy",
+        lambda s: all(t.sampling.mode != "redundant" or t.redundancy > 0 for t in s.tasks),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || (has(t.sampling.mode) && t.sampling.mode == 'darts')"
+        " || !(has(t.sampling.mUp) || has(t.sampling.longEnd) || has(t.sampling.lambda)"
+        " || has(t.sampling.emaDecay)))",
+        "spec.tasks[].sampling.mUp, longEnd, lambda and emaDecay apply only to mode darts",
+        "spec.tasks.sampling.mode",
+        lambda s: all(
+            t.sampling.mode == "darts"
+            or (t.sampling.m_up, t.sampling.long_end, t.sampling.lam, t.sampling.ema_decay) == (None,) * 4
+            for t in s.tasks
+        ),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.mUp) || t.sampling.mUp >= t.groupSize)",
+        "spec.tasks[].sampling.mUp must be at least groupSize",
+        "spec.tasks.sampling.mUp",
+        lambda s: all(t.sampling.m_up is None or t.sampling.m_up >= t.group_size for t in s.tasks),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.longEnd) || t.sampling.longEnd < t.groupSize)",
+        "spec.tasks[].sampling.longEnd must be below groupSize (at least one shortest candidate per group)",
+        "spec.tasks.sampling.longEnd",
+        lambda s: all(t.sampling.long_end is None or t.sampling.long_end < t.group_size for t in s.tasks),
+    ),
     Rule(
         ("reward",),
         "!self.scaleToZero || self.minReplicas == 0",
@@ -107,6 +153,48 @@ SPEC_RULES: tuple[Rule, ...] = (
         "spec.weights.replicas must be 1 when store is local",
         "spec.weights.replicas",
         lambda w: w.store != "local" or w.replicas == 1,
+    ),
+    Rule(
+        ("feeder",),
+        "self.volumes.all(v, has(v.persistentVolumeClaim) != has(v.hostPath))",
+        "each of spec.feeder.volumes needs exactly one of persistentVolumeClaim, hostPath",
+        "spec.feeder.volumes",
+        lambda f: all((v.persistent_volume_claim is None) != (v.host_path is None) for v in f.volumes),
+    ),
+    Rule(
+        ("feeder",),
+        "self.volumes.all(v, !v.mountPath.startsWith('/etc/treadle'))",
+        "spec.feeder.volumes[].mountPath must not lie under /etc/treadle (the job's config and its"
+        " ConfigMap datasets are mounted there)",
+        "spec.feeder.volumes",
+        lambda f: not any(v.mount_path.startswith("/etc/treadle") for v in f.volumes),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.dataset) || !has(t.dataset.source.path)"
+        " || (!t.dataset.source.path.contains('/../') && self.feeder.volumes.exists(v,"
+        " t.dataset.source.path.startsWith(v.mountPath + '/'))))",
+        "every spec.tasks[].dataset.source.path must lie under the mountPath of one of spec.feeder.volumes",
+        "spec.tasks.dataset.source.path",
+        lambda s: all(
+            any(dataset.under(t.dataset.source.path, v.mount_path) for v in s.feeder.volumes)
+            for t in s.tasks
+            if t.dataset is not None and t.dataset.source.path is not None
+        ),
+    ),
+    Rule(
+        ("feeder",),
+        "!has(self.huggingFaceCache) || self.volumes.exists(v, self.huggingFaceCache == v.mountPath"
+        " || self.huggingFaceCache.startsWith(v.mountPath + '/'))",
+        "spec.feeder.huggingFaceCache must be the mountPath of one of spec.feeder.volumes or lie under it",
+        "spec.feeder.huggingFaceCache",
+        lambda f: (
+            f.hugging_face_cache is None
+            or any(
+                f.hugging_face_cache == v.mount_path or dataset.under(f.hugging_face_cache, v.mount_path)
+                for v in f.volumes
+            )
+        ),
     ),
     Rule(
         (),
@@ -172,5 +260,7 @@ SPEC_RULES: tuple[Rule, ...] = (
 
 # Lists keyed by ``name``: the API server rejects duplicate names and correlates items across
 # updates, which the immutable-field rules on list items need.
-MAP_LISTS: Mapping[tuple[str, ...], str] = {("agents",): "name", ("pools",): "name", ("tasks",): "name"}
+MAP_LISTS: Mapping[tuple[str, ...], str] = {
+    ("agents",): "name", ("pools",): "name", ("tasks",): "name", ("feeder", "volumes"): "name",
+}  # fmt: skip
 SET_LISTS: tuple[tuple[str, ...], ...] = (("tasks", "[]", "agents"), ("tasks", "[]", "pools"))

@@ -14,14 +14,17 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from treadle.api import nodes as api_nodes
 from treadle.devcluster import binaries, nodes
+from treadle.devcluster.nodeagent import net
 
 
 def cache_dir() -> Path:
@@ -41,6 +44,12 @@ class DevCluster:
     workdir: Path = field(default_factory=lambda: cache_dir() / "kwok")
     # Where the context is added: None keeps it in the cluster's own kubeconfig only.
     user_kubeconfig: Path | None = None
+    run_nodes: int = 0
+    """CPU process nodes (``treadle-run-<i>``) whose pods really run, by the node agent (needs root)."""
+    run_gpu_nodes: int = 0
+    """Process nodes (``treadle-run-gpu-<i>``) with SIMULATED GPUs: capacity, labels and taint only."""
+    run_accelerator: str = "H20"
+    run_gpus: int = 8
 
     def __post_init__(self) -> None:
         self.bins = binaries.bin_dir()
@@ -82,6 +91,17 @@ class DevCluster:
             "kind": "KwokctlConfiguration",
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "options": options,
+            # kwokctl's binary runtime makes KWOK manage every node; the process nodes are the node
+            # agent's, so KWOK takes only the nodes annotated as its own (nodes.render_node).
+            "componentsPatches": [
+                {
+                    "name": "kwok-controller",
+                    "extraArgs": [
+                        {"key": "manage-all-nodes", "value": "false", "override": True},
+                        {"key": "manage-nodes-with-annotation-selector", "value": nodes.KWOK_ANNOTATION},
+                    ],
+                }
+            ],
         }
         path.write_text(yaml.safe_dump(doc))
         return path
@@ -132,11 +152,86 @@ class DevCluster:
                 "--kubeconfig", str(self.user_kubeconfig or self.kubeconfig),
             ]  # fmt: skip
             self._run("kwokctl create cluster", args, timeout=timeout + 30)
-        manifest = yaml.safe_dump_all(nodes.render_pools(self.pools))
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest)
-        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
-                     timeout=timeout + 10)  # fmt: skip
+        if self.pools:
+            manifest = yaml.safe_dump_all(nodes.render_pools(self.pools))
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=manifest)
+        if self.run_node_names():
+            self._start_node_agent(timeout)
+        if self.pools or self.run_node_names():  # `kubectl wait --all` fails when there is no node
+            self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s",
+                         timeout=timeout + 10)  # fmt: skip
         self._wait_default_service_account(timeout)
+
+    @property
+    def agent_dir(self) -> Path:
+        """The node agent's state: pods' volumes and container logs (``pods/<ns>_<pod>_<uid>/``)."""
+        return self.cluster_dir / "nodeagent"
+
+    def run_node_names(self) -> list[str]:
+        cpu = [f"treadle-run-{i}" for i in range(self.run_nodes)]
+        return cpu + [f"treadle-run-gpu-{i}" for i in range(self.run_gpu_nodes)]
+
+    def _agent_pid(self) -> int | None:
+        pidfile = self.cluster_dir / "nodeagent.pid"
+        pid = int(pidfile.read_text()) if pidfile.is_file() else None
+        return pid if pid is not None and _alive(pid) else None
+
+    def _start_node_agent(self, timeout: float) -> None:
+        """Start the node agent of the process nodes (unless it runs) and wait until they exist."""
+        if os.geteuid() != 0:
+            raise ClusterError(
+                f"dev cluster {self.name!r}: step 'node agent' needs root (a network namespace per pod); "
+                "run as root or with --run-nodes 0 (KWOK nodes only)"
+            )
+        if self._agent_pid() is None:
+            self.agent_dir.mkdir(parents=True, exist_ok=True)
+            args = [sys.executable, "-m", "treadle.devcluster.nodeagent", "--cluster", self.name,
+                    "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.agent_dir),
+                    "--tls-cert", str(self.cluster_dir / "pki" / "admin.crt"),
+                    "--tls-key", str(self.cluster_dir / "pki" / "admin.key")]  # fmt: skip
+            args += [a for i in range(self.run_nodes) for a in ("--node", f"treadle-run-{i}")]
+            args += [a for i in range(self.run_gpu_nodes) for a in ("--gpu-node", f"treadle-run-gpu-{i}")]
+            args += ["--accelerator", self.run_accelerator, "--gpus", str(self.run_gpus)]
+            log = self.cluster_dir / "logs" / "nodeagent.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)  # fmt: skip
+            (self.cluster_dir / "nodeagent.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout
+        for node in self.run_node_names():
+            while True:
+                try:
+                    self.kubectl("get", "node", node, timeout=10)
+                    break
+                except ClusterError:
+                    if self._agent_pid() is None:
+                        tail = (self.cluster_dir / "logs" / "nodeagent.log").read_text(errors="replace")[
+                            -2000:
+                        ]
+                        raise ClusterError(
+                            f"dev cluster {self.name!r}: step 'node agent' exited: {tail}"
+                        ) from None
+                    if time.monotonic() > deadline:
+                        what = f"step 'node agent' did not register {node} in {timeout}s"
+                        raise ClusterError(f"dev cluster {self.name!r}: {what}") from None
+                    time.sleep(0.2)
+
+    def _stop_node_agent(self) -> None:
+        """SIGTERM the agent (it stops its pods and removes its network), then remove what is left."""
+        if not self.agent_dir.exists():
+            return  # no process node was ever started here
+        if (pid := self._agent_pid()) is not None:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        # After a killed agent: the processes still in its pods' namespaces, the namespaces, the bridge.
+        net.cleanup(self.name, self.agent_dir / "net.json")
+        if left := net.leftovers(self.name):
+            raise ClusterError(f"dev cluster {self.name!r}: step 'down' left {', '.join(left)}")
 
     def _wait_default_service_account(self, timeout: float) -> None:
         # Pods are refused until the controller-manager has made the namespace's default ServiceAccount.
@@ -161,6 +256,8 @@ class DevCluster:
                 continue
             if _alive(pid):
                 pids.append(pid)
+        if (agent := self._agent_pid()) is not None:
+            pids.append(agent)
         return pids
 
     def down(self) -> None:
@@ -168,6 +265,8 @@ class DevCluster:
         if not self.cluster_dir.exists():
             return
         pids = self.process_ids()  # read first: kwokctl deletes the pid files with the cluster
+        # The node agent first, while the API server still answers it; then the control plane.
+        self._stop_node_agent()
         # A failed delete is not final: the pids read above are killed below either way.
         with contextlib.suppress(ClusterError):
             self._run(
@@ -193,22 +292,25 @@ class DevCluster:
         out: dict[str, list[str]] = {}
         for item in items:
             pool = item["metadata"]["labels"].get(api_nodes.POOL_LABEL, "")
+            if not pool and item["metadata"].get("annotations", {}).get(nodes.PROCESS_ANNOTATION):
+                pool = "process"
             out.setdefault(pool, []).append(item["metadata"]["name"])
         return out
 
 
-def session_cluster(prefix: str, workdir: Path) -> DevCluster:
+def session_cluster(prefix: str, workdir: Path, **options: Any) -> DevCluster:
     """A cluster private to this process (``<prefix>-<pid>``), after removing those of dead sessions.
 
     Two test sessions on one machine then never share a control plane, and a session that was
-    killed before its teardown does not leave its processes and state behind for good.
+    killed before its teardown does not leave its processes and state behind for good. ``options``
+    are further ``DevCluster`` fields (pools, process nodes).
     """
     owned = re.compile(rf"{re.escape(prefix)}-(\d+)")
     clusters = workdir / "clusters"
     for path in sorted(clusters.iterdir()) if clusters.is_dir() else []:
         if (m := owned.fullmatch(path.name)) and not _alive(int(m.group(1))):
             DevCluster(name=path.name, workdir=workdir).down()
-    return DevCluster(name=f"{prefix}-{os.getpid()}", workdir=workdir)
+    return DevCluster(name=f"{prefix}-{os.getpid()}", workdir=workdir, **options)
 
 
 def _alive(pid: int) -> bool:

@@ -12,6 +12,11 @@ from typing import Any
 
 from treadle.api import nodes as api_nodes
 
+KWOK_ANNOTATION = "kwok.x-k8s.io/node=fake"
+"""The annotation (selector form) of the nodes KWOK manages."""
+PROCESS_ANNOTATION = "treadle.dev/node-agent"
+"""Set on the process nodes, whose pods the node agent really runs (``treadle.devcluster.nodeagent``)."""
+
 
 @dataclass(frozen=True)
 class NodePool:
@@ -39,6 +44,7 @@ DEFAULT_POOLS: tuple[NodePool, ...] = (
 def render_node(pool: NodePool, index: int) -> dict[str, Any]:
     """The Node object for the ``index``-th node of ``pool``."""
     name = f"{pool.name}-{index}"
+    kwok_key, kwok_value = KWOK_ANNOTATION.split("=")
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -66,7 +72,7 @@ def render_node(pool: NodePool, index: int) -> dict[str, Any]:
             "name": name,
             "labels": labels,
             # KWOK manages only nodes carrying this annotation.
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {kwok_key: kwok_value, "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {"taints": taints},
         "status": {

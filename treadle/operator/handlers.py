@@ -114,9 +114,11 @@ def login(*, memo: runtime.Runtime, **_: Any) -> kopf.ConnectionInfo:
     ServiceAccount), re-read on every login so a rotated token is picked up."""
     c = kubeapi.load_configuration(memo.kubeconfig)
     keys = c.api_key or {}
-    # The client files a kubeconfig/ServiceAccount token under "BearerToken" (older: "authorization").
+    # The client files a kubeconfig/ServiceAccount token under "BearerToken" (older: "authorization"),
+    # with the scheme in front: "Bearer " from a kubeconfig, "bearer " from the in-cluster loader.
     auth = keys.get("BearerToken") or keys.get("authorization") or ""
-    token = auth.removeprefix("Bearer ").strip() or None
+    scheme, _space, value = auth.partition(" ")
+    token = (value if scheme.lower() == "bearer" else auth).strip() or None
     return kopf.ConnectionInfo(
         server=c.host,
         ca_path=c.ssl_ca_cert,

@@ -1,9 +1,11 @@
 """What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job file.
 
-Called by every service's ``__main__`` (flags override, these fill the rest) and by the unit tests.
-``treadle.operator.render`` writes the variables (``common.pod_env`` and each pod's identity) and
-mounts the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json``
-the in-cluster addresses); local mode writes the same ``job.json`` and sets the same variables.
+Called by every service's ``__main__`` (a flag gives an address or a count the job does not hold;
+no flag repeats a job setting) and by the unit tests. ``treadle.operator.render`` writes the
+variables (``common.pod_env`` and each pod's identity) and mounts the ConfigMap at ``/etc/treadle``
+(``job.json`` is the validated spec, ``endpoints.json`` the in-cluster addresses); local mode,
+``treadle train``, benchmarks and tests write the same ``job.json`` (``job_env``) and set the same
+variables.
 The spec becomes every service's config through ``treadle.api.jobconfig.job_config``; only the
 counts a cluster decides are chosen here. No variable repeats a spec field: the job file is the one
 source of a job setting. Anything missing or malformed raises ``SpecError`` naming the variable
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import socket
 import sys
 import urllib.parse
@@ -22,8 +25,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from treadle import errors
+import kubernetes
+
+from treadle import errors, kubeapi
 from treadle.api import env_vars, jobconfig, v1alpha1
+
+log = logging.getLogger(__name__)
 
 ENGINE_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: sequences one inference replica runs at once."""
@@ -69,8 +76,16 @@ def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
     )
 
 
+def job_env(job: v1alpha1.RolloutJob, directory: Path) -> dict[str, str]:
+    """Write ``job``'s job file into ``directory``; the variables a process then reads it by."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "job.json"
+    path.write_text(jobconfig.job_file(job))
+    return {env_vars.CONFIG: str(path), env_vars.JOB: job.name}
+
+
 class Job:
-    """The job's configs, loaded on first use: a service given every flag never reads the job file.
+    """The job's configs, loaded on first use: the env and reward servers run without a job too.
 
     The counts are the caller's (local mode passes its own); None takes the cluster's (``job_config``).
     """
@@ -97,7 +112,7 @@ class Job:
 
     @property
     def present(self) -> bool:
-        """Whether the pod names a job file at all (a bare process in a test passes flags instead)."""
+        """Whether the pod names a job file at all (an env or reward server may run without one)."""
         return bool(self.environ.get(env_vars.CONFIG))
 
 
@@ -123,6 +138,23 @@ def job_config(
         if max_concurrent_generations is None
         else max_concurrent_generations,
     )
+
+
+def job_api(environ: Mapping[str, str]) -> tuple[kubeapi.Client, str, str] | None:
+    """(API client, namespace, job name) of a pod that may write on its own job; None outside a cluster.
+
+    None without ``TREADLE_JOB`` / ``TREADLE_NAMESPACE`` or without credentials (a pod rendered with
+    no ServiceAccount token); the scheduler and the feeder then report nothing on the job.
+    """
+    job, namespace = environ.get(env_vars.JOB), environ.get(env_vars.NAMESPACE)
+    if not job or not namespace:
+        return None
+    try:
+        client = kubeapi.Client.from_environment(pool_size=1, environ=environ)
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        log.info("no Kubernetes credentials (%s): nothing is reported on the job", exc)
+        return None
+    return client, namespace, job
 
 
 def advertised_host(bind_host: str) -> str:

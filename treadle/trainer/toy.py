@@ -20,6 +20,8 @@ from treadle.services.reward import functions
 
 TARGET = "a"
 PROMPT = f"Answer with the letter {TARGET} as many times as you can."
+REWARD = "py:treadle.trainer.toy:score"
+"""``score`` as a RolloutJob's ``spec.tasks[].reward`` names it."""
 
 
 def reward(text: str, target: str = TARGET) -> float:

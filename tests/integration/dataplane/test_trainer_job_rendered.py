@@ -35,7 +35,6 @@ import rendered_pods
 from treadle.api import v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config, render
-from treadle.operator.render import common as render_common
 from treadle.operator.render import pool as render_pool
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import redis_server as redis_server_mod
@@ -145,24 +144,11 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
     rw.subs[render_pool.LOCAL_WEIGHTS_DIR] = str(weights_dir)
 
     with fake_api_server(tmp_path) as (api, kubeconfig), stack_mod.Stack(tmp_path / "run") as stack:
-        for name in ("buffer", "placement", "env", "reward"):
-            argv, port = rw.command(by_name[name])
-            kind = "grpc" if name in render_common.COORDINATION else "http"
-            await stack.launch(name, argv, port=port, kind=kind, env=rw.env(by_name[name]))
-        engine_port = rw.ports["vllm"]
-        await stack.launch(
-            "engine", [sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1",
-                       "--port", str(engine_port), "--max-model-len", "1024"],
-            port=engine_port, kind="http", health_path="/health",
-        )  # fmt: skip
-        agent_argv, agent_port = rw.command(by_name["agent"])
-        agent_env = rw.env(by_name["agent"]) | {"TREADLE_AGENT_STATE": str(tmp_path / "agent.json")}
-        await stack.launch("agent", agent_argv, port=agent_port, kind="http", env=agent_env)
-        sched_argv, sched_port = rw.command(by_name["scheduler"])
         # In a pod: the ServiceAccount's credentials; here: the fake API server's.
-        sched_env = rw.env(by_name["scheduler"]) | {"KUBECONFIG": str(kubeconfig)}
-        await stack.launch("scheduler", sched_argv, port=sched_port, kind="grpc", env=sched_env)
-
+        _, sched_port = await rendered_pods.launch_rendered(
+            stack, rw, by_name, tmp_path, scheduler_env={"KUBECONFIG": str(kubeconfig)}
+        )
+        engine_port = rw.ports["vllm"]
         scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
         feeding = asyncio.create_task(feed(scheduler, the_job.spec.tasks[0].name))
         log = tmp_path / "trainer.log"

@@ -29,8 +29,9 @@ import kubernetes
 import urllib3
 
 from treadle import kubeapi
-from treadle.api import env_vars, v1alpha1
+from treadle.api import v1alpha1
 from treadle.errors import SpecError
+from treadle.services import podenv
 from treadle.services.scheduler import protocol
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,8 @@ class JobReporter:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> JobReporter | None:
         """A reporter for ``$TREADLE_NAMESPACE/$TREADLE_JOB``; ``None`` outside a cluster."""
-        job, namespace = environ.get(env_vars.JOB), environ.get(env_vars.NAMESPACE)
-        if not job or not namespace:
-            return None
-        try:
-            client = kubeapi.Client.from_environment(pool_size=1, environ=environ)
-        except (kubernetes.config.ConfigException, OSError) as exc:
-            log.info("no Kubernetes credentials (%s): nothing is reported on the job", exc)
-            return None
-        return cls(client, namespace=namespace, job=job)
+        found = podenv.job_api(environ)
+        return None if found is None else cls(found[0], namespace=found[1], job=found[2])
 
     async def report_demand(self, pending: int) -> None:
         """Annotate the job with ``pending`` unless that is already the last value written."""
