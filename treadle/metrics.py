@@ -57,6 +57,13 @@ SCHED_POLICY_VERSION = f"{PREFIX}_scheduler_policy_version"
 SCHED_PREEMPTIONS_TOTAL = f"{PREFIX}_scheduler_preemptions_total"
 SCHED_PREDICTION_ERROR_TOKENS = f"{PREFIX}_scheduler_prediction_error_tokens"
 SCHED_ENV_SERVERS = f"{PREFIX}_scheduler_env_servers"
+# DARTS in the scheduler (treadle.services.scheduler.darts), by task; aborted by reason (early_stop).
+SCHED_DARTS_CANDIDATES_TOTAL = f"{PREFIX}_scheduler_darts_candidates_total"
+SCHED_DARTS_SELECTED_TOTAL = f"{PREFIX}_scheduler_darts_selected_total"
+SCHED_DARTS_UNSELECTED_TOTAL = f"{PREFIX}_scheduler_darts_unselected_total"
+SCHED_DARTS_ABORTED_TOTAL = f"{PREFIX}_scheduler_darts_aborted_total"
+SCHED_DARTS_BUDGET = f"{PREFIX}_scheduler_darts_budget_candidates"
+SCHED_DARTS_PTL_SAMPLES = f"{PREFIX}_scheduler_darts_ptl_samples"
 # Placement (treadle.services.placement).
 PLACEMENT_ASSIGNMENTS_TOTAL = f"{PREFIX}_placement_assignments_total"
 PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"
