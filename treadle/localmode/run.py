@@ -92,7 +92,8 @@ async def start_services(
         eng = await stack.start(
             f"engine-{w.worker_id}", "treadle.services.fakevllm",
             ["--max-num-seqs", str(options.max_num_seqs), "--max-model-len", str(plan.max_model_len),
-             "--step-ms", str(options.engine_step_ms)],
+             "--step-ms", str(options.engine_step_ms),
+             *(f"--tokens-for={pattern}={n}" for pattern, n in options.tokens_for)],
             kind="http", health_path="/health",
         )  # fmt: skip
         engines[w.worker_id] = eng.url
@@ -122,6 +123,8 @@ async def start_services(
     sched_args += ["--reward-url", reward, "--placement", placement, "--buffer", buffer]
     for url in envs:
         sched_args += ["--env-url", url]
+    if redis_url:  # DARTS's per-prompt statistics, under the job's namespace as the buffer's keys
+        sched_args += ["--redis", redis_url, "--namespace", plan.job.name]
     scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
     client = placement_client.PlacementClient(placement)
     try:

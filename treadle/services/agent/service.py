@@ -58,6 +58,9 @@ class _EngineRequest(msgspec.Struct, omit_defaults=True):
     return_token_ids: bool
     model: str | None = None
     stop: list[str] | None = None
+    request_id: str | None = None
+    """vLLM's request id, ``<trajectory>.t<turn>.<random>``: the engine's logs name the trajectory
+    (random: a re-issued turn must not collide with its aborted predecessor still in the engine)."""
 
 
 class _Logprob(msgspec.Struct):
@@ -213,7 +216,7 @@ class AgentService:
         body = _EngineRequest(
             messages=[_Message(m.role, m.content) for m in req.messages], max_tokens=req.max_tokens,
             temperature=req.temperature, logprobs=True, return_token_ids=True, model=self.model,
-            stop=req.stop or None,
+            stop=req.stop or None, request_id=f"{req.trajectory_id}.t{req.turn}.{uuid.uuid4().hex[:8]}",
         )  # fmt: skip
         engine_started = time.perf_counter()
         try:
