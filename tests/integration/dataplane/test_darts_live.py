@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -50,12 +48,6 @@ def job() -> v1alpha1.RolloutJob:
             "rollout": {"batchSize": 64, "staleness": 8},
         },
     })  # fmt: skip
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[stack_mod.Stack]:
-    with stack_mod.Stack(tmp_path / "run") as s:
-        yield s
 
 
 async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
