@@ -180,6 +180,8 @@ async def test_saturated_group_stops_early_and_aborts_the_surplus(monkeypatch: p
     assert st.sample(metrics.SCHED_DARTS_SELECTED_TOTAL, task="math") == M
     assert st.sample(metrics.SCHED_DARTS_ABORTED_TOTAL, task="math", reason="early_stop") == M
     assert st.sample(metrics.SCHED_DARTS_BUDGET, task="math") == 2 * M
+    # the aborted candidates count at the M-th valid length (10), not at the 0 tokens the agent kept
+    assert st.svc.darts.state["math"].variances["0:"] == 0.0
     await st.svc.aclose()
 
 

@@ -22,7 +22,7 @@ them to trajectories:
 * **Length** of a candidate: ``TaskConfig.length`` (total generated tokens by default, turns, or
   wall milliseconds); **truncated**: its last turn used the whole ``max_tokens``.
 * **Statistics**: when a step's pools are all in, ``stats.update`` with each prompt's lengths (aborted
-  candidates at their tokens so far, the censored rule) and the new state is saved
+  candidates at their censored length) and the new state is saved
   (``darts_store``, Redis in a cluster), so a restarted scheduler plans from it.
 """
 
@@ -133,6 +133,8 @@ class _Pool:
     """Failed or aborted members, in finish order."""
     censored: list[int] = dataclasses.field(default_factory=list)
     decided: bool = False
+    stop_at: int = 0
+    """Length of the last of the ``M`` valid candidates when early stop fired."""
 
 
 class DartsMetrics:
@@ -190,7 +192,8 @@ class Darts:
         for name, task in self.tasks.items():
             if name not in self.state:
                 saved = await self.store.load(name)
-                self.state[name] = saved or stats.Stats(decay=task.ema_decay)
+                # setdefault: a submit that loaded first may have planned (and stepped) already
+                self.state.setdefault(name, saved or stats.Stats(decay=task.ema_decay))
 
     def plan(self, works: list[protocol.Work]) -> list[protocol.Work]:
         """``works`` with each DARTS group's pool size; one step per task (no side effect but the
@@ -243,7 +246,7 @@ class Darts:
             pool.done[int(t.tid.rsplit("-", 1)[1])] = member
         else:
             if traj.reason.startswith(EARLY_STOP):
-                pool.censored.append(member.length)
+                pool.censored.append(max(member.length, pool.stop_at))
             pool.lost.append(member)
         if pool.decided:
             self._unselected(pool, member)
@@ -266,6 +269,7 @@ class Darts:
     def _early_stop(self, pool: _Pool) -> None:
         """``M`` valid candidates are in: they are the group; abort the rest of the pool."""
         group = [i for i, m in pool.done.items() if not m.truncated]  # exactly M: checked per arrival
+        pool.stop_at = max(pool.done[i].length for i in group)
         name, gid = pool.work.task.name, pool.work.group_id
         for i in range(pool.work.members):
             tid = f"{gid}-{i}"
