@@ -63,6 +63,12 @@ PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"
 PLACEMENT_MIGRATIONS_TOTAL = f"{PREFIX}_placement_migrations_total"
 PLACEMENT_REBALANCE_MOVES_TOTAL = f"{PREFIX}_placement_rebalance_moves_total"
 PLACEMENT_AGENT_QUEUE = f"{PREFIX}_placement_agent_queue_turns"
+# Weight sync driven by placement (SwapWeights), by pool: per-worker swap time (the exposed part, the
+# worker paused, labelled by how the version got there: prefetched = pulled while generating),
+# failures by outcome, and the lowest/highest version the pool's workers serve and their target.
+PLACEMENT_WEIGHT_SWAP_SECONDS = f"{PREFIX}_placement_weight_swap_seconds"
+PLACEMENT_WEIGHT_SWAP_FAILURES_TOTAL = f"{PREFIX}_placement_weight_swap_failures_total"
+PLACEMENT_POOL_WEIGHT_VERSION = f"{PREFIX}_placement_pool_weight_version"
 # Buffer (treadle.services.buffer).
 BUFFER_STORED = f"{PREFIX}_buffer_stored_trajectories"
 BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"

@@ -9,7 +9,9 @@ inter-agent rebalancing (``rebalance.Rebalancer``) every ``--rebalance-interval-
 A move loads the receiver's weights into the moved engine (``--apply-weights``) by default in a
 cluster, where the operator renders real vLLM with the weights extension and the job's weight
 store; local mode's simulated engines only take the label (``--no-apply-weights``, the default
-without a job).
+without a job). The same swapper serves the trainer's weight sync (``SwapWeights``,
+``weightsync.WeightSync``); ``--staleness`` (the job's ``spec.rollout.staleness``) keeps turns off
+workers too far behind the version they should serve.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from treadle.policy import registry
 from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv, runtime
 from treadle.services.grpcutil import server as grpcutil_server
-from treadle.services.placement import grpc_server, rebalance, service
+from treadle.services.placement import grpc_server, rebalance, service, weightsync
 
 PROG = "python -m treadle.services.placement"
 T = TypeVar("T")
@@ -52,6 +54,8 @@ class Config:
     rebalance_rule: load_balance.Rule
     rebalance_step: int
     apply_weights: bool
+    alpha: int | None
+    swap_timeout_s: float
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -81,6 +85,15 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         "--apply-weights", action=argparse.BooleanOptionalAction,
         help="a moved engine loads the receiver's weights (real vLLM with a weight store); default: "
         "on with a job (a cluster), off without (local mode's simulated engines)",
+    )  # fmt: skip
+    p.add_argument(
+        "--staleness", type=int,
+        help="no turn to a worker more than this many versions behind its agent's target; default: the "
+        "job's spec.rollout.staleness (no bound without a job)",
+    )  # fmt: skip
+    p.add_argument(
+        "--swap-timeout-s", type=float, default=300.0,
+        help="one worker's weight swap (a move's, or a try of SwapWeights) at most",
     )  # fmt: skip
     a = p.parse_args(argv)
     job = podenv.Job(environ)
@@ -113,7 +126,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       rebalance_settle_polls=_given(a.rebalance_settle_polls, rb.settle_polls),
                       rebalance_rule=_given(a.rebalance_rule, rb.rule),
                       rebalance_step=_given(a.rebalance_step, rb.max_moves_per_poll),
-                      apply_weights=_given(a.apply_weights, job.present))  # fmt: skip
+                      apply_weights=_given(a.apply_weights, job.present),
+                      alpha=_given(a.staleness, job.config.placement.alpha if job.present else None),
+                      swap_timeout_s=a.swap_timeout_s)  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -127,11 +142,13 @@ async def main(cfg: Config) -> None:
     svc = service.PlacementService(
         pools=cfg.pools, tasks=cfg.tasks, policy=cfg.policy, pool_agents=cfg.pool_agents,
         pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
-        rebalance_step=cfg.rebalance_step,
+        rebalance_step=cfg.rebalance_step, alpha=cfg.alpha,
     )  # fmt: skip
+    swapper = rebalance.HttpSwapper(apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s)
+    sync = weightsync.WeightSync(svc, swapper, apply_weights=cfg.apply_weights)
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync)
     runtime.settle_heap()
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None
@@ -146,7 +163,7 @@ async def main(cfg: Config) -> None:
                 cfg.rebalance_interval_s,
             )
         rebalancer = rebalance.Rebalancer(
-            svc, rebalance.HttpSwapper(apply_weights=cfg.apply_weights), interval_s=cfg.rebalance_interval_s,
+            svc, swapper, interval_s=cfg.rebalance_interval_s,
             settle_polls=cfg.rebalance_settle_polls,
         )  # fmt: skip
         loop = asyncio.create_task(rebalancer.run_forever(), name="rebalancer")

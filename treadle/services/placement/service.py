@@ -76,6 +76,7 @@ class PlacementService:
         rebalance_delta: float = load_balance.DEFAULT_DELTA,
         rebalance_rule: load_balance.Rule = "per-instance",
         rebalance_step: int = 1,
+        alpha: int | None = None,
         registry_: prom.CollectorRegistry | None = None,
     ) -> None:
         if not pools:
@@ -100,6 +101,15 @@ class PlacementService:
         if rebalance_step < 0:
             raise errors.SpecError("must be >= 0", field="rebalance_step", value=rebalance_step)
         self.rebalance_step = rebalance_step
+        if alpha is not None and alpha < 0:
+            raise errors.SpecError("must be >= 0", field="alpha", value=alpha)
+        self.alpha = alpha
+        """The job's staleness bound: no turn goes to a worker more than this behind its agent's target
+        version (``None``: no bound, a bare placement)."""
+        self._targets: dict[str, int] = {}
+        """Agent ("" for a job of one) -> the version its workers should serve (weight sync)."""
+        self._swapping: set[str] = set()
+        """Workers in a ``SwapWeights`` fan-out now: not told their target (they are being given it)."""
         self._moves = 0
         self._moved_in: collections.Counter[str] = collections.Counter()
         self._moved_out: collections.Counter[str] = collections.Counter()
@@ -182,6 +192,75 @@ class PlacementService:
         if not 0.0 <= load.kv_cache_usage <= 1.0:
             raise errors.SpecError("must be within [0, 1]", field="kv_cache_usage", value=load.kv_cache_usage)
         w.load = load
+        agent = self._agent_of(w)
+        if not w.moving_to and load.policy_version > self._targets.get(agent, 0):
+            # Versions only go up: another swapper moved it on (a trainer's ``EngineSwapper``), or this
+            # placement restarted and forgot the target its workers were given.
+            self._targets[agent] = load.policy_version
+
+    def target_for(self, worker_id: str) -> int | None:
+        """The version ``worker_id`` should serve (its agent's target); ``None`` while none is known,
+        while a fan-out is giving it to the worker, or while the worker is being moved."""
+        w = self._worker(worker_id, field="worker_id")
+        if worker_id in self._swapping or w.moving_to:
+            return None
+        return self._targets.get(self._agent_of(w))
+
+    def current(self, w: _Worker) -> bool:
+        """``w`` serves a version within the staleness bound of its agent's target."""
+        target = self._targets.get(self._agent_of(w))
+        return self.alpha is None or target is None or w.load.policy_version >= target - self.alpha
+
+    # --- weight sync (RollArt): the synchronous half; the fan-out is ``weights.WeightSync`` ------
+
+    def agents(self) -> set[str]:
+        """The agents the pools serve; empty for a job of one agent."""
+        return set(self.pool_agents.values())
+
+    def begin_swap(self, req: protocol.SwapRequest) -> tuple[str, list[placement_pb2.Worker]]:
+        """Make ``req.version`` its agent's target; that agent and its workers to swap (not those being
+        moved: a move loads the receiver's target itself). Conflict for a version older than the target."""
+        agent = protocol.check_swap(req, self.agents())
+        target = self._targets.get(agent)
+        if target is not None and req.version < target:
+            raise errors.Conflict(f"version {req.version} is older than agent {agent!r}'s target {target}")
+        self._targets[agent] = req.version
+        out = []
+        for wid, w in sorted(self._workers.items()):
+            if self._agent_of(w) == agent and not w.moving_to:
+                self._swapping.add(wid)
+                info = placement_pb2.Worker()
+                info.CopyFrom(w.info)
+                out.append(info)
+        return agent, out
+
+    def end_swap(self, worker_id: str, *, loaded: int | None) -> None:
+        """A worker's part of a fan-out is over; it serves ``loaded`` now (``None``: it did not swap)."""
+        self._swapping.discard(worker_id)
+        w = self._workers.get(worker_id)
+        if w is not None and loaded is not None:
+            # Its last report still gives the previous version: until the next one, what it loaded.
+            w.load.policy_version = loaded
+
+    def workers_of(self, agent: str) -> list[placement_pb2.Worker]:
+        """The registered workers serving ``agent`` now (a prefetch's fan-out)."""
+        return [
+            w.info for _, w in sorted(self._workers.items()) if self._agent_of(w) == agent and not w.moving_to
+        ]
+
+    def serving(self, worker_id: str) -> str:
+        """The agent ``worker_id`` serves, or moves to while a rebalance moves it."""
+        w = self._worker(worker_id, field="worker_id")
+        return w.moving_to or self._agent_of(w)
+
+    def pool_versions(self) -> dict[str, tuple[int, int, int | None]]:
+        """Per pool with workers: the lowest and highest version they report, and their agent's target."""
+        out: dict[str, tuple[int, int, int | None]] = {}
+        for w in self._workers.values():
+            v = w.load.policy_version
+            low, high, _ = out.get(w.info.pool, (v, v, None))
+            out[w.info.pool] = (min(low, v), max(high, v), self._targets.get(self._agent_of(w)))
+        return out
 
     def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
         if not req.trajectory_id:
@@ -248,7 +327,7 @@ class PlacementService:
                 pool=w.info.pool,
                 load=_load(w),
                 kv_cache_usage=w.load.kv_cache_usage,
-                healthy=w.load.healthy and not w.draining,
+                healthy=w.load.healthy and not w.draining and self.current(w),
             )
             for wid, w in self._workers.items()
         ]
@@ -331,7 +410,7 @@ class PlacementService:
         for wid, w in sorted(self._workers.items()):
             load = placement_pb2.WorkerLoad()
             load.CopyFrom(w.load)
-            load.healthy = load.healthy and not w.draining
+            load.healthy = load.healthy and not w.draining and self.current(w)
             out.workers.add(
                 worker=w.info,
                 load=load,
@@ -353,7 +432,7 @@ class PlacementService:
             out.agents.add(
                 agent=a.agent_id, instances=len(a.instances), queue_len=a.queue_len,
                 weight_version=a.weight_version, moved_in=self._moved_in[a.agent_id],
-                moved_out=self._moved_out[a.agent_id],
+                moved_out=self._moved_out[a.agent_id], target_version=self._targets.get(a.agent_id, 0),
             )  # fmt: skip
         out.rebalance_moves = self._moves
         return out
@@ -422,8 +501,10 @@ class PlacementService:
         return info
 
     def agent_version(self, agent: str) -> int:
-        """The highest policy version the agent's serving workers report (what a moved worker loads)."""
-        return next((a.weight_version for a in self.agent_loads() if a.agent_id == agent), 0)
+        """The version a worker moved to ``agent`` loads: its target (weight sync), else the highest its
+        serving workers report."""
+        reported = next((a.weight_version for a in self.agent_loads() if a.agent_id == agent), 0)
+        return max(reported, self._targets.get(agent, 0))
 
     def receiver_pool(self, worker_id: str) -> str:
         """The pool a worker being moved joins: the receiver's first pool of the donor's shape."""
