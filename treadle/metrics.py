@@ -33,6 +33,9 @@ AGENT_GENERATED_TOKENS_TOTAL = f"{PREFIX}_agent_generated_tokens_total"
 AGENT_ENGINE_SECONDS = f"{PREFIX}_agent_engine_seconds"
 AGENT_OVERHEAD_SECONDS = f"{PREFIX}_agent_overhead_seconds"
 AGENT_SWAP_LEASES_EXPIRED_TOTAL = f"{PREFIX}_agent_swap_leases_expired_total"
+# Swaps the agent ran by itself to the version placement wants its worker to serve (after a failed
+# swap, an engine restart, or a swap its own restart orphaned), by outcome (loaded, failed).
+AGENT_WEIGHT_RELOADS_TOTAL = f"{PREFIX}_agent_weight_reloads_total"
 # vLLM's own names: exported by the simulated engine (treadle.services.fakevllm) exactly as vLLM
 # 0.32 does, and read back by the agent from either engine to report load.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"

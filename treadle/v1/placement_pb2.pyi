@@ -91,6 +91,7 @@ class ReportLoadResponse(_message.Message):
 
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     APPLY_WEIGHTS_FIELD_NUMBER: _builtins.int
+    WEIGHTS_AGENT_FIELD_NUMBER: _builtins.int
     weight_version: _builtins.int
     """The version the worker's agent should serve (the last SwapWeights for it, or a newer one a
     worker of that agent reports); unset while placement knows none or is swapping this worker.
@@ -99,15 +100,20 @@ class ReportLoadResponse(_message.Message):
     """Swaps load weights into the engine (real vLLM with the weights extension); false: only the
     engine's weight-version label moves (the SIMULATED engine).
     """
+    weights_agent: _builtins.str
+    """Whose weight prefix weight_version is under (a multi-agent job's agent; the label names it too);
+    empty: the job's prefix (a job of one agent).
+    """
     def __init__(
         self,
         *,
         weight_version: _builtins.int | None = ...,
         apply_weights: _builtins.bool = ...,
+        weights_agent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version", "weight_version", b"weight_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version", "apply_weights", b"apply_weights", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version", "apply_weights", b"apply_weights", "weight_version", b"weight_version", "weights_agent", b"weights_agent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__weight_version: _TypeAlias = _typing.Literal["weight_version"]  # noqa: Y015
     _WhichOneofArgType__weight_version: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version"]  # noqa: Y015

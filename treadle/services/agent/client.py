@@ -108,6 +108,12 @@ class Gate(Protocol):
     async def resume(self, pool: str = "", agent: str = "", *, swap_id: str = "") -> None: ...
 
 
+class SwapLost(errors.Unavailable):
+    """The worker's agent no longer holds the caller's swap at its resume (the agent restarted, or the
+    swap's lease ended): the engine keeps what was loaded, and the agent resumed it or will. Worth
+    trying again: the next swap finds the version held and only relabels and resumes."""
+
+
 async def swap(
     agent_url: str,
     engine_url: str,
@@ -170,7 +176,7 @@ async def swap_through(
         try:
             await gate.resume(pool, agent, swap_id=swap_id)
         except errors.Conflict as exc:
-            raise SwapRefused(f"{where}: the swap outlived its lease: {exc}") from exc
+            raise SwapLost(f"{where}: the swap outlived its lease: {exc}") from exc
         return Swapped(exposed_s=time.perf_counter() - paused, pull=pull)
 
 

@@ -30,7 +30,10 @@ class PlacementServicer(placement_pb2_grpc.PlacementServicer):
         self.svc.report_load(request)
         apply = self.sync is not None and self.sync.apply_weights
         target = self.svc.target_for(request.worker_id)
-        return placement_pb2.ReportLoadResponse(weight_version=target, apply_weights=apply)
+        agent = self.svc.weights_agent(self.svc.serving(request.worker_id))
+        return placement_pb2.ReportLoadResponse(
+            weight_version=target, apply_weights=apply, weights_agent=agent
+        )
 
     async def Assign(self, request: placement_pb2.AssignRequest, context: Any) -> placement_pb2.Assignment:
         assigned = self.svc.assign(convert.from_pb(protocol.AssignRequest, request))

@@ -214,8 +214,13 @@ class PlacementService:
     # --- weight sync (RollArt): the synchronous half; the fan-out is ``weights.WeightSync`` ------
 
     def agents(self) -> set[str]:
-        """The agents the pools serve; empty for a job of one agent."""
+        """The agents the pools serve (one for a job of one agent, none for a bare placement)."""
         return set(self.pool_agents.values())
+
+    def weights_agent(self, agent: str) -> str:
+        """Whose weight prefix ``agent``'s versions are under: its own in a multi-agent job; none (the
+        job's prefix, ``layout.agent_prefix``) in a job of one agent."""
+        return agent if len(self.agents()) > 1 else ""
 
     def begin_swap(self, req: protocol.SwapRequest) -> tuple[str, list[placement_pb2.Worker]]:
         """Make ``req.version`` its agent's target; that agent and its workers to swap (not those being

@@ -140,8 +140,7 @@ class WeightSync:
     async def _tries(
         self, worker: placement_pb2.Worker, agent: str, version: int, began: float, tried: list[str]
     ) -> protocol.WorkerSwap:
-        # A job of one agent publishes under the job's prefix, not the agent's (``layout.agent_prefix``).
-        weights_agent = agent if len(self.svc.agents()) > 1 else ""
+        weights_agent = self.svc.weights_agent(agent)
         while True:
             try:
                 done = await self.swapper.swap(
