@@ -26,7 +26,9 @@ from treadle.localmode import stack as stack_mod
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import service as agent_service
 from treadle.services.placement import client as placement_client
-from treadle.v1 import placement_pb2
+from treadle.services.scheduler import client as scheduler_client
+from treadle.trainer import run
+from treadle.v1 import placement_pb2, scheduler_pb2
 
 WORKERS = ("w0", "w1")
 ALPHA = 1
@@ -56,7 +58,7 @@ class Cluster:
     async def workers(self) -> dict[str, placement_pb2.WorkerState]:
         return {w.worker.worker_id: w for w in (await self.placement.pool_state()).workers}
 
-    async def until(self, check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60.0) -> None:
+    async def until(self, check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not await check():
             logs = "\n".join(f"--- {n}\n{p.tail(1500)}" for n, p in self.stack.procs.items())
@@ -82,26 +84,35 @@ class Cluster:
         return versions
 
 
+async def start_workers(stack: stack_mod.Stack, placement: str, *, pool: str, agent: str) -> None:
+    """Two inference pods: a SIMULATED engine and an agent that registers itself with ``placement``."""
+    for w in WORKERS:
+        engine = await stack.start(f"engine-{w}", "treadle.services.fakevllm", [], kind="http",
+                                   health_path="/health")  # fmt: skip
+        await stack.start(
+            f"agent-{w}", "treadle.services.agent",
+            ["--engine-url", engine.url, "--worker-id", w, "--placement", placement, "--pool", pool,
+             "--agent", agent, "--poll-interval-s", "0.1"],
+            kind="http",
+        )  # fmt: skip
+
+
+async def start_placement(stack: stack_mod.Stack, *, pool: str, agent: str, task: str) -> str:
+    place = await stack.start(
+        "placement", "treadle.services.placement",
+        ["--pools", json.dumps({pool: "decode-heavy"}), "--tasks", json.dumps({task: {}}),
+         "--pool-agents", json.dumps({pool: agent}), "--staleness", str(ALPHA), "--no-apply-weights"],
+        kind="grpc",
+    )  # fmt: skip
+    return place.address
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     with stack_mod.Stack(tmp_path / "run") as stack:
-        place = await stack.start(
-            "placement", "treadle.services.placement",
-            ["--pools", json.dumps({"pool": "decode-heavy"}), "--tasks", json.dumps({"math": {}}),
-             "--pool-agents", json.dumps({"pool": "policy"}), "--staleness", str(ALPHA),
-             "--no-apply-weights"],
-            kind="grpc",
-        )  # fmt: skip
-        for w in WORKERS:
-            engine = await stack.start(f"engine-{w}", "treadle.services.fakevllm", [], kind="http",
-                                       health_path="/health")  # fmt: skip
-            await stack.start(
-                f"agent-{w}", "treadle.services.agent",
-                ["--engine-url", engine.url, "--worker-id", w, "--placement", place.address, "--pool", "pool",
-                 "--agent", "policy", "--poll-interval-s", "0.1"],
-                kind="http",
-            )  # fmt: skip
-        placement = placement_client.PlacementClient(place.address)
+        address = await start_placement(stack, pool="pool", agent="policy", task="math")
+        await start_workers(stack, address, pool="pool", agent="policy")
+        placement = placement_client.PlacementClient(address)
         c = Cluster(stack, placement)
         try:
             for w in WORKERS:
@@ -172,3 +183,113 @@ async def reloads(cluster: Cluster, worker: str) -> float:
         text = (await http.get(f"{cluster.agent(worker)}/metrics")).text
     line = f'{metrics.AGENT_WEIGHT_RELOADS_TOTAL}{{outcome="loaded"}}'
     return next((float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+
+async def test_no_trajectory_mixes_versions_beyond_the_staleness_bound(tmp_path: Path) -> None:
+    """The rollout runs on while versions are swapped in by placement and committed, RollArt's fence
+    (suspend, swap, commit, resume) driven the way a trainer in the job drives it; meanwhile w1 serves
+    its checkpoint (version 0, beyond the bound) for a batch and, at a later swap, w1's agent is down
+    past the deadline. Every completed trajectory's tokens stay within the bound of the version it was
+    initiated at: no turn went to w1 while it served the checkpoint."""
+    options = run.Options(engine="simulated", groups_per_step=2, group_size=4, max_tokens=8, alpha=ALPHA)
+    with stack_mod.Stack(tmp_path / "run") as stack:
+        address = await start_placement(stack, pool=run.POOL, agent="default", task=run.TASK)
+        await start_workers(stack, address, pool=run.POOL, agent="default")
+        env = (await stack.start("env", "treadle.services.env", [], kind="http")).url
+        reward = await stack.start(
+            "reward", "treadle.services.reward", ["--allow-user-module", "treadle.trainer"], kind="http"
+        )
+        buffer = await stack.start(
+            "buffer", "treadle.services.buffer",
+            ["--alpha", str(ALPHA), "--task-weights", json.dumps({run.TASK: 1.0}),
+             "--namespace", "weightsync"],
+            kind="grpc",
+        )  # fmt: skip
+        settings = {"alpha": ALPHA, "batch_size": options.batch_size, "max_in_flight": 16}
+        sched = await stack.start(
+            "scheduler", "treadle.services.scheduler",
+            ["--tasks", json.dumps([run.task_config(options)]), "--settings", json.dumps(settings),
+             "--reward-url", reward.url, "--placement", address, "--buffer", buffer.address,
+             "--env-url", env],
+            kind="grpc",
+        )  # fmt: skip
+        placement = placement_client.PlacementClient(address)
+        scheduler = scheduler_client.SchedulerClient(sched.address)
+        c = Cluster(stack, placement)
+        results: list[scheduler_pb2.TrajectoryResult] = []
+
+        async def collect() -> None:
+            async for r in scheduler.results():
+                results.append(r)
+
+        async def fence(v: int) -> None:
+            await scheduler.suspend()
+            try:
+                await c.sync.swap(v)
+                await scheduler.commit_version(v)
+            finally:
+                await scheduler.resume()
+
+        async def rollout_until(count: int) -> None:
+            deadline = time.monotonic() + 90
+            while len(results) < count:
+                stats = await scheduler.stats()
+                assert time.monotonic() < deadline, f"{len(results)} of {count} trajectories; {stats}"
+                await asyncio.sleep(0.1)
+
+        background = [
+            asyncio.create_task(collect()),
+            asyncio.create_task(run.feed(scheduler, options, interval_s=0.1)),
+        ]
+        try:
+            for w in WORKERS:
+                await c.until(lambda w=w: c.serves(w, 0), f"{w} to register")  # type: ignore[misc]
+            # Admission lets (alpha + version + 1) * batch trajectories start: each commit lets a batch more.
+            await rollout_until(options.batch_size)
+            for v in (1, 2):
+                await fence(v)
+                await rollout_until(len(results) + options.batch_size)
+            # Between batches, w1 starts serving its checkpoint (version 0, beyond the bound), as a
+            # restarted engine does until its agent loads the target. A swap held on its agent (a
+            # move's, say) keeps the agent from loading it and placement's swap from reaching it, while
+            # the engine itself generates (resumed behind the agent's back).
+            holder = agent_client.AgentClient(c.agent("w1"))
+            swap_id = await holder.pause("wait")
+            async with httpx.AsyncClient(timeout=10) as http:
+                await http.post(f"{c.engine('w1')}/resume")
+                await http.post(f"{c.engine('w1')}/update_weight_version", json={"new_version": "0"})
+
+            async def reported_checkpoint() -> bool:
+                return (await c.workers())["w1"].load.policy_version == 0
+
+            await c.until(reported_checkpoint, "w1 to report its checkpoint")
+            c.sync.timeout_s = 2.0
+            await fence(3)  # w0 swaps; w1 is held ("timeout")
+            await rollout_until(len(results) + options.batch_size)  # on w0 alone: w1 takes no turn
+            await holder.resume(swap_id=swap_id)
+            await holder.aclose()
+            await c.until(lambda: c.serves("w1", 3), "w1 to load version 3 once the swap is released")
+            stack.kill("agent-w1")
+            await fence(4)  # w0 alone serves 4; w1 (version 3) is within the bound and comes back
+            goal = len(results) + options.batch_size
+            await stack.restart("agent-w1")
+            await c.until(lambda: c.serves("w1", 4), "w1 to load version 4 by itself")
+            await rollout_until(goal)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await scheduler.aclose()
+            await placement.aclose()
+
+    completed = [r for r in results if r.status == "completed"]
+    assert len(completed) >= 5 * options.batch_size, [r.reason for r in results if r.status != "completed"][
+        :5
+    ]
+    assert max(r.max_version for r in completed) == 4  # the rollout really ran across the versions
+    mixed = [
+        (r.trajectory_id, r.init_version, r.min_version, r.max_version)
+        for r in completed
+        if r.min_version < r.init_version - ALPHA or r.max_version - r.min_version > ALPHA
+    ]
+    assert not mixed
