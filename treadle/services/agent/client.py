@@ -6,9 +6,11 @@ by a ``pause(mode="abort")``; the caller re-issues the turn later.
 ``swap``: change the weights an inference pod's engine serves, through its agent: the one swap sequence.
 
 Called by the trainer's ``treadle.trainer.engines.EngineSwapper`` (a new version of the same
-agent's weights) and by placement's rebalancer (``placement.rebalance.HttpSwapper``: a worker moving
-to another agent, which loads the receiver's version from the receiver's weight prefix). Either
-way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
+agent's weights), by placement's ``rebalance.HttpSwapper`` for its rebalancer (a worker moving to
+another agent, which loads the receiver's version from the receiver's weight prefix) and for its
+weight sync (``placement.weightsync``: a new version on every worker), and, through
+``swap_through``, by the agent itself (``agent.reload``: the version placement wants it to serve).
+Either way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
 started them), with real vLLM apply the version through the weights extension
 (``treadle.weights.vllm_extension``) and drop the prefix cache computed with the old weights, set
 the engine's weight-version label, and resume through the agent, which re-reads the label so every
