@@ -159,6 +159,9 @@ class PlacementConfig:
     """Pool -> the agent it serves (per-agent turns and inter-agent rebalancing)."""
     pool_shapes: dict[str, str]
     """Pool -> instance shape (model, TP, accelerator): rebalancing moves workers only within one."""
+    alpha: int
+    """``spec.rollout.staleness``: no turn goes to a worker more than this many versions behind its
+    agent's target (weight sync)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +289,7 @@ def job_config(
             rebalance=rebalance_config(rebalance, enabled=enabled),
             pool_agents={p.name: p.agent for p in spec.pools},
             pool_shapes=pool_shapes,
+            alpha=spec.rollout.staleness,
         ),
         buffer=BufferConfig(
             alpha=spec.rollout.staleness,
