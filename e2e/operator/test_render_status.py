@@ -1,7 +1,8 @@
 """``treadle render`` and ``treadle status`` against the operator on the dev cluster (KWOK GPU pools).
 
 ``treadle render`` of each example must list exactly the children the operator creates for it,
-each with the rendered spec (server-set fields aside).
+each with the rendered spec (server-set fields aside). ``treadle status`` of a job asking more H800
+GPUs than the cluster has names the shortfall and the scheduler's "Insufficient nvidia.com/gpu".
 """
 
 from __future__ import annotations
@@ -97,3 +98,45 @@ def test_render_equals_what_the_operator_creates(
         for field in BODY[key[0]]:
             diffs += _covers(got.get(field), want.get(field), f"{key[0]}/{key[1]}.{field}")
     assert not diffs, "\n".join(diffs[:20])
+
+
+def test_status_names_insufficient_gpus_for_a_job_asking_more_h800_than_exist(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    doc = yaml.safe_load((op_harness.ROOT / "manifests" / "examples" / "swe-h800.yaml").read_text())
+    doc["metadata"]["name"] = "swe-status-too-big"
+    doc["spec"]["pools"][0] |= {"replicas": 5, "tensorParallelSize": 8}  # 40 H800 GPUs; the cluster has 16
+    name = apply_job(doc)
+    status = [name, "-n", op_harness.JOBS_NS, "--kubeconfig", str(kubectl.cluster.kubeconfig)]
+    pool = doc["spec"]["pools"][0]["name"]
+    expected = [
+        # The job-level shortfall, from the operator's own gpu_shortfalls ...
+        f"cluster: InsufficientGPUCapacity: pools {pool} ask 40 H800 GPUs",
+        # ... and the scheduler's reason for the pods it turns away: two H800 nodes of 8 GPUs hold
+        # two TP-8 replicas (ready once KWOK marks them so), the other three wait.
+        f"pool {pool} (3 pods): InsufficientGPUCapacity: 0/",
+        "Insufficient nvidia.com/gpu",
+        f"{pool:<16} H800   2/5 ready",
+    ]
+    seen = [""]
+
+    def blocked() -> bool:
+        proc = _treadle("status", *status)
+        assert proc.returncode == 0, proc.stderr
+        seen[0] = proc.stdout
+        return all(line in proc.stdout for line in expected)
+
+    try:
+        op_harness.wait_for(
+            f"treadle status {name} to name the GPU shortage", blocked, timeout=60, interval=2
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nlast output:\n{seen[0]}") from None
+
+
+def test_status_of_a_missing_job_exits_1(operator: op_harness.Operator, kubectl: op_harness.Kubectl) -> None:
+    proc = _treadle(
+        "status", "no-such-job", "-n", op_harness.JOBS_NS, "--kubeconfig", str(kubectl.cluster.kubeconfig)
+    )
+    assert proc.returncode == 1
+    assert f"RolloutJob {op_harness.JOBS_NS}/no-such-job not found" in proc.stderr

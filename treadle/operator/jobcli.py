@@ -20,7 +20,7 @@ import yaml
 
 from treadle import errors
 from treadle.api import v1alpha1
-from treadle.operator import config, render
+from treadle.operator import config, explain, jobreader, render
 
 
 def register(sub: Any) -> None:
@@ -41,6 +41,17 @@ def register(sub: Any) -> None:
         "--output", "-o", choices=("yaml", "json"), default="yaml", help="yaml stream or a JSON List"
     )
     ren.set_defaults(func=_render)
+    st = sub.add_parser(
+        "status",
+        help="where a RolloutJob is and what blocks it",
+        description="Phase, conditions, pools, step and policy version of a RolloutJob, and what "
+        "keeps it from progressing: unschedulable or crash-looping pods, pools not ready, a reward "
+        "gateway at zero with work waiting, a feeder that cannot read a dataset.",
+    )
+    st.add_argument("job", help="RolloutJob name")
+    st.add_argument("--namespace", "-n", default="default", help="the job's namespace")
+    st.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, else $KUBECONFIG)")
+    st.set_defaults(func=_status)
 
 
 def _jobs(path: Path, namespace: str | None) -> list[v1alpha1.RolloutJob]:
@@ -73,4 +84,15 @@ def _render(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n")
     else:
         sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        reader = jobreader.Reader.from_environment(args.kubeconfig)
+        snapshot = reader.snapshot(args.namespace, args.job)
+    except jobreader.NotFoundError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    sys.stdout.write(explain.format_report(explain.explain(snapshot)))
     return 0
