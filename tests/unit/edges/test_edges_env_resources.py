@@ -1,4 +1,4 @@
-"""The env pod's two resource settings (warm pool, CPUs per action) and the sandbox's CPU choice."""
+"""The env pod's two resource settings (warm pool, CPUs per action)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 
 from treadle import errors
 from treadle.api import jobconfig, v1alpha1
-from treadle.sandbox import runner
 from treadle.services.env import __main__ as env_main
 
 
@@ -64,11 +63,3 @@ def test_bad_warm_pool_names_the_field(size: int) -> None:
     with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_spec({**SPEC, "environment": {"warmPool": size}})
     assert info.value.field == "spec.environment.warmPool"
-
-
-def test_least_used_cpus_first_ties_round_robin() -> None:
-    assert runner.least_used({0: 1, 1: 0, 2: 0, 3: 2}, 2, turn=0) == [1, 2]
-    assert runner.least_used({0: 0, 1: 0}, 1, turn=0) == [0]
-    assert runner.least_used({0: 0, 1: 0}, 1, turn=1) == [1]
-    assert runner.least_used({0: 0, 1: 0, 2: 0}, 2, turn=2) == [0, 2]
-    assert runner.least_used({0: 3, 1: 3}, 2, turn=7) == [0, 1]

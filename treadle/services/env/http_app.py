@@ -10,7 +10,7 @@ import fastapi
 import prometheus_client
 
 from treadle import metrics
-from treadle.sandbox import runner
+from treadle.sandbox import cores, runner
 from treadle.services.env import base, protocol, pythoncode, service
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
@@ -30,13 +30,18 @@ def build_app(
 ) -> fastapi.FastAPI:
     """``warm_pool``: started sandbox processes kept ready for python-code's runs (``runner.Sandbox``
     ``warm``); math-tool and frozenlake open in some 20 us from the seed alone, so nothing of theirs
-    is pre-started. ``cpus_per_action``: CPUs each sandboxed run is pinned to. ``user_prefixes``:
+    is pre-started. ``cpus_per_action``: the most cores the pod's action manager
+    (``treadle.sandbox.cores``) grants one sandboxed run. ``user_prefixes``:
     module prefixes user environments (``py:<module>:<Class>``) may come from."""
     registry = registry or http_app.registry()
+    actions = cores.ActionMetrics(registry)
+    manager = (
+        None if cpus_per_action is None else cores.CoreManager(upper=cpus_per_action, action_metrics=actions)
+    )
     svc = svc or service.EnvService(
         registry=registry,
         context=base.Context(
-            sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cpus=cpus_per_action, warm=warm_pool)
+            sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cores=manager, warm=warm_pool)
         ),
         max_sessions=max_sessions, step_timeout_s=step_timeout_s, idle_ttl_s=idle_ttl_s,
         user_prefixes=user_prefixes,
