@@ -19,6 +19,7 @@ from treadle.api import v1alpha1
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
 from treadle.policy.flexmarl import load_balance
+from treadle.policy.tangram import quota
 
 REWARD_COLD_START_S = 180.0
 """How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
@@ -170,7 +171,10 @@ class EnvConfig:
     warm_pool: int
     """``spec.environment.warmPool`` (the env service keeps none when no task runs python-code)."""
     cpu_per_action: str
-    """``spec.externalResources.cpuCoresPerAction``, a Kubernetes CPU quantity."""
+    """``spec.externalResources.cpuCoresPerAction``, a Kubernetes CPU quantity: the most cores the
+    pod's action manager grants one action (``treadle.sandbox.cores``)."""
+    api_quotas: dict[str, quota.Limit] = dataclasses.field(default_factory=dict)
+    """``spec.externalResources.apiQuotas`` by tool, as enforced across the env pods (``quota.limit``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +285,9 @@ def job_config(
             user_modules=user_modules(t.environment for t in spec.tasks),
             warm_pool=spec.environment.warm_pool,
             cpu_per_action=spec.external_resources.cpu_cores_per_action,
+            api_quotas=quota.limits(
+                (q.tool, q.requests_per_minute, q.max_concurrent) for q in spec.external_resources.api_quotas
+            ),
         ),
         reward=reward_config(spec.reward, user_modules(t.reward for t in spec.tasks)),
         feeder=feeder_config(spec),

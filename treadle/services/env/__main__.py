@@ -5,8 +5,11 @@ A pod started by the operator (and local mode, the same way) reads its job file
 serve is a startup error, not a failure on the first trajectory. User environments
 (``py:<module>:<Class>``) are imported from the modules the job names and from the
 ``--allow-user-module`` prefixes, as the reward gateway's user functions;
-``spec.environment.warmPool`` and ``spec.externalResources.cpuCoresPerAction`` size the sandbox. An
-env server without a job file keeps no warm sandbox and pins an action to 1 CPU.
+``spec.environment.warmPool`` and ``spec.externalResources.cpuCoresPerAction`` size the sandbox
+(``cpuCoresPerAction``: the most cores the pod's action manager grants one action).
+``spec.externalResources.apiQuotas`` are kept in Redis (``TREADLE_REDIS_URL``, keys under
+``TREADLE_KEY_PREFIX``) and shared by every env server of the job. An env server without a job file
+keeps no warm sandbox, grants an action 1 CPU and limits no tool.
 """
 
 from __future__ import annotations
@@ -81,10 +84,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     if env is not None:
         podenv.or_exit(lambda: check_environments(env.environments, prefixes), prog=PROG)
     cpus = podenv.or_exit(lambda: cpus_per_action(env.cpu_per_action if env else "1"), prog=PROG)
-    app = http_app.build_app(
-        max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
-        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
-        user_prefixes=prefixes,
+    app = podenv.or_exit(
+        lambda: http_app.build_app(
+            max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
+            sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
+            user_prefixes=prefixes, api_quotas=env.api_quotas if env else None,
+            redis_url=environ.get(env_vars.REDIS_URL, ""),
+            namespace=environ.get(env_vars.KEY_PREFIX) or (job.config.job if env else "default"),
+        ),
+        prog=PROG,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 
