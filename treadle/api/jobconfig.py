@@ -187,6 +187,9 @@ class RewardConfig:
     user_modules: tuple[str, ...]
     """Modules of the job's user reward functions (``py:<module>:<function>``), allowed as the env
     service allows its user environments' (``EnvConfig.user_modules``)."""
+    cpu_per_action: str = "1"
+    """``spec.externalResources.cpuCoresPerAction``: the most cores a sandboxed reward run
+    (``code-tests``) is granted by the gateway pod's action manager, as in the env pods."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +292,11 @@ def job_config(
                 (q.tool, q.requests_per_minute, q.max_concurrent) for q in spec.external_resources.api_quotas
             ),
         ),
-        reward=reward_config(spec.reward, user_modules(t.reward for t in spec.tasks)),
+        reward=reward_config(
+            spec.reward,
+            user_modules(t.reward for t in spec.tasks),
+            spec.external_resources.cpu_cores_per_action,
+        ),
         feeder=feeder_config(spec),
     )
 
@@ -321,11 +328,14 @@ def user_modules(names: Iterable[str]) -> tuple[str, ...]:
                          for n in names if n.startswith(v1alpha1.USER_CODE)}))  # fmt: skip
 
 
-def reward_config(reward: v1alpha1.Reward, modules: tuple[str, ...] = ()) -> RewardConfig:
+def reward_config(
+    reward: v1alpha1.Reward, modules: tuple[str, ...] = (), cpu_per_action: str = "1"
+) -> RewardConfig:
     """``spec.reward.url`` goes to the endpoint its type uses (a rule job's is ignored)."""
     return RewardConfig(
         judge_url=reward.url if reward.type == "llm-judge" else None,
         external_url=reward.url if reward.type == "external" else None,
         judge_model=reward.judge_model,
         user_modules=modules,
+        cpu_per_action=cpu_per_action,
     )

@@ -32,15 +32,18 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import decimal
 import itertools
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import prometheus_client
+from kubernetes.utils import quantity
 
-from treadle import metrics
+from treadle import errors, metrics
 from treadle.policy.tangram import cores as policy_cores
 from treadle.policy.tangram import model, pools, profile, schedule
 
@@ -49,6 +52,7 @@ CPU = "cpu"
 SETTINGS = schedule.Settings(depth=schedule.DEFAULT_DEPTH, horizon=64)
 """The paper's depth; the horizon the simulator's scenarios use (``docs/TANGRAM.md``)."""
 PHASES = ("queue", "execution", "overhead")
+CPU_PER_ACTION_FIELD = "spec.externalResources.cpuCoresPerAction"
 """Table 1's split of an action's completion time."""
 
 
@@ -230,6 +234,20 @@ class CoreManager:
                 r.future.set_result(Grant(r.kind, chosen, now - r.since))
             self._waiting = left
         self.metrics.queued.labels(CPU).set(len(self._waiting))
+
+
+def cpus_per_action(raw: str) -> int:
+    """``upper`` from ``cpuCoresPerAction``: the Kubernetes quantity rounded up (``500m`` is 1 CPU)."""
+    try:
+        cores: decimal.Decimal = quantity.parse_quantity(raw.strip())  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise errors.SpecError(
+            f"must be a Kubernetes CPU quantity such as 1, 2 or 500m, got {raw!r}",
+            field=CPU_PER_ACTION_FIELD, value=raw,
+        ) from exc  # fmt: skip
+    if cores <= 0:
+        raise errors.SpecError("must be more than 0 cores", field=CPU_PER_ACTION_FIELD, value=raw)
+    return math.ceil(cores)
 
 
 def numa_domains(cpus: Sequence[int], sysfs: Path = Path("/sys/devices/system/node")) -> list[list[int]]:

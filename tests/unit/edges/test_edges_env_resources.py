@@ -6,6 +6,7 @@ import pytest
 
 from treadle import errors
 from treadle.api import jobconfig, v1alpha1
+from treadle.sandbox import cores
 from treadle.services.env import __main__ as env_main
 
 
@@ -24,13 +25,13 @@ from treadle.services.env import __main__ as env_main
     ],
 )
 def test_cpu_quantity_rounds_up_to_whole_cpus(raw: str, cpus: int) -> None:
-    assert env_main.cpus_per_action(raw) == cpus
+    assert cores.cpus_per_action(raw) == cpus
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "-1", "1 core", "0", "0m", "1x"])
 def test_bad_cpu_quantity_names_the_field(raw: str) -> None:
     with pytest.raises(errors.SpecError) as info:
-        env_main.cpus_per_action(raw)
+        cores.cpus_per_action(raw)
     assert info.value.field == "spec.externalResources.cpuCoresPerAction"
 
 

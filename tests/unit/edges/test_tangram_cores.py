@@ -4,12 +4,15 @@ elasticity, disjoint grants, FCFS waits, cancellation, and that its grants are t
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
+from treadle.api import jobconfig, v1alpha1
 from treadle.policy.tangram import model, pools, schedule
 from treadle.sandbox import cores
+from treadle.services.reward import http_app as reward_app
 
 
 class Clock:
@@ -154,3 +157,21 @@ def test_profile_action_is_the_policy_model() -> None:
     fitted = p.action("y", 4)
     assert isinstance(fitted, model.Action) and fitted.options == (1, 2, 3, 4)
     assert fitted.duration_s == 3.0 and fitted.duration(4) == pytest.approx(1.0)
+
+
+def test_the_reward_gateway_grants_code_tests_cores_as_the_env_pods() -> None:
+    spec = {
+        "agents": [{"name": "a", "model": "m"}],
+        "pools": [{"name": "p", "agent": "a", "accelerator": "H100"}],
+        "tasks": [{"name": "t", "agents": ["a"], "environment": "python-code", "reward": "code-tests"}],
+        "externalResources": {"cpuCoresPerAction": "1500m"},
+    }
+    job = v1alpha1.RolloutJob(metadata={"name": "j"}, spec=v1alpha1.parse_spec(spec))
+    config = jobconfig.job_config(job, max_tokens=8, max_in_flight=8, max_concurrent_generations=8)
+    assert config.reward.cpu_per_action == config.env.cpu_per_action == "1500m"
+    upper = cores.cpus_per_action(config.reward.cpu_per_action)
+    box = reward_app.build_app(cpus_per_action=upper).state.svc.resources.sandbox
+    assert isinstance(box.cores, cores.CoreManager) and box.cores.upper == min(
+        2, len(os.sched_getaffinity(0))
+    )
+    assert reward_app.build_app().state.svc.resources.sandbox.cores is None  # no job: unpinned, as before
