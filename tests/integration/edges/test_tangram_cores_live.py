@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Any
 
 from treadle.sandbox import cores, runner
 
@@ -25,10 +26,10 @@ REPORT = (
 )
 
 
-def seen(result: runner.Result) -> dict[str, object]:
+def seen(result: runner.Result) -> dict[str, Any]:
     assert result.status == "ok", result.stderr
-    parsed: dict[str, object] = json.loads(result.stdout)
-    assert parsed["granted"] == str(len(parsed["cpus"]))  # type: ignore[arg-type]
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    assert parsed["granted"] == str(len(parsed["cpus"]))
     assert parsed["threads"] == [parsed["granted"]]
     return parsed
 
@@ -51,7 +52,7 @@ async def test_two_elastic_actions_get_disjoint_cores_and_see_their_grant() -> N
     assert manager.queued == 2
     manager.release(blocker, duration_s=1.0)
     a, b = (seen(r) for r in await asyncio.gather(*runs))
-    assert a["start"] < b["end"] and b["start"] < a["end"]  # type: ignore[operator]  # they overlapped
-    assert set(a["cpus"]).isdisjoint(b["cpus"])  # type: ignore[call-overload,arg-type]
-    assert len(a["cpus"]) + len(b["cpus"]) == len(ALLOWED)  # type: ignore[arg-type]
+    assert a["start"] < b["end"] and b["start"] < a["end"]  # they overlapped
+    assert set(a["cpus"]).isdisjoint(b["cpus"])
+    assert len(a["cpus"]) + len(b["cpus"]) == len(ALLOWED)
     assert manager.free == len(ALLOWED)

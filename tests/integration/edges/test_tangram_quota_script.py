@@ -4,7 +4,7 @@ FCFS order, the sliding window counted to each release, a dead pod's calls and t
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import prometheus_client
 import pytest
@@ -15,9 +15,12 @@ from treadle.sandbox import cores
 from treadle.services.env import quotas
 from treadle.testing import redis_server as redis_server_mod
 
+Make = Callable[[int, int], quotas.Quotas]
+"""A quota on tool ``api`` with (requestsPerMinute, maxConcurrent), in a namespace of its own."""
+
 
 @pytest.fixture
-async def make(redis_server: redis_server_mod.RedisServer) -> AsyncIterator[object]:
+async def make(redis_server: redis_server_mod.RedisServer) -> AsyncIterator[Make]:
     client = aioredis.Redis.from_url(redis_server.url, protocol=2)
 
     def build(rpm: int, concurrent: int) -> quotas.Quotas:
@@ -32,7 +35,7 @@ async def make(redis_server: redis_server_mod.RedisServer) -> AsyncIterator[obje
     await client.aclose()
 
 
-async def test_concurrency_cap_then_fcfs_on_release(make) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrency_cap_then_fcfs_on_release(make: Make) -> None:
     q = make(600, 2)
     assert (await q.call("acquire", "api", "a", 1, now=0.0)).granted == 1
     assert (await q.call("acquire", "api", "b", 1, now=0.0)).granted == 1
@@ -47,7 +50,7 @@ async def test_concurrency_cap_then_fcfs_on_release(make) -> None:  # type: igno
     assert (await q.call("acquire", "api", "d", 1, now=2.1)).granted == 1
 
 
-async def test_the_window_counts_a_request_until_window_s_after_its_release(make) -> None:  # type: ignore[no-untyped-def]
+async def test_the_window_counts_a_request_until_window_s_after_its_release(make: Make) -> None:
     q = make(2, 8)  # 1 request per sliding 30 s
     assert q.limits["api"].requests == 1 and q.limits["api"].window_s == 30.0
     assert (await q.call("acquire", "api", "a", 1, now=0.0)).granted == 1
@@ -60,7 +63,7 @@ async def test_the_window_counts_a_request_until_window_s_after_its_release(make
     assert (await q.call("acquire", "api", "b", 1, now=31.1)).granted == 1
 
 
-async def test_a_dead_holders_calls_come_back_after_the_lease(make) -> None:  # type: ignore[no-untyped-def]
+async def test_a_dead_holders_calls_come_back_after_the_lease(make: Make) -> None:
     q = make(600, 1)
     assert (await q.call("acquire", "api", "dead", 1, now=0.0)).granted == 1
     assert (await q.call("acquire", "api", "b", 1, now=29.0)).granted == 0
@@ -69,7 +72,7 @@ async def test_a_dead_holders_calls_come_back_after_the_lease(make) -> None:  # 
     assert (await q.call("acquire", "api", "b", 1, now=30.5)).granted == 1
 
 
-async def test_renewing_keeps_the_calls(make) -> None:  # type: ignore[no-untyped-def]
+async def test_renewing_keeps_the_calls(make: Make) -> None:
     q = make(600, 1)
     assert (await q.call("acquire", "api", "a", 1, now=0.0)).granted == 1
     assert (await q.call("renew", "api", "a", 1, now=20.0)).granted == 1
@@ -77,7 +80,7 @@ async def test_renewing_keeps_the_calls(make) -> None:  # type: ignore[no-untype
     assert (await q.call("acquire", "api", "b", 1, now=40.0)).granted == 0
 
 
-async def test_a_dead_waiter_leaves_the_queue(make) -> None:  # type: ignore[no-untyped-def]
+async def test_a_dead_waiter_leaves_the_queue(make: Make) -> None:
     q = make(600, 1)
     assert (await q.call("acquire", "api", "a", 1, now=0.0)).granted == 1
     assert (await q.call("acquire", "api", "gone", 1, now=0.0)).granted == 0  # then its pod dies
@@ -86,7 +89,7 @@ async def test_a_dead_waiter_leaves_the_queue(make) -> None:  # type: ignore[no-
     assert (await q.call("acquire", "api", "next", 1, now=10.5)).granted == 1  # its ticket lapsed at 10
 
 
-async def test_several_calls_at_once_wait_for_room_for_all(make) -> None:  # type: ignore[no-untyped-def]
+async def test_several_calls_at_once_wait_for_room_for_all(make: Make) -> None:
     q = make(600, 3)
     assert (await q.call("acquire", "api", "a", 2, now=0.0)).granted == 1
     two = await q.call("acquire", "api", "b", 2, now=0.1)
@@ -95,7 +98,7 @@ async def test_several_calls_at_once_wait_for_room_for_all(make) -> None:  # typ
     assert (await q.call("acquire", "api", "b", 2, now=1.1)).granted == 1
 
 
-async def test_hold_with_redis_time_and_a_left_ticket(make) -> None:  # type: ignore[no-untyped-def]
+async def test_hold_with_redis_time_and_a_left_ticket(make: Make) -> None:
     q = make(600, 1)
     async with q.hold(["api", "unlimited-tool"]) as held:
         assert held == {"api": 1}
