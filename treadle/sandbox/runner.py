@@ -21,20 +21,19 @@ Containment, when the service runs as root (the env/reward pods, and this dev ma
 
 Each run is started in two halves: **start** (working directory, uid, namespaces, rlimits, the
 interpreter itself, which then blocks reading one line from stdin) and **go** (write ``main.py``, wait
-for the grant, pin the cores, send the line with the grant's variables and the run's stdin; the wall
-clock starts here). The variables travel on the go line because a warm process started before its
-grant was known. Start is what a run pays
-before any user code: fork, namespaces and the interpreter's boot, tens of milliseconds on the dev
-machine, against some 35 us for the directory. With ``warm=N`` the sandbox keeps N started
-processes ready (their own uids, beyond the ``concurrency`` slots) and refills in the background
-once a run that took one has ended (a start beside it would take CPU from it); a run under other
-limits than the sandbox's starts its own. A warm process is indistinguishable to the code it runs:
-the same bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
+for the grant, pin the cores, send the line with the grant's variables (a warm process started before
+its grant was known) and the run's stdin; the wall clock starts here). Start is what a run pays before
+any user code: fork, namespaces and the interpreter's boot, tens of milliseconds on the dev machine,
+against some 35 us for the directory. With ``warm=N`` the sandbox keeps N started processes ready
+(their own uids, beyond the ``concurrency`` slots) and refills in the background once a run that took
+one has ended (a start beside it would take CPU from it); a run under other limits than the
+sandbox's starts its own. A warm process is indistinguishable to the code it runs: the same
+bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
 
 Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
-replaces the ``socket`` module's constructors inside the child before user code runs (which code
-using ``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which
-mode ran, so callers and tests can tell.
+replaces the ``socket`` module's constructors inside the child before user code runs (which code using
+``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which mode ran, so
+callers and tests can tell.
 """
 
 from __future__ import annotations
@@ -69,22 +68,19 @@ Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_
 Isolation = Literal["namespaces", "socket-block"]
 
 UID_BASE = 1_800_000
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
 
 GO = b"go "
-"""How the line a started process waits for begins: then the run's variables as JSON, a newline, and
-the run's stdin."""
+"""The start of the line a started process waits for; the run's variables (JSON), newline, stdin follow."""
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 GRANTED_CORES = "TREADLE_GRANTED_CORES"
 """The cores granted to the run (the thread variables say the same to thread pools)."""
 
-# Runs in the child before the user's file: wait for the go line, set its variables, the fallback
-# socket block, then the user code as __main__. The line is read from fd 0 itself, a byte at a time up
-# to its newline: a buffered read would take the run's stdin along into sys.stdin's buffer, out of
-# reach of code that reads fd 0.
+# Runs in the child before the user's file: wait for the go line, set its variables, the fallback socket
+# block, then the user code as __main__. The line is read from fd 0 a byte at a time: a buffered read
+# would take the run's stdin into sys.stdin's buffer, out of reach of code that reads fd 0.
 _BOOTSTRAP = """
 import json, os, runpy, sys
 go = b""
