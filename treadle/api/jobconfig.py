@@ -57,6 +57,8 @@ class TaskConfig:
     max_turns: int = 8
     max_tokens: int = 256
     temperature: float = 1.0
+    stop: tuple[str, ...] = ()
+    """Stop sequences every generation request carries (vLLM's ``stop``)."""
     system_prompt: str = ""
 
     def __post_init__(self) -> None:
@@ -306,7 +308,7 @@ def _task(t: v1alpha1.Task, *, max_tokens: int) -> TaskConfig:
         agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
         redundancy=t.redundancy, sampling=mode, m_up=darts.m_up, long_end=darts.long_end, lam=darts.lam,
         ema_decay=darts.ema_decay, keep_unselected=darts.keep_unselected, length=darts.length,
-        max_turns=t.max_turns, max_tokens=max_tokens,
+        max_turns=t.max_turns, max_tokens=max_tokens, stop=tuple(t.stop),
     )  # fmt: skip
 
 
