@@ -137,6 +137,10 @@ class _Pool:
     """Length of the last of the ``M`` valid candidates when early stop fired."""
 
 
+ABORT_EARLY_STOP = "early_stop"
+"""The reason a surplus candidate is aborted: its group has M valid completions."""
+
+
 class DartsMetrics:
     def __init__(self, registry_: prom.CollectorRegistry) -> None:
         def per_task(kind: type[prom.Counter] | type[prom.Gauge], name: str, doc: str, *labels: str) -> Any:
@@ -178,6 +182,13 @@ class Darts:
         self.tasks = {name: t for name, t in tasks.items() if t.sampling == "darts"}
         self.loop, self.save, self.drop, self.store = loop, save, drop, store
         self.metrics = DartsMetrics(registry_)
+        # Every task's series exist from the start, at 0 for a task that samples otherwise: a dashboard
+        # shows a flat line ("no DARTS here") rather than "no data".
+        for name in tasks:
+            for family in (self.metrics.candidates, self.metrics.selected, self.metrics.unselected):
+                family.labels(name)
+            self.metrics.aborted.labels(name, ABORT_EARLY_STOP)
+            self.metrics.budget.labels(name).set(0)
         self.latency = Latency(clock)
         if self.tasks:
             loop.measure = self.latency.measure
@@ -276,7 +287,7 @@ class Darts:
             t = self.loop.inflight.get(tid)
             if t is None or t.abort_reason:
                 continue
-            self.metrics.aborted.labels(name, "early_stop").inc()
+            self.metrics.aborted.labels(name, ABORT_EARLY_STOP).inc()
             worker = self.loop.abort(tid, f"{EARLY_STOP}: {len(group)} valid candidates are in")
             if worker is not None:
                 self._spawn(_abort_on_worker(tid, worker))
