@@ -54,7 +54,7 @@ PreferredWork = Literal["prefill-heavy", "decode-heavy", "any"]
 RewardType = Literal["rule", "code", "llm-judge", "external"]
 WeightStore = Literal["mooncake", "local"]
 RebalanceRule = Literal["per-instance", "literal"]
-Dtype = Literal["auto", "bfloat16", "float16"]
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
 
@@ -99,7 +99,31 @@ class Agent(_Model):
     max_model_len: int = Field(default=32768, ge=256, le=1048576)
     """Maximum context length (prompt plus response) in tokens, passed to vLLM."""
     dtype: Dtype = "bfloat16"
-    """Weight and activation dtype, passed to vLLM."""
+    """Weight and activation dtype, passed to vLLM (``float32`` for vLLM's CPU build)."""
+
+
+class EngineEnvVar(_Model):
+    """A literal environment variable of an inference pool's engine container."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Variable name."""
+    value: str = Field(default="", max_length=32768)
+    """Value."""
+
+
+class Engine(_Model):
+    """What a pool's engine container gets beyond Treadle's defaults, for hardware they do not fit:
+    vLLM's CPU build (the dev cluster's SIMULATED GPU nodes), or a GPU's own tuning flags."""
+
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
+    """vLLM arguments after Treadle's own; a repeated flag takes the last value, so these override."""
+    env: list[EngineEnvVar] = Field(default_factory=list, max_length=64)
+    """Extra environment variables; one Treadle sets itself (``TREADLE_*``, ``VLLM_SERVER_DEV_MODE``)
+    keeps Treadle's value."""
+    cpu: Quantity | None = None
+    """CPU request of the engine container; unset: 4 per GPU."""
+    memory: Quantity | None = None
+    """Memory request and limit of the engine container; unset: 32Gi per GPU, limit 64Gi per GPU."""
 
 
 class Pool(_Model):
@@ -121,6 +145,8 @@ class Pool(_Model):
     """GPUs per replica (tensor parallelism); each pod asks this many ``nvidia.com/gpu``."""
     preferred_work: PreferredWork = "any"
     """Work this pool is tuned for (RollArt: H800 prefill-heavy, H20 decode-heavy)."""
+    engine: Engine = Field(default_factory=Engine)
+    """Overrides of the engine container (arguments, environment, resources)."""
 
 
 class Task(_Model):
