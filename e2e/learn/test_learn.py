@@ -1,0 +1,232 @@
+"""Issue 14's must-show on the dev cluster: ``helm install``, ``kubectl apply -f manifests/dev/learn.yaml``,
+and a policy that learns, every pod the operator rendered running as processes on process nodes.
+
+The cluster (private to the module): one CPU process node and one process node with SIMULATED H20
+GPUs (capacity and labels only), no KWOK node, so every pod that schedules really runs. The chart
+runs Redis, the Mooncake master and the operator; the job runs REAL vLLM (its CPU build) serving
+the tiny random Llama of ``treadle.models.tiny`` on the GPU node, the agent sidecar, the math-tool
+environment, the reward gateway (built-in ``letter-fraction``), scheduler, placement, buffer, the
+feeder reading ``manifests/dev/data/letters.jsonl`` and Treadle's reference GRPO trainer as the job's
+own pod. Nothing is simulated but the GPUs' existence (vLLM runs on the CPU).
+
+Times (this machine: 2 cores shared with other work): vLLM on CPU is ready 60-100 s after its pod
+starts; see the README's "on the dev cluster" for the measured totals.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from treadle.devcluster import binaries, kwok
+from treadle.trainer import policy
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = ROOT / "manifests" / "dev"
+DATASETS = Path("/var/lib/treadle/datasets")
+"""The host directory ``learn.yaml``'s feeder mounts (hostPath): process nodes' pods see the host."""
+STEPS = 20
+TRAIN_TIMEOUT_S = 1500.0
+STEP_LINE = re.compile(r"^step\s+(\d+)\s+v(\d+)\s+mean reward\s+([0-9.]+)", re.MULTILINE)
+T = TypeVar("T")
+
+
+def poll(probe: Callable[[], T | None], what: str, timeout: float) -> T:
+    """``probe()`` every 2 s until it is truthy; a kubectl failure counts as 'not yet'."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if value := probe():
+                return value
+        except kwok.ClusterError as exc:
+            last = exc
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[kwok.DevCluster]:
+    """The dev cluster with the chart installed, the tiny model generated and the dataset in place."""
+    job = yaml.safe_load((DEV / "learn.yaml").read_text())
+    policy.ensure_model(Path(job["spec"]["agents"][0]["model"]), seed=0)
+    DATASETS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DEV / "data" / "letters.jsonl", DATASETS / "letters.jsonl")
+    c = kwok.session_cluster(
+        "treadle-learn", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1, run_gpu_nodes=1
+    )
+    c.up()
+    try:
+        subprocess.run(
+            [str(binaries.bin_dir() / "helm"), "install", "treadle", str(ROOT / "charts" / "treadle"),
+             "--namespace", "treadle-system", "--create-namespace", "--wait", "--timeout", "90s",
+             "--kubeconfig", str(c.kubeconfig)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        c.kubectl("create", "configmap", "letters", f"--from-file={DEV / 'data' / 'letters.jsonl'}")
+        yield c
+    finally:
+        c.down()
+
+
+def get(c: kwok.DevCluster, *what: str) -> Any:
+    return json.loads(c.kubectl("get", *what, "-o", "json"))
+
+
+def variant(name: str, source: dict[str, Any], *, pools: int | None = None) -> dict[str, Any]:
+    """``learn.yaml`` under another name reading its rows from ``source``; ``pools``: replicas instead."""
+    job = yaml.safe_load((DEV / "learn.yaml").read_text())
+    job["metadata"]["name"] = name
+    job["spec"]["tasks"][0]["dataset"]["source"] = source
+    if pools is not None:
+        job["spec"]["pools"][0]["replicas"] = pools
+        del job["spec"]["trainer"]
+    return job
+
+
+def apply(c: kwok.DevCluster, *objects: dict[str, Any]) -> None:
+    c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+
+def children(c: kwok.DevCluster, job: str) -> list[str]:
+    """Every object the operator made for ``job`` (it labels them all with the job's instance)."""
+    out = c.kubectl(
+        "get", "deploy,rs,pod,svc,cm,job", "-l", f"app.kubernetes.io/instance={job}", "-o", "name"
+    )
+    return out.split()
+
+
+def trainer_log(c: kwok.DevCluster, job: str) -> str:
+    return c.kubectl("logs", "-l", f"treadle.dev/job={job},treadle.dev/component=trainer", "--tail=-1")
+
+
+TRANSIENT = ("PodsNotReady", "Unschedulable")
+"""Degraded reasons a starting job passes through (pods not ready yet, nodes being found)."""
+
+
+def problem(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's Degraded condition when it is not one of the ``TRANSIENT`` ones."""
+    conditions = status.get("conditions", [])
+    found = next((x for x in conditions if x["type"] == "Degraded" and x["status"] == "True"), None)
+    return found if found and found["reason"] not in TRANSIENT else None
+
+
+def train(c: kwok.DevCluster, name: str, *, steps: int) -> tuple[list[tuple[int, int]], list[float]]:
+    """Watch the applied job ``name`` until STEP reaches ``steps``.
+
+    Returns the distinct (STEP, POLICY) pairs ``kubectl get rolloutjobs`` showed, in order, and the
+    trainer's mean reward per step from its log.
+    """
+    seen: list[tuple[int, int]] = []
+
+    def progressed() -> bool:
+        status = get(c, "rolloutjob", name).get("status", {})
+        assert problem(status) is None, status
+        pair = (int(status.get("step", 0)), int(status.get("policyVersion", 0)))
+        if not seen or seen[-1] != pair:
+            seen.append(pair)
+        return pair[0] >= steps
+
+    poll(progressed, f"{name} at step {steps}", TRAIN_TIMEOUT_S)
+    # The printer columns show the same numbers.
+    table = c.kubectl("get", "rolloutjobs", name)
+    assert re.search(rf"^{name}\s+\S+\s+\S+\s+{seen[-1][1]}\s+{seen[-1][0]}\b", table, re.MULTILINE), table
+    rewards = [float(m.group(3)) for m in STEP_LINE.finditer(trainer_log(c, name))]
+    return seen, rewards
+
+
+def delete(c: kwok.DevCluster, name: str) -> None:
+    c.kubectl("delete", "rolloutjob", name, "--wait=true", timeout=120)
+    poll(lambda: not children(c, name), f"every child of {name} gone", 120)
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 300)
+def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
+    began = time.monotonic()
+    cluster.kubectl("apply", "-f", str(DEV / "learn.yaml"))
+    seen, rewards = train(cluster, "learn", steps=STEPS)
+    steps = [s for s, _ in seen]
+    policies = [p for _, p in seen]
+    assert steps == sorted(steps) and policies == sorted(policies), seen
+    assert len(set(steps)) >= 5 and policies[-1] >= STEPS, seen
+    assert len(rewards) >= STEPS, rewards
+    first, last = rewards[0], sum(rewards[-3:]) / 3
+    took = time.monotonic() - began
+    print(f"learn.yaml: {STEPS} steps in {took:.0f}s; mean reward {first:.3f} -> {last:.3f} (last 3)")
+    assert last >= 2 * first, rewards
+    delete(cluster, "learn")
+
+
+CONFIG_MAP = {"configMap": {"name": "letters", "key": "letters.jsonl"}}
+URL = {"url": "http://datasets:8000/letters.jsonl"}
+"""Served by a pod of the job's namespace (the search list resolves ``datasets``): a pod cannot reach
+the host's 127.0.0.1, its loopback is its own."""
+
+
+def serve_datasets(c: kwok.DevCluster) -> None:
+    """``python -m http.server`` over the ``letters`` ConfigMap, as the Service ``datasets``."""
+    apply(c, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "datasets", "labels": {"app": "datasets"}},
+        "spec": {
+            "containers": [{
+                "name": "http", "image": "ghcr.io/treadle-dev/treadle-services:0.1.0",
+                "command": ["python", "-m", "http.server", "8000", "--directory", "/srv"],
+                "readinessProbe": {"httpGet": {"path": "/letters.jsonl", "port": 8000}, "periodSeconds": 1},
+                "volumeMounts": [{"name": "letters", "mountPath": "/srv"}],
+            }],
+            "volumes": [{"name": "letters", "configMap": {"name": "letters"}}],
+        },
+    }, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "datasets"},
+        "spec": {"selector": {"app": "datasets"}, "ports": [{"port": 8000}]},
+    })  # fmt: skip
+
+
+@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S)
+@pytest.mark.parametrize("source", [CONFIG_MAP, URL], ids=["configmap", "url"])
+def test_the_same_job_trains_from_a_configmap_and_a_url(
+    cluster: kwok.DevCluster, source: dict[str, Any]
+) -> None:
+    """Fewer steps than learn.yaml's: the point is that rows reach the trainer from this source."""
+    name = f"learn-{next(iter(source)).lower()}"
+    if source is URL:
+        serve_datasets(cluster)
+    apply(cluster, variant(name, source))
+    seen, rewards = train(cluster, name, steps=3)
+    assert seen[-1][0] >= 3 and len(rewards) >= 3, (seen, rewards)
+    delete(cluster, name)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("source", "answer_column", "says"),
+    [
+        ({"path": "/var/lib/treadle/datasets/letters.jsonl"}, "reference", "reference"),
+        ({"path": "/var/lib/treadle/datasets/missing.jsonl"}, "answer", "missing.jsonl"),
+        ({"url": "http://nowhere.invalid:8000/letters.jsonl"}, "answer", "nowhere.invalid"),
+    ],
+    ids=["missing-column", "unreadable-file", "unreachable-url"],
+)
+def test_an_unusable_dataset_degrades_the_job_naming_the_field(
+    cluster: kwok.DevCluster, source: dict[str, Any], answer_column: str, says: str
+) -> None:
+    """No inference replica and no trainer: only the feeder's verdict matters here."""
+    name = "bad-dataset"
+    job = variant(name, source, pools=0)
+    job["spec"]["tasks"][0]["dataset"]["answerColumn"] = answer_column
+    apply(cluster, job)
+
+    condition = poll(lambda: problem(get(cluster, "rolloutjob", name).get("status", {})), "Degraded", 180)
+    assert "spec.tasks[0].dataset" in condition["message"] and says in condition["message"], condition
+    feeder = get(cluster, "pod", "-l", f"treadle.dev/job={name},treadle.dev/component=feeder")["items"]
+    assert feeder and all(s["restartCount"] == 0 for p in feeder for s in p["status"]["containerStatuses"])
+    delete(cluster, name)
