@@ -172,7 +172,9 @@ def test_pool_engine_overrides_extend_vllm_and_keep_treadles_variables(math_job:
     env = {e["name"]: e.get("value") for e in vllm["env"]}  # the last of a repeated name, as the kubelet
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert vllm["resources"]["requests"] | vllm["resources"]["limits"] == {
-        "cpu": "1", "memory": "4Gi", nodes.GPU_RESOURCE: "2"
+        "cpu": "1",
+        "memory": "4Gi",
+        nodes.GPU_RESOURCE: "2",
     }
     default = _pools(render.render_children(math_job, CFG))[0]["spec"]["template"]["spec"]["containers"][0]
     assert default["resources"]["requests"]["memory"] == "64Gi" and "--enforce-eager" not in default["args"]
