@@ -87,8 +87,9 @@ class Client:
             raise kubernetes.client.ApiException(http_resp=response)
         return json.loads(response.data) if response.data else None
 
-    def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        """Merge-patch annotations onto the job (the only write the scheduler's Role allows)."""
+    def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations onto the job (the only write the scheduler's and feeder's Roles
+        allow); a None value removes the annotation."""
         path = JOBS_PATH.format(ns=namespace) + f"/{name}"
         body = {"metadata": {"annotations": dict(annotations)}}
         self._call("PATCH", path, body=body, content_type="application/merge-patch+json")

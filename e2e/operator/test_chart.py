@@ -15,6 +15,7 @@ import yaml
 
 from treadle.api import crd
 from treadle.devcluster import binaries
+from treadle.operator.render import common as render_common
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "treadle"
@@ -67,6 +68,33 @@ def test_operator_deployment_is_single_replica_recreate_with_probes() -> None:
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["TREADLE_REDIS_URL"] == "redis://rel-treadle-redis.treadle-system.svc:6379/0"
     assert spec["template"]["spec"]["serviceAccountName"] == "rel-treadle-operator"
+
+
+def _pods(*sets: str) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in _by_kind(_render(*sets), "Deployment")
+    }
+
+
+def test_chart_pods_stay_off_gpu_nodes_unless_told_otherwise() -> None:
+    """By default the operator, Redis and the Mooncake master avoid GPU nodes by the operator's own rule
+    (no label needed on CPU nodes); cpuPlacement changes all three, a component's values replace it."""
+    pods = _pods()
+    assert set(pods) == {"rel-treadle-operator", "rel-treadle-redis", "rel-treadle-mooncake"}
+    for name, pod in pods.items():
+        assert pod["affinity"] == render_common.not_on_gpu_nodes(), name
+        assert "nodeSelector" not in pod and "tolerations" not in pod, name
+    toleration = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    pods = _pods(
+        "cpuPlacement.tolerations[0].key=dedicated", "cpuPlacement.tolerations[0].operator=Exists",
+        "cpuPlacement.tolerations[0].effect=NoSchedule", "redis.nodeSelector.disk=ssd",
+    )  # fmt: skip
+    assert all(pod["tolerations"] == [toleration] for pod in pods.values())
+    assert pods["rel-treadle-redis"]["nodeSelector"] == {"disk": "ssd"}
+    assert pods["rel-treadle-redis"]["affinity"] == render_common.not_on_gpu_nodes()
+    assert "nodeSelector" not in pods["rel-treadle-operator"]
+    anywhere = _pods("cpuPlacement.affinity=null")
+    assert all("affinity" not in pod for pod in anywhere.values())
 
 
 def _rules(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], list[str]]:

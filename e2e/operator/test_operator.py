@@ -82,9 +82,15 @@ def test_example_lands_on_its_pools_and_becomes_ready(
             )
             vllm = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
             assert vllm["resources"]["limits"]["nvidia.com/gpu"] == str(pool.get("tensorParallelSize", 1))
-    # CPU components stay on the CPU pool.
-    for pod in _pods(kubectl, name, "env"):
-        assert nodes[pod["spec"]["nodeName"]]["treadle.dev/accelerator"] == "none"
+    # CPU components stay off GPU nodes (by the rendered affinity; no label is required of CPU nodes).
+    for component in ("env", "scheduler", "placement", "buffer"):
+        for pod in _pods(kubectl, name, component):
+            labels = nodes[pod["spec"]["nodeName"]]
+            assert labels.get("treadle.dev/accelerator", "none") == "none", (
+                component,
+                pod["spec"]["nodeName"],
+            )
+            assert "nvidia.com/gpu.present" not in labels
     job = kubectl.job(name)
     assert job["status"]["poolsReady"] == f"{len(doc['spec']['pools'])}/{len(doc['spec']['pools'])}"
     assert not job["metadata"].get("finalizers"), "the operator must not add finalizers"

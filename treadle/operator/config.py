@@ -19,6 +19,7 @@ PORTS: Mapping[str, int] = {
     "env": 8000,
     "reward": 8001,
     "agent": 8002,
+    "feeder": 8003,
     "vllm": 8080,
 }
 # Python modules each component runs as ``python -m <module> --host 0.0.0.0 --port N``.
@@ -29,6 +30,7 @@ MODULES: Mapping[str, str] = {
     "env": "treadle.services.env",
     "reward": "treadle.services.reward",
     "agent": "treadle.services.agent",
+    "feeder": "treadle.services.feeder",
     "weights": "treadle.weights.store",
 }
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"

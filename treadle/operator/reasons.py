@@ -18,6 +18,9 @@ IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
 """Degraded=True: a container image cannot be pulled."""
 CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
 """Degraded=True: a container keeps crashing."""
+DATASET_UNUSABLE = "DatasetUnusable"
+"""Degraded=True: the feeder cannot read a task's dataset (missing column, unreadable file, unreachable
+URL); the message names ``spec.tasks[i].dataset...``. The feeder stays up and reads it again."""
 INVALID_SPEC = "InvalidSpec"
 """Degraded=True: the spec failed validation in the operator (the message names the field)."""
 SUSPENDED = "Suspended"
@@ -34,5 +37,7 @@ PRUNED = "ChildrenDeleted"
 """Event: the reconciler deleted children the spec no longer asks for."""
 
 # Order in which pod problems decide the Degraded reason when several occur at once.
-DEGRADED_PRIORITY = (INSUFFICIENT_GPU_CAPACITY, IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, UNSCHEDULABLE)
+DEGRADED_PRIORITY = (
+    INSUFFICIENT_GPU_CAPACITY, IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, DATASET_UNUSABLE, UNSCHEDULABLE,
+)  # fmt: skip
 IMAGE_PULL_WAITING = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from treadle.api import v1alpha1
 from treadle.operator import reasons, render
 from treadle.operator.render import common as render_common
+from treadle.operator.render import feeder as render_feeder
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ def _components(job: v1alpha1.RolloutJob) -> list[tuple[str, str, str | None]]:
         (render_common.child_name(job, "env"), "env", None),
         (render_common.child_name(job, "reward"), "reward", None),
     ]
+    if render_feeder.dataset_tasks(job):
+        out.append((render_common.child_name(job, "feeder"), "feeder", None))
     out += [(render_common.child_name(job, "pool", p.name), "pool", p.name) for p in job.spec.pools]
     return out
 
@@ -133,7 +136,12 @@ def _classify(job: v1alpha1.RolloutJob, observed: Observed) -> tuple[str, str] |
     if short := gpu_shortfalls(job, observed.gpu_capacity):
         return reasons.INSUFFICIENT_GPU_CAPACITY, "; ".join(short)
     by_reason: dict[str, list[PodProblem]] = {}
-    for problem in observed.problems:
+    problems = list(observed.problems)
+    said = str(job.metadata.get("annotations", {}).get(v1alpha1.FEEDER_PROBLEM_ANNOTATION, ""))
+    # Only while the job has a feeder: one removed with its datasets can no longer clear what it said.
+    if said and render_feeder.dataset_tasks(job):
+        problems.append(PodProblem("feeder", None, reasons.DATASET_UNUSABLE, said))
+    for problem in problems:
         by_reason.setdefault(problem.reason, []).append(problem)
     for reason in reasons.DEGRADED_PRIORITY:
         if found := by_reason.get(reason):

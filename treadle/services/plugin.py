@@ -11,8 +11,9 @@ import importlib
 from typing import Any
 
 from treadle import errors
+from treadle.api import v1alpha1
 
-PREFIX = "py:"
+PREFIX = v1alpha1.USER_CODE
 
 
 def load(name: str, prefixes: tuple[str, ...], *, what: str, field: str) -> Any:

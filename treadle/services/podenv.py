@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import socket
 import sys
 import urllib.parse
@@ -22,8 +23,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from treadle import errors
+import kubernetes
+
+from treadle import errors, kubeapi
 from treadle.api import env_vars, jobconfig, v1alpha1
+
+log = logging.getLogger(__name__)
 
 ENGINE_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: sequences one inference replica runs at once."""
@@ -123,6 +128,23 @@ def job_config(
         if max_concurrent_generations is None
         else max_concurrent_generations,
     )
+
+
+def job_api(environ: Mapping[str, str]) -> tuple[kubeapi.Client, str, str] | None:
+    """(API client, namespace, job name) of a pod that may write on its own job; None outside a cluster.
+
+    None without ``TREADLE_JOB`` / ``TREADLE_NAMESPACE`` or without credentials (a pod rendered with
+    no ServiceAccount token); the scheduler and the feeder then report nothing on the job.
+    """
+    job, namespace = environ.get(env_vars.JOB), environ.get(env_vars.NAMESPACE)
+    if not job or not namespace:
+        return None
+    try:
+        client = kubeapi.Client.from_environment(pool_size=1, environ=environ)
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        log.info("no Kubernetes credentials (%s): nothing is reported on the job", exc)
+        return None
+    return client, namespace, job
 
 
 def advertised_host(bind_host: str) -> str:

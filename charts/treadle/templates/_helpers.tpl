@@ -47,3 +47,21 @@ app.kubernetes.io/component: operator
 {{- .Values.mooncake.externalMetadataUrl -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* A chart pod's placement: the component's nodeSelector, tolerations and affinity where set,
+else cpuPlacement's (by default off GPU nodes). Called with (dict "root" $ "component" .Values.X). */ -}}
+{{- define "treadle.placement" -}}
+{{- $default := .root.Values.cpuPlacement -}}
+{{- with (.component.nodeSelector | default $default.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.component.tolerations | default $default.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.component.affinity | default $default.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

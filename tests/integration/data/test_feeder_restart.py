@@ -34,6 +34,8 @@ def _job() -> v1alpha1.RolloutJob:
     return v1alpha1.parse_job({
         "apiVersion": "treadle.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "feedtest"},
         "spec": {
+            "feeder": {"volumes": [{"name": "data", "mountPath": str(ROOT / "manifests/dev/data"),
+                                    "hostPath": {"path": str(ROOT / "manifests/dev/data")}}]},
             "agents": [{"name": "solver", "model": "tiny"}],
             "pools": [{"name": "decode", "agent": "solver", "accelerator": "H20", "replicas": 1}],
             "tasks": [{"name": "math", "agents": ["solver"], "environment": "math-tool", "reward": "math",

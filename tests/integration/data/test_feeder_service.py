@@ -134,6 +134,8 @@ def _spec(tmp_path: Path) -> v1alpha1.RolloutJobSpec:
     dataset = {"source": {"path": str(path)}, "promptColumn": "question", "answerColumn": "answer",
                "idColumn": "id", "shuffleSeed": 11, "epochs": EPOCHS}  # fmt: skip
     return v1alpha1.parse_spec({
+        "feeder": {"volumes": [{"name": "data", "mountPath": str(tmp_path),
+                                "hostPath": {"path": str(tmp_path)}}]},
         "agents": [{"name": "a", "model": "m"}],
         "pools": [{"name": "decode", "agent": "a", "accelerator": "H20"}],
         "tasks": [{"name": "math", "agents": ["a"], "environment": "math-tool", "reward": "math",
@@ -145,9 +147,9 @@ def _feeder(
     spec: v1alpha1.RolloutJobSpec, redis: aioredis.Redis, namespace: str, scheduler: Scheduler
 ) -> feeder.FeederService:
     """A fresh feeder, as a new process would build it: rows read again, nothing in memory."""
-    datasets = feeder.read_datasets(spec, mount=dataset_api.CONFIG_MAP_MOUNT, hf_cache=None)
+    datasets = feeder.read_datasets(jobconfig.feeder_config(spec), mount=dataset_api.CONFIG_MAP_MOUNT)
     return feeder.FeederService(
-        feeds=feeder.feeds(spec, datasets, client=redis, namespace=namespace), scheduler=scheduler,
+        feeds=feeder.feeds(datasets, client=redis, namespace=namespace), scheduler=scheduler,
         target_pending=4, registry=prometheus_client.CollectorRegistry(),
     )  # fmt: skip
 

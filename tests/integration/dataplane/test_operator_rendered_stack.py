@@ -12,6 +12,7 @@ job, rendered and run the same way, must move a worker between agents (inter-age
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
+from treadle.api import dataset as dataset_api
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config, render
@@ -106,6 +108,38 @@ class Rewriter:
         return {e["name"]: self.value(e["value"]) for e in container["env"]}
 
 
+async def launch_rendered(
+    stack: stack_mod.Stack, rw: Rewriter, by_name: dict[str, dict[str, Any]], tmp_path: Path
+) -> tuple[int, int]:
+    """Every rendered service container of a one-pool job but the feeder, the vLLM one replaced by the
+    SIMULATED engine; returns the agent's and the scheduler's ports."""
+    # The order a cluster converges to; each process is started from its rendered container.
+    for name in ("buffer", "placement", "env", "reward"):
+        c = by_name[name]
+        argv, port = rw.command(c)
+        kind = "grpc" if name in render_common.COORDINATION else "http"
+        await stack.launch(name, argv, port=port, kind=kind, env=rw.env(c))
+    vllm = by_name["vllm"]
+    assert vllm["command"] == ["python", "-m", config.VLLM_MODULE]  # replaced by the simulated engine
+    max_len = vllm["args"][vllm["args"].index("--max-model-len") + 1]
+    engine_port = rw.ports["vllm"]
+    await stack.launch(
+        "engine", [sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1",
+                   "--port", str(engine_port), "--max-model-len", max_len],
+        port=engine_port, kind="http", health_path="/health",
+    )  # fmt: skip
+    agent_argv, agent_port = rw.command(by_name["agent"])
+    agent_env = rw.env(by_name["agent"])
+    assert agent_env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{engine_port}"
+    agent_env["TREADLE_AGENT_STATE"] = str(tmp_path / "agent.json")  # the pod's emptyDir
+    await stack.launch("agent", agent_argv, port=agent_port, kind="http", env=agent_env)
+    sched_argv, sched_port = rw.command(by_name["scheduler"])
+    await stack.launch(
+        "scheduler", sched_argv, port=sched_port, kind="grpc", env=rw.env(by_name["scheduler"])
+    )
+    return agent_port, sched_port
+
+
 async def test_rendered_children_run_and_fill_the_buffer(
     tmp_path: Path, redis_server: redis_server_mod.RedisServer
 ) -> None:
@@ -118,30 +152,7 @@ async def test_rendered_children_run_and_fill_the_buffer(
     await redis.delete(*[k async for k in redis.scan_iter(f"treadle:buf:{{{prefix}}}:*")] or ["-"])
 
     with stack_mod.Stack(tmp_path / "run") as stack:
-        # The order a cluster converges to; each process is started from its rendered container.
-        for name in ("buffer", "placement", "env", "reward"):
-            c = by_name[name]
-            argv, port = rw.command(c)
-            kind = "grpc" if name in render_common.COORDINATION else "http"
-            await stack.launch(name, argv, port=port, kind=kind, env=rw.env(c))
-        vllm = by_name["vllm"]
-        assert vllm["command"] == ["python", "-m", config.VLLM_MODULE]  # replaced by the simulated engine
-        max_len = vllm["args"][vllm["args"].index("--max-model-len") + 1]
-        engine_port = rw.ports["vllm"]
-        await stack.launch(
-            "engine", [sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1",
-                       "--port", str(engine_port), "--max-model-len", max_len],
-            port=engine_port, kind="http", health_path="/health",
-        )  # fmt: skip
-        agent_argv, agent_port = rw.command(by_name["agent"])
-        agent_env = rw.env(by_name["agent"])
-        assert agent_env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{engine_port}"
-        agent_env["TREADLE_AGENT_STATE"] = str(tmp_path / "agent.json")  # the pod's emptyDir
-        await stack.launch("agent", agent_argv, port=agent_port, kind="http", env=agent_env)
-        sched_argv, sched_port = rw.command(by_name["scheduler"])
-        await stack.launch(
-            "scheduler", sched_argv, port=sched_port, kind="grpc", env=rw.env(by_name["scheduler"])
-        )
+        agent_port, sched_port = await launch_rendered(stack, rw, by_name, tmp_path)
 
         placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}")
         scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
@@ -184,6 +195,76 @@ async def test_rendered_children_run_and_fill_the_buffer(
         spec = json.loads((config_dir / "job.json").read_text())
         assert spec["rollout"]["batchSize"] == job.spec.rollout.batch_size
     await redis.aclose()
+
+
+ROWS = 16
+USER_ENV = "py:treadle.services.env.examples:SingleTurn"
+
+
+def dataset_job() -> v1alpha1.RolloutJob:
+    """``math-tool-h20.yaml`` with prompts from the rows of a ConfigMap, served by a user environment."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["metadata"]["namespace"] = NAMESPACE
+    raw["spec"]["tasks"][0] |= {
+        "environment": USER_ENV, "groupSize": 2, "redundancy": 0, "maxTurns": 1,
+        "dataset": {"source": {"configMap": {"name": "math-rows", "key": "math.jsonl"}},
+                    "promptColumn": "question", "answerColumn": "answer", "idColumn": "id", "shuffleSeed": 5},
+    }  # fmt: skip
+    return v1alpha1.parse_job(raw)
+
+
+async def test_rendered_feeder_feeds_each_row_once_to_a_user_environment(
+    tmp_path: Path, redis_server: redis_server_mod.RedisServer
+) -> None:
+    """A dataset job as the operator renders it: the feeder, started from its container, reads the rows
+    of the ConfigMap where its pod mounts it, and the env pod, started from its own, serves the job's
+    ``py:`` environment (allowed because the job names it). Each row's group lands in the buffer once."""
+    job = dataset_job()
+    children = render.render_children(job, config.OperatorConfig(redis_url="redis://placeholder"))
+    config_dir = mount_configmap(children, tmp_path)
+    rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
+    by_name = containers(children)
+    feeder = by_name["feeder"]
+    # The ConfigMap's volume as the kubelet would mount it: one file per key, under the rendered mount.
+    mounted = tmp_path / "datasets"
+    rendered_mount = dataset_api.CONFIG_MAP_MOUNT / "math-rows"
+    assert str(rendered_mount) in {m["mountPath"] for m in feeder["volumeMounts"]}
+    (mounted / "math-rows").mkdir(parents=True)
+    lines = (EXAMPLE.parents[1] / "dev/data/math.jsonl").read_text().splitlines()[:ROWS]
+    (mounted / "math-rows" / "math.jsonl").write_text("\n".join(lines) + "\n")
+    prefix = f"{NAMESPACE}/{job.name}"
+    redis = aioredis.Redis.from_url(redis_server.url, protocol=2)
+    stale = [k async for k in redis.scan_iter(f"treadle:*{{{prefix}}}*")]
+    await redis.delete(*stale or ["-"])
+
+    with stack_mod.Stack(tmp_path / "run") as stack:
+        _, sched_port = await launch_rendered(stack, rw, by_name, tmp_path)
+        argv, port = rw.command(feeder)
+        argv += ["--config-map-mount", str(mounted), "--interval-s", "0.1"]  # where the kubelet mounts
+        await stack.launch("feeder", argv, port=port, kind="http", env=rw.env(feeder))
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
+        buffer = buffer_client.BufferClient(f"127.0.0.1:{rw.ports['buffer']}")
+        try:
+            deadline = time.monotonic() + 120
+            async with httpx.AsyncClient(timeout=5) as http:
+                while True:
+                    (feed,) = (await http.get(f"http://127.0.0.1:{port}/v1/feeds")).json()
+                    stats = await scheduler.stats()
+                    if feed["done"] and scheduler_client.settled(stats):
+                        break
+                    assert time.monotonic() < deadline, f"{feed} {stats}\n{stack.procs['feeder'].tail()}"
+                    await asyncio.sleep(0.2)
+            assert stats.completed == stats.submitted == ROWS * 2, dict(stats.failed_by_reason)
+            batch = await buffer.get_batch(batch_size=ROWS * 2, version=0, timeout_s=10)
+        finally:
+            await scheduler.aclose()
+            await buffer.aclose()
+    await redis.aclose()
+    per_group = collections.Counter(t.group_id for t in batch.trajectories)
+    ids = [json.loads(line)["id"] for line in lines]
+    assert per_group == {f"gem-math:e0:{i}": 2 for i in ids}  # every row once, none twice
+    questions = {json.loads(line)["question"] for line in lines}
+    assert all(t.prompt in questions for t in batch.trajectories)  # the user environment's prompt: the row's
 
 
 @pytest.mark.parametrize(

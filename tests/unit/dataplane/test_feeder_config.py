@@ -22,8 +22,10 @@ from treadle.v1 import scheduler_pb2
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _spec(dataset: dict[str, Any] | None, **task: Any) -> dict[str, Any]:
+def _spec(dataset: dict[str, Any] | None, *, data: Path = ROOT, **task: Any) -> dict[str, Any]:
+    """A job whose second task reads ``dataset``; its path sources lie under ``data``."""
     return {
+        "feeder": {"volumes": [{"name": "data", "mountPath": str(data), "hostPath": {"path": str(data)}}]},
         "agents": [{"name": "a", "model": "m"}],
         "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
         "tasks": [
@@ -52,11 +54,11 @@ def test_config_comes_from_the_pod_and_flags_override(tmp_path: Path) -> None:
     environ = _environ(tmp_path, _spec(EXAMPLE))
     cfg = feeder_main.parse_args([], environ)
     assert (cfg.redis_url, cfg.scheduler, cfg.namespace) == ("redis://127.0.0.1:1", "127.0.0.1:2", "job1")
-    assert cfg.target_pending == 48  # the job's batch size
+    assert cfg.feeder.target_pending == 48  # the job's batch size
     over = feeder_main.parse_args(
         ["--target-pending", "4", "--namespace", "ns", "--scheduler", "h:1"], environ
     )
-    assert (over.target_pending, over.namespace, over.scheduler) == (4, "ns", "h:1")
+    assert (over.feeder.target_pending, over.namespace, over.scheduler) == (4, "ns", "h:1")
     prefixed = feeder_main.parse_args([], {**environ, env_vars.KEY_PREFIX: "default/job1"})
     assert prefixed.namespace == "default/job1"
 
@@ -83,10 +85,10 @@ def test_an_unusable_dataset_exits_2_naming_its_field(
 
 def test_only_dataset_tasks_are_read_with_their_members_and_weights() -> None:
     spec = v1alpha1.parse_spec(_spec(EXAMPLE, groupSize=4, redundancy=0.5, weight=2.0))
-    datasets = service.read_datasets(spec, mount=dataset_api.CONFIG_MAP_MOUNT, hf_cache=None)
-    assert [d.index for d in datasets] == [1] and len(datasets[0].rows) == 64
+    datasets = service.read_datasets(jobconfig.feeder_config(spec), mount=dataset_api.CONFIG_MAP_MOUNT)
+    assert [d.task.index for d in datasets] == [1] and len(datasets[0].rows) == 64
     unconnected = aioredis.Redis.from_url("redis://127.0.0.1:1")  # builds no connection until used
-    (feed,) = service.feeds(spec, datasets, client=unconnected, namespace="ns")
+    (feed,) = service.feeds(datasets, client=unconnected, namespace="ns")
     assert (feed.task, feed.members, feed.weight) == ("rows", 6, 2.0)
     assert feed.store.key.startswith("treadle:feed:{ns}:rows:")
     (group,) = feed.groups(feed.position, 1)
@@ -98,9 +100,9 @@ def test_only_dataset_tasks_are_read_with_their_members_and_weights() -> None:
 def test_a_row_too_large_for_the_scheduler_names_the_dataset(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"prompt": "x" * (scheduler_protocol.MAX_OPTIONS_BYTES + 1)}) + "\n")
-    spec = v1alpha1.parse_spec(_spec({"source": {"path": str(path)}}))
+    spec = v1alpha1.parse_spec(_spec({"source": {"path": str(path)}}, data=tmp_path))
     with pytest.raises(errors.SpecError, match="row '0' takes") as info:
-        service.read_datasets(spec, mount=dataset_api.CONFIG_MAP_MOUNT, hf_cache=None)
+        service.read_datasets(jobconfig.feeder_config(spec), mount=dataset_api.CONFIG_MAP_MOUNT)
     assert info.value.field == "spec.tasks[1].dataset"
 
 

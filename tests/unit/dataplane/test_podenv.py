@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from treadle import errors
-from treadle.api import v1alpha1
+from treadle.api import jobconfig, v1alpha1
 from treadle.localmode import plan
 from treadle.operator import config, render
 from treadle.operator.render import common as render_common
@@ -211,3 +211,16 @@ async def test_the_scheduler_reports_its_reward_backlog_until_stopped() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert reporter.reported[:3] == [5, 2, 0]
+
+
+def test_env_pod_serves_the_user_environments_its_job_names() -> None:
+    user = "py:treadle.services.env.examples:SingleTurn"
+    assert jobconfig.user_modules([user, "math-tool", "py:a.b:f", "py:a.b:g"]) == (
+        "a.b",
+        "treadle.services.env.examples",
+    )
+    env_main.check_environments({"math-tool", user}, jobconfig.user_modules([user]))
+    with pytest.raises(errors.SpecError, match="not under an allowed module prefix"):
+        env_main.check_environments({user})
+    with pytest.raises(errors.SpecError, match="cannot import"):
+        env_main.check_environments({"py:treadle.services.env.nosuch:X"}, ("treadle.services.env",))

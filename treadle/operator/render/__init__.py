@@ -15,11 +15,14 @@ the garbage collector deletes them with J even while the operator is down):
   the endpoint map every component reads. The spec reaches every service only there: no
   ``TREADLE_*`` variable repeats a spec field (``treadle.api.env_vars.RENDERED``).
 - ``J-scheduler``, ``J-placement``, ``J-buffer`` Deployments + Services: per-job coordination.
-- ``J-scheduler`` ServiceAccount + Role + RoleBinding: the one pod that talks to the API server
-  (it reports reward demand on the job), allowed to ``patch`` this one RolloutJob and nothing
-  else. Every other pod runs without a ServiceAccount token.
+- ``J-scheduler`` ServiceAccount + Role + RoleBinding: the scheduler reports reward demand on the
+  job, allowed to ``patch`` this one RolloutJob and nothing else. Every pod but the scheduler and
+  the feeder runs without a ServiceAccount token.
 - ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
 - ``J-env`` Deployment + Service: CPU environment pods.
+- ``J-feeder`` Deployment + Service: the dataset feeder (only for a job with dataset tasks), with a
+  ServiceAccount + Role + RoleBinding like the scheduler's: it may patch this one RolloutJob, to say
+  why it cannot read a dataset (``v1alpha1.FEEDER_PROBLEM_ANNOTATION``).
 - ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
   It is the only ClusterIP Service (stateless, idempotent scoring behind a balancer); the others
   are headless: singletons, stateful env sessions and per-replica inference/store addresses.
@@ -40,7 +43,7 @@ from typing import Any
 
 from treadle.api import v1alpha1
 from treadle.operator import config
-from treadle.operator.render import backends, common, coordination, pool
+from treadle.operator.render import backends, common, coordination, feeder, pool
 
 
 def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
@@ -51,6 +54,8 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
         out[common.child_name(job, "weights")] = spec.weights.replicas
     out[common.child_name(job, "env")] = spec.environment.replicas
     out[common.child_name(job, "reward")] = backends.reward_replicas(job)
+    if feeder.dataset_tasks(job):
+        out[common.child_name(job, "feeder")] = 1
     out |= {common.child_name(job, "pool", p.name): p.replicas for p in spec.pools}
     return {name: 0 if spec.suspend else n for name, n in out.items()}
 
@@ -58,12 +63,13 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """Every child of the job, in apply order (config first, inference pools last)."""
     # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused.
-    out = [coordination.render_config(job, cfg), *coordination.render_scheduler_identity(job, cfg)]
+    out = [coordination.render_config(job, cfg), *coordination.render_identity(job, cfg, "scheduler")]
     for component in common.COORDINATION:
         out += coordination.render_coordination(job, cfg, component)
     out += backends.render_weights(job, cfg)
     out += backends.render_environment(job, cfg)
     out += backends.render_reward(job, cfg)
+    out += feeder.render_feeder(job, cfg)
     for p in job.spec.pools:
         out += pool.render_pool(job, cfg, p)
     return out

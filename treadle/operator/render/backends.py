@@ -56,8 +56,7 @@ def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> 
         image=env.image,
         resources={"requests": dict(quantity), "limits": dict(quantity)},
     )
-    # CPU pods stay off GPU nodes: the GPU taint already keeps them away, the selector makes it explicit.
-    pod = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
+    pod = {"containers": [container], **common.cpu_placement(job)}
     deployment = common.deployment(job, cfg, "env", replicas=env.replicas, pod_spec=pod)
     # Headless: an environment session lives in one pod's memory, so the scheduler must open and
     # step it on the same pod; DNS lists every pod and a balancer would scatter the steps.
@@ -80,12 +79,13 @@ def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
     """The reward gateway; its replicas follow ``reward_replicas``."""
     reward = job.spec.reward
     container = common.service_container(job, cfg, "reward")
-    pod: dict[str, Any] = {"containers": [container], "nodeSelector": {nodes.ACCELERATOR_LABEL: "none"}}
+    pod: dict[str, Any] = {"containers": [container]}
     gpus = job.spec.external_resources.reward_model_gpus
     if reward.type == "llm-judge" and gpus > 0:
         # The judge model runs on GPUs of its own (any class), as RollArt's reward LLM does.
         container["resources"] = {"limits": {nodes.GPU_RESOURCE: str(gpus)}, "requests": {"cpu": "2"}}
-        pod["nodeSelector"] = {}
         pod["tolerations"] = [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    else:
+        pod |= common.cpu_placement(job)
     deployment = common.deployment(job, cfg, "reward", replicas=reward_replicas(job), pod_spec=pod)
     return [deployment, common.service(job, cfg, "reward", {"http": config.PORTS["reward"]})]

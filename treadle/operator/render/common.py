@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,6 +125,37 @@ def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[s
         env_vars.REWARD_URL: ep["reward"],
     }
     return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def not_on_gpu_nodes() -> dict[str, Any]:
+    """Node affinity keeping a pod off GPU nodes, with no label needed on the CPU nodes.
+
+    A node is a GPU node if NVIDIA's feature discovery marked it (``nvidia.com/gpu.present``, on
+    clusters running the GPU operator) or Treadle's label names a GPU class (the label the inference
+    pools select on; a CPU node may carry ``none`` or nothing). ``NotIn`` and ``DoesNotExist`` both
+    match a node without the label, so an unlabelled CPU node qualifies.
+    """
+    gpu_classes = sorted(typing.get_args(v1alpha1.Accelerator))
+    term = {
+        "matchExpressions": [
+            {"key": nodes.GPU_PRESENT_LABEL, "operator": "DoesNotExist"},
+            {"key": nodes.ACCELERATOR_LABEL, "operator": "NotIn", "values": gpu_classes},
+        ]
+    }
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def cpu_placement(job: v1alpha1.RolloutJob) -> dict[str, Any]:
+    """The pod-spec fields placing a CPU pod (``spec.placement.cpu``): by default off GPU nodes."""
+    cpu = job.spec.placement.cpu
+    out: dict[str, Any] = {}
+    if cpu.avoid_gpu_nodes:
+        out["affinity"] = not_on_gpu_nodes()
+    if cpu.node_selector:
+        out["nodeSelector"] = dict(cpu.node_selector)
+    if cpu.tolerations:
+        out["tolerations"] = [t.model_dump(exclude_none=True) for t in cpu.tolerations]
+    return out
 
 
 def config_volume(job: v1alpha1.RolloutJob) -> dict[str, Any]:

@@ -25,14 +25,17 @@ def render_config(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[
     )
 
 
-def render_scheduler_identity(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
-    """The scheduler's ServiceAccount, allowed only to patch its own job (the reward-demand annotation)."""
-    name = common.child_name(job, "scheduler")
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.meta(job, cfg, "scheduler")}
+def render_identity(
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
+) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding of a component allowed to patch its own job and nothing
+    else: the scheduler (the reward-demand annotation) and the feeder (the feeder-problem one)."""
+    name = common.child_name(job, component)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.meta(job, cfg, component)}
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": common.meta(job, cfg, "scheduler"),
+        "metadata": common.meta(job, cfg, component),
         "rules": [
             {
                 "apiGroups": [v1alpha1.GROUP],
@@ -45,11 +48,16 @@ def render_scheduler_identity(job: v1alpha1.RolloutJob, cfg: config.OperatorConf
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": common.meta(job, cfg, "scheduler"),
+        "metadata": common.meta(job, cfg, component),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
     }
     return [common.stamp(account), common.stamp(role), common.stamp(binding)]
+
+
+def runs_as_own_identity(job: v1alpha1.RolloutJob, component: str) -> dict[str, Any]:
+    """The pod-spec fields that run a component as the account ``render_identity`` made for it."""
+    return {"serviceAccountName": common.child_name(job, component), "automountServiceAccountToken": True}
 
 
 def render_coordination(
@@ -57,12 +65,9 @@ def render_coordination(
 ) -> list[dict[str, Any]]:
     """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
     container = common.service_container(job, cfg, component)
-    pod: dict[str, Any] = {"containers": [container]}
+    pod: dict[str, Any] = {"containers": [container], **common.cpu_placement(job)}
     if component == "scheduler":
-        pod |= {
-            "serviceAccountName": common.child_name(job, "scheduler"),
-            "automountServiceAccountToken": True,
-        }
+        pod |= runs_as_own_identity(job, "scheduler")
     # One replica: the service's state is per job and lives in this one process (or in Redis).
     deployment = common.deployment(job, cfg, component, replicas=1, max_surge=0, pod_spec=pod)
     deployment["spec"]["strategy"] = {"type": "Recreate"}

@@ -2,7 +2,9 @@
 
 A pod started by the operator (and local mode, the same way) reads its job file
 (``treadle.api.jobconfig.EnvConfig``): an environment the job's tasks name that this image does not
-serve is a startup error, not a failure on the first trajectory; ``spec.environment.warmPool`` and
+serve is a startup error, not a failure on the first trajectory. User environments
+(``py:<module>:<Class>``) are imported from the modules the job names and from the
+``--allow-user-module`` prefixes, as the reward gateway's user functions; ``spec.environment.warmPool`` and
 ``spec.externalResources.cpuCoresPerAction`` fill ``--warm-pool`` and ``--cpu-per-action``, which a
 bare env server without a job takes (default none and 1).
 """
@@ -19,7 +21,7 @@ from kubernetes.utils import quantity
 
 from treadle import errors
 from treadle.api import env_vars, jobconfig
-from treadle.services import podenv
+from treadle.services import plugin, podenv
 from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
 
@@ -29,13 +31,18 @@ MAX_WARM_POOL = 64
 CPU_PER_ACTION_FIELD = "spec.externalResources.cpuCoresPerAction"
 
 
-def check_environments(wanted: Collection[str]) -> None:
-    """Refuse to start without every environment the job's tasks name."""
-    if missing := sorted(set(wanted) - set(service.BUILTIN)):
+def check_environments(wanted: Collection[str], user_prefixes: tuple[str, ...] = ()) -> None:
+    """Refuse to start without every environment the job's tasks name: a built-in, or user code
+    that imports from an allowed module (imported here once, so a missing module fails the pod)."""
+    field = f"{env_vars.CONFIG}:spec.tasks.environment"
+    user = sorted(n for n in wanted if n.startswith(plugin.PREFIX))
+    if missing := sorted(set(wanted) - set(service.BUILTIN) - set(user)):
         raise errors.SpecError(
-            f"this image serves no environment {missing}; it serves {sorted(service.BUILTIN)}",
-            field=f"{env_vars.CONFIG}:spec.tasks.environment", value=missing,
+            f"this image serves no environment {missing}; it serves {sorted(service.BUILTIN)}"
+            f" and user environments py:MODULE:CLASS", field=field, value=missing,
         )  # fmt: skip
+    for name in user:
+        plugin.load(name, user_prefixes, what="user environment", field=field)
 
 
 def cpus_per_action(raw: str) -> int:
@@ -70,17 +77,23 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
     p.add_argument("--warm-pool", type=int, default=None, help="default: the job's or 0")
     p.add_argument("--cpu-per-action", default=None, help="default: the job's or 1")
+    p.add_argument(
+        "--allow-user-module", action="append", default=[],
+        help="module prefix for py: environments (besides the job's own)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     job = podenv.Job(environ)
     env = podenv.or_exit(lambda: job.config.env if job.present else None, prog=PROG)
+    prefixes = (*a.allow_user_module, *(env.user_modules if env else ()))
     if env is not None:
-        podenv.or_exit(lambda: check_environments(env.environments), prog=PROG)
+        podenv.or_exit(lambda: check_environments(env.environments, prefixes), prog=PROG)
     warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, env), prog=PROG)
     raw_cpu = a.cpu_per_action or (env.cpu_per_action if env else "1")
     cpus = podenv.or_exit(lambda: cpus_per_action(raw_cpu), prog=PROG)
     app = http_app.build_app(
         max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
         sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm, cpus_per_action=cpus,
+        user_prefixes=prefixes,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

@@ -1,10 +1,13 @@
 """``python -m treadle.services.feeder``: feed each dataset task's rows to the scheduler.
 
-Reads the job as the other services do (``treadle.services.podenv``): the spec from
-``TREADLE_CONFIG``, ``TREADLE_JOB``, and ``TREADLE_REDIS_URL`` / ``TREADLE_SCHEDULER_ADDR`` /
-``TREADLE_KEY_PREFIX``, which the flags override. A dataset that cannot be read exits 2 with one line
-naming its field (``spec.tasks[i].dataset...``). Once every epoch is fed it keeps serving its
-health, metrics and ``/v1/feeds`` (a finished feeder is not a crashed one).
+Reads the job as the other services do (``treadle.services.podenv``): its dataset tasks, target and
+Hugging Face cache from the job file (``TREADLE_CONFIG``, ``treadle.api.jobconfig.FeederConfig``),
+``TREADLE_JOB``, and ``TREADLE_REDIS_URL`` / ``TREADLE_SCHEDULER_ADDR`` / ``TREADLE_KEY_PREFIX``; the
+flags override. A dataset that cannot be read is named by its field (``spec.tasks[i].dataset...``):
+in a pod of a job (``TREADLE_NAMESPACE`` and credentials) the feeder stays up, not ready, writes the
+reason on its job (``problem``, which the operator reports as Degraded) and reads the job file and
+the datasets again every ``--retry-s``; elsewhere it exits 2 with that one line. Once every epoch
+is fed it keeps serving its health, metrics and ``/v1/feeds`` (a finished feeder is not a crashed one).
 """
 
 from __future__ import annotations
@@ -16,34 +19,35 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import redis.asyncio as aioredis
 import uvicorn
 
+from treadle import errors
 from treadle.api import dataset as dataset_api
-from treadle.api import env_vars, v1alpha1
+from treadle.api import env_vars, jobconfig
 from treadle.services import podenv
-from treadle.services.feeder import http_app, service
+from treadle.services.feeder import http_app, problem, service
 from treadle.services.httputil import app as httputil_app
 from treadle.services.httputil import serve
 from treadle.services.scheduler import client as scheduler_client
 
 PROG = "python -m treadle.services.feeder"
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     host: str
     port: int
-    job: v1alpha1.RolloutJob
+    feeder: jobconfig.FeederConfig
     redis_url: str
     scheduler: str
     namespace: str
-    target_pending: int
     interval_s: float
     mount: PurePosixPath
-    hf_cache: Path | None
+    retry_s: float
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -60,18 +64,25 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument(
         "--config-map-mount", default=str(dataset_api.CONFIG_MAP_MOUNT), help="where ConfigMaps are"
     )
-    p.add_argument("--hf-cache", type=Path, help="Hugging Face hub cache (default: HF_HUB_CACHE)")
+    p.add_argument("--hf-cache", help="Hugging Face hub cache (default: the job's, else HF_HUB_CACHE)")
+    p.add_argument(
+        "--retry-s", type=float, default=30.0, help="seconds between readings of an unusable dataset"
+    )
     a = p.parse_args(argv)
 
     def build() -> Config:
-        job = podenv.load_job(environ)
+        job = podenv.Job(environ).config
+        feeder = job.feeder
+        if a.target_pending is not None:
+            feeder = dataclasses.replace(feeder, target_pending=a.target_pending)
+        if a.hf_cache:
+            feeder = dataclasses.replace(feeder, hf_cache=a.hf_cache)
         return Config(
-            host=a.host, port=a.port, job=job,
+            host=a.host, port=a.port, feeder=feeder,
             redis_url=podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis"),
             scheduler=podenv.pick(a.scheduler, environ, env_vars.SCHEDULER_ADDR, flag="--scheduler"),
-            namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.name,
-            target_pending=job.spec.rollout.batch_size if a.target_pending is None else a.target_pending,
-            interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), hf_cache=a.hf_cache,
+            namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.job,
+            interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), retry_s=a.retry_s,
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -83,8 +94,8 @@ async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
     scheduler = scheduler_client.SchedulerClient(cfg.scheduler)
     registry = httputil_app.registry()
     svc = service.FeederService(
-        feeds=service.feeds(cfg.job.spec, datasets, client=client, namespace=cfg.namespace),
-        scheduler=scheduler, target_pending=cfg.target_pending, registry=registry,
+        feeds=service.feeds(datasets, client=client, namespace=cfg.namespace),
+        scheduler=scheduler, target_pending=cfg.feeder.target_pending, registry=registry,
     )  # fmt: skip
     server = uvicorn.Server(serve.config(http_app.build_app(svc, registry), cfg.host, cfg.port))
     stop = asyncio.Event()
@@ -105,12 +116,64 @@ async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
         await client.aclose()
 
 
-def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
+async def wait_for_datasets(
+    argv: list[str] | None, environ: Mapping[str, str], reporter: problem.ProblemReporter
+) -> tuple[Config, list[service.TaskRows]] | None:
+    """The config and every dataset's rows, once they can be read; None if SIGTERM came first.
+
+    Meanwhile the feeder is alive (its port answers) but not ready (``/healthz`` fails), and its job
+    carries the reason, so a bad dataset shows as the job's Degraded condition, not a crash loop.
+    """
     cfg = parse_args(argv, environ)
-    spec = cfg.job.spec
-    datasets = podenv.or_exit(
-        lambda: service.read_datasets(spec, mount=cfg.mount, hf_cache=cfg.hf_cache), prog=PROG
-    )
+    try:
+        datasets = service.read_datasets(cfg.feeder, mount=cfg.mount)
+    except errors.SpecError as exc:
+        why = str(exc)
+    else:
+        await reporter.report(None)  # what an earlier pod of the job said is over
+        return cfg, datasets
+    app = httputil_app.new_app(title="treadle feeder", registry=httputil_app.registry(), ready=lambda: False)
+    server = uvicorn.Server(serve.config(app, cfg.host, cfg.port))
+    serving = asyncio.create_task(server.serve(), name="serving")
+    try:
+        while True:
+            log.error("cannot feed (reading again in %.0fs): %s", cfg.retry_s, why)
+            await reporter.report(why)
+            done, _ = await asyncio.wait({serving}, timeout=cfg.retry_s)
+            if done:
+                return None
+            cfg = parse_args(argv, environ)  # the job file too: a fixed spec reaches the mounted copy
+            try:
+                datasets = service.read_datasets(cfg.feeder, mount=cfg.mount)
+            except errors.SpecError as exc:
+                why = str(exc)
+                continue
+            log.info("every dataset is readable now")
+            await reporter.report(None)
+            return cfg, datasets
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def run_in_pod(
+    argv: list[str] | None, environ: Mapping[str, str], reporter: problem.ProblemReporter
+) -> None:
+    try:
+        ready = await wait_for_datasets(argv, environ, reporter)
+    finally:
+        await reporter.aclose()
+    if ready is not None:
+        await run(*ready)
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
+    reporter = problem.ProblemReporter.from_env(environ)
+    if reporter is not None:
+        asyncio.run(run_in_pod(argv, environ, reporter))
+        return
+    cfg = parse_args(argv, environ)
+    datasets = podenv.or_exit(lambda: service.read_datasets(cfg.feeder, mount=cfg.mount), prog=PROG)
     asyncio.run(run(cfg, datasets))
 
 

@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from treadle import errors, metrics
-from treadle.api import jobconfig, v1alpha1
+from treadle.api import jobconfig
 from treadle.data import reader
 from treadle.data import rows as rows_mod
 from treadle.policy import feeding
@@ -88,21 +88,17 @@ class Feed:
 class TaskRows:
     """A dataset task's rows as read at start, with each row's group options."""
 
-    index: int
-    """The task's index in ``spec.tasks`` (errors name ``spec.tasks[index].dataset``)."""
+    task: jobconfig.FeedTask
     rows: list[rows_mod.Row]
     options: list[str]
 
 
-def read_datasets(
-    spec: v1alpha1.RolloutJobSpec, *, mount: PurePosixPath, hf_cache: Path | None
-) -> list[TaskRows]:
+def read_datasets(cfg: jobconfig.FeederConfig, *, mount: PurePosixPath) -> list[TaskRows]:
     """Every dataset task's rows; ``SpecError`` naming ``spec.tasks[i].dataset...`` for one unusable."""
     out = []
-    for index, task in enumerate(spec.tasks):
-        if task.dataset is None:
-            continue
-        field = f"spec.tasks[{index}].dataset"
+    hf_cache = Path(cfg.hf_cache) if cfg.hf_cache is not None else None
+    for task in cfg.tasks:
+        field = f"spec.tasks[{task.index}].dataset"
         rows = reader.load(task.dataset, field=field, mount=mount, hf_cache=hf_cache)
         options = [json.dumps({rows_mod.OPTION: r.option()}, separators=(",", ":")) for r in rows]
         for row, text in zip(rows, options, strict=True):
@@ -111,24 +107,18 @@ def read_datasets(
                     f"row {row.row_id!r} takes {len(text)} bytes as a group's options; the scheduler takes "
                     f"at most {scheduler_protocol.MAX_OPTIONS_BYTES}", field=field,
                 )  # fmt: skip
-        out.append(TaskRows(index, rows, options))
+        out.append(TaskRows(task, rows, options))
     return out
 
 
-def feeds(
-    spec: v1alpha1.RolloutJobSpec, datasets: Sequence[TaskRows], *, client: aioredis.Redis, namespace: str
-) -> list[Feed]:
+def feeds(datasets: Sequence[TaskRows], *, client: aioredis.Redis, namespace: str) -> list[Feed]:
     """One ``Feed`` per dataset task, its position keyed by the rows' digest (``store``)."""
     out = []
     for d in datasets:
-        task = spec.tasks[d.index]
-        assert task.dataset is not None  # read_datasets reads only dataset tasks
-        members = jobconfig.TaskConfig(
-            name=task.name, env=task.environment, group_size=task.group_size, redundancy=task.redundancy
-        ).members
+        task = d.task
         digest = hashlib.blake2b("\n".join(d.options).encode(), digest_size=8).hexdigest()
         out.append(Feed(
-            task=task.name, rows=d.rows, options=d.options, members=members, weight=task.weight,
+            task=task.name, rows=d.rows, options=d.options, members=task.members, weight=task.weight,
             shuffle=feeding.Shuffle(len(d.rows), seed=task.dataset.shuffle_seed, epochs=task.dataset.epochs),
             store=store.PositionStore(client, store.key(namespace, task.name, digest)),
         ))  # fmt: skip

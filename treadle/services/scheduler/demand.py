@@ -24,8 +24,9 @@ import kubernetes
 import urllib3
 
 from treadle import kubeapi
-from treadle.api import env_vars, v1alpha1
+from treadle.api import v1alpha1
 from treadle.errors import SpecError
+from treadle.services import podenv
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,8 @@ class RewardDemandReporter:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RewardDemandReporter | None:
         """A reporter for ``$TREADLE_NAMESPACE/$TREADLE_JOB``; ``None`` outside a cluster."""
-        job, namespace = environ.get(env_vars.JOB), environ.get(env_vars.NAMESPACE)
-        if not job or not namespace:
-            return None
-        try:
-            client = kubeapi.Client.from_environment(pool_size=1, environ=environ)
-        except (kubernetes.config.ConfigException, OSError) as exc:
-            log.info("no Kubernetes credentials (%s): reward demand is not reported", exc)
-            return None
-        return cls(client, namespace=namespace, job=job)
+        found = podenv.job_api(environ)
+        return None if found is None else cls(found[0], namespace=found[1], job=found[2])
 
     async def report(self, pending: int) -> None:
         """Annotate the job with ``pending`` unless that is already the last value written."""
