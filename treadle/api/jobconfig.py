@@ -23,6 +23,9 @@ from treadle.policy.flexmarl import load_balance
 REWARD_COLD_START_S = 180.0
 """How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
 scheduling, image pull and start, with margin) before failing a trajectory."""
+ENV_START_S = 120.0
+"""How long a session's open waits for the job's env pool to have a ready pod (found on the dev
+cluster: the feeder's first groups failed while the env pod was still starting)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +104,11 @@ class Settings:
     until then ``Unavailable`` is retried with backoff capped at ``max_backoff_s`` beyond
     ``reward_attempts``. Timeouts and other errors still count against ``reward_attempts``. Set by
     ``job_config`` when the job's reward gateway can scale to zero."""
+    env_open_unavailable_s: float = 0.0
+    """If > 0: opening an environment session waits out ``Unavailable`` (no env pod ready yet: a
+    job's pods start together, and the scheduler takes prompts before its env pool is ready) this
+    long, as ``reward_unavailable_s`` does; steps still fail after ``env_attempts``. Set by
+    ``job_config``."""
     buffer_put_max: int = 256
     """Finished trajectories put to the buffer in one call at most."""
 
@@ -249,6 +257,7 @@ def job_config(
         scheduling_policy=spec.rollout.scheduling_policy,
         # A gateway scaled to zero answers Unavailable until its first pod is ready: wait that out.
         reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else 0.0,
+        env_open_unavailable_s=ENV_START_S,
     )
     pool_shapes = {
         p.name: f"{models[p.agent]}/tp{p.tensor_parallel_size}/{p.accelerator}" for p in spec.pools

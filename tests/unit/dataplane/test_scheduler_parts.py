@@ -112,6 +112,19 @@ async def test_retry_waits_out_an_unavailable_reward_gateway_for_its_budget() ->
     assert forever.calls < 100
 
 
+async def test_retry_waits_out_an_env_pool_not_ready_on_open_but_not_on_step() -> None:
+    """Found on the dev cluster: the feeder's first groups failed while the env pod was starting."""
+    ticks = itertools.count()
+    settings = jobconfig.Settings(backoff_s=0.0, env_attempts=2, env_open_unavailable_s=10.0)
+    retrier = retry.Retrier(settings, _tally(), clock=lambda: float(next(ticks)))
+    starting = _Flaky([errors.Unavailable("no address")] * 3)  # more than env_attempts
+    assert await retrier.call(_traj(), "environment", "open", starting) == "ok"
+    with pytest.raises(trajectory.Failed, match="more than env_open_unavailable_s=10"):
+        await retrier.call(_traj(), "environment", "open", _Flaky([errors.Unavailable("gone")] * 100))
+    with pytest.raises(trajectory.Failed, match="environment: step failed after 2 attempts"):
+        await retrier.call(_traj(), "environment", "step", _Flaky([errors.Unavailable("pod gone")] * 3))
+
+
 # --- reward stage -----------------------------------------------------------------------------------
 
 
