@@ -125,6 +125,22 @@ async def test_retry_waits_out_an_env_pool_not_ready_on_open_but_not_on_step() -
         await retrier.call(_traj(), "environment", "step", _Flaky([errors.Unavailable("pod gone")] * 3))
 
 
+async def test_retry_waits_out_placement_without_a_ready_worker_for_its_budget() -> None:
+    """Found on the dev cluster: every turn failed while the one vLLM engine was still loading."""
+    ticks = itertools.count()
+    settings = jobconfig.Settings(backoff_s=0.0, worker_unavailable_s=10.0)
+    retrier = retry.Retrier(settings, _tally(), clock=lambda: float(next(ticks)))
+    loading = _Flaky([errors.Unavailable("no healthy worker")] * 3)
+    assert await retrier.call(_traj(), "placement", "assign", loading, account=False) == "ok"
+    with pytest.raises(trajectory.Failed, match="more than worker_unavailable_s=10"):
+        await retrier.call(
+            _traj(), "placement", "assign", _Flaky([errors.Unavailable("none")] * 100), account=False
+        )
+    unset = retry.Retrier(jobconfig.Settings(backoff_s=0.0), _tally(), clock=lambda: 0.0)
+    with pytest.raises(trajectory.Failed, match="placement: assign failed after 1 attempts"):
+        await unset.call(_traj(), "placement", "assign", _Flaky([errors.Unavailable("none")]), account=False)
+
+
 # --- reward stage -----------------------------------------------------------------------------------
 
 

@@ -28,21 +28,27 @@ class Retrier:
             "environment": settings.env_attempts,
             "reward": settings.reward_attempts,
             "generation": settings.generation_attempts,
+            # Placement is asked once; only its ``Unavailable`` (no worker ready) is waited out.
+            "placement": 1,
         }
         """Calls per stage before a trajectory fails; built once, not in every ``call`` frame (held
         across each awaited call, so young GC collections walked one per trajectory)."""
 
     def _unavailable_budget(self, stage: str, call: str) -> float:
-        """Seconds ``Unavailable`` is waited out: the reward gateway's cold start, and an environment
-        session's open (no env pod ready yet). Not a step: its session lives in one pod, and a step
-        to a pod that went away can never succeed."""
-        if stage == "reward":
-            return self.settings.reward_unavailable_s
-        return self.settings.env_open_unavailable_s if (stage, call) == ("environment", "open") else 0.0
+        """Seconds ``Unavailable`` is waited out: the reward gateway's cold start, an environment
+        session's open (no env pod ready yet) and placement with no inference worker ready (engines
+        loading). Not an env step: its session lives in one pod, and a step to a pod that went away
+        can never succeed."""
+        name = self._budget_name(stage, call)
+        return float(getattr(self.settings, name)) if name else 0.0
 
     @staticmethod
-    def _budget_name(stage: str) -> str:
-        return "reward_unavailable_s" if stage == "reward" else "env_open_unavailable_s"
+    def _budget_name(stage: str, call: str) -> str:
+        return {
+            ("reward", call): "reward_unavailable_s",
+            ("environment", "open"): "env_open_unavailable_s",
+            ("placement", call): "worker_unavailable_s",
+        }.get((stage, call), "")
 
     async def call(
         self,
@@ -78,7 +84,7 @@ class Retrier:
                     if now - unavailable_since >= budget:
                         raise trajectory.Failed(
                             f"{stage}: {call}: unavailable for {now - unavailable_since:.1f}s, more than "
-                            f"{self._budget_name(stage)}={budget:g}: {exc}"
+                            f"{self._budget_name(stage, call)}={budget:g}: {exc}"
                         ) from exc
                 else:
                     attempt += 1
