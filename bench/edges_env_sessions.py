@@ -6,7 +6,8 @@ steps each once with a calculator call and once with its final answer, then clos
 Reported: wall time and requests/s per phase, step latency p50/p99, the server's resident memory with
 all sessions open (VmRSS from /proc), and memory per session. This machine has 2 cores.
 
-Warm pool: two more servers, ``--warm-pool 0`` and ``--warm-pool N``, each run ``--code-sessions``
+Warm pool: two more servers, from job files with ``spec.environment.warmPool`` 0 and N
+(``--warm-pool``), each run ``--code-sessions``
 ``python-code`` sessions one after another: open, ``--code-gap-s`` idle (the model's first turn,
 during which the pool refills), one attempt, close. Reported side by side: open and first-attempt
 latency p50/p99. The attempt's figure is the whole sandboxed run: process start (what the pool
@@ -28,6 +29,8 @@ from typing import Any
 import benchcli
 import httpx
 
+from treadle.api import v1alpha1
+from treadle.services import podenv
 from treadle.services.httputil import client as http
 from treadle.testing import procs
 
@@ -143,6 +146,20 @@ def healthy(url: str) -> bool:
         return False
 
 
+def code_job(warm_pool: int) -> v1alpha1.RolloutJob:
+    """A python-code job keeping ``warm_pool`` sandbox processes warm (the env server reads only that)."""
+    return v1alpha1.parse_job({
+        "apiVersion": v1alpha1.API_VERSION, "kind": v1alpha1.KIND, "metadata": {"name": "env-sessions"},
+        "spec": {
+            "agents": [{"name": "default", "model": "none"}],
+            "pools": [{"name": "p", "agent": "default", "accelerator": "H100"}],
+            "tasks": [{"name": "code", "agents": ["default"], "environment": "python-code",
+                       "reward": "code-tests"}],
+            "environment": {"warmPool": warm_pool},
+        },
+    })  # fmt: skip
+
+
 def main() -> None:
     cfg = benchcli.parse(Config, __doc__)
     out = Path(cfg.out)
@@ -167,8 +184,9 @@ def main() -> None:
     for pool in (0, cfg.warm_pool):
         port = procs.free_port()
         code_url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "treadle.services.env", "--port", str(port), "--warm-pool", str(pool)]
-        with procs.running("env", argv, lambda: healthy(f"{code_url}/healthz"), timeout=60):  # noqa: B023
+        argv = [sys.executable, "-m", "treadle.services.env", "--port", str(port)]
+        job = podenv.job_env(code_job(pool), out / f"warm-pool-{pool}")
+        with procs.running("env", argv, lambda: healthy(f"{code_url}/healthz"), env=job, timeout=60):  # noqa: B023
             time.sleep(1.0)  # the pool fills in the background after startup
             warm[pool] = asyncio.run(code_latency(cfg, code_url))
     print(

@@ -105,7 +105,9 @@ from typing import Any
 import benchcli
 import httpx
 
+from treadle.api import v1alpha1
 from treadle.localmode import stack as stack_mod
+from treadle.services import podenv
 from treadle.services.agent import service as agent_service
 from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
@@ -361,37 +363,50 @@ async def engine_counters(engines: list[str], *, reset: bool = False) -> dict[st
     return total
 
 
+def bench_job(name: str, cfg: Config) -> v1alpha1.RolloutJob:
+    """One configuration as a RolloutJob: one decode-heavy pool of the simulated engines, one task.
+
+    Staleness is the spec's largest: no version is committed here, so it never binds.
+    """
+    policy = CONFIGS[name]
+    return v1alpha1.parse_job({
+        "apiVersion": v1alpha1.API_VERSION, "kind": v1alpha1.KIND, "metadata": {"name": name},
+        "spec": {
+            "agents": [{"name": "default", "model": "simulated"}],
+            "pools": [{"name": "decode", "agent": "default", "accelerator": "H100", "replicas": cfg.engines,
+                       "preferredWork": "decode-heavy"}],
+            "tasks": [{"name": "math", "agents": ["default"], "environment": "math-tool", "reward": "math",
+                       "affinity": "decode-heavy", "groupSize": cfg.group_size, "maxTurns": cfg.max_turns}],
+            "reward": {"scaleToZero": False, "minReplicas": 1},
+            "rollout": {"batchSize": cfg.groups * cfg.group_size, "staleness": 64,
+                        "schedulingPolicy": policy["scheduling"], "placementPolicy": policy["placement"]},
+        },
+    })  # fmt: skip
+
+
 async def run_config(
     name: str, shared: dict[str, Any], cfg: Config, turns: list[int], run_dir: Path
 ) -> dict[str, Any]:
     policy = CONFIGS[name]
     members = cfg.groups * cfg.group_size
     with stack_mod.Stack(run_dir / name) as stack:
+        job = podenv.job_env(bench_job(name, cfg), stack.run_dir)
         buffer = await stack.start(
-            "buffer", "treadle.services.buffer",
-            ["--alpha", "1000", "--task-weights", _json({"math": 1}), "--namespace", name], kind="grpc",
-        )  # fmt: skip
-        placement = await stack.start(
-            "placement", "treadle.services.placement",
-            ["--pools", _json({"decode": "decode-heavy"}),
-             "--tasks", _json({"math": {"affinity": "decode-heavy", "pools": []}}),
-             "--policy", policy["placement"]],
-            kind="grpc",
-        )  # fmt: skip
-        task = {"name": "math", "env": "math-tool", "group_size": cfg.group_size, "max_turns": cfg.max_turns,
-                "max_tokens": cfg.tokens}  # fmt: skip
-        settings = {
-            "alpha": 1000, "batch_size": members, "max_in_flight": members * 2,
-            "max_concurrent_generations": cfg.gate, "scheduling_policy": policy["scheduling"],
-            "preemption_margin": cfg.preemption_margin,
-            "preemption_max_progress": float(policy.get("max_progress", cfg.preemption_max_progress)),
-            "worker_slots": cfg.gate // cfg.engines if policy.get("per_worker") else 0,
-        }  # fmt: skip
+            "buffer", "treadle.services.buffer", ["--namespace", name], kind="grpc", env=job
+        )
+        placement = await stack.start("placement", "treadle.services.placement", [], kind="grpc", env=job)
+        # What the job has no field for: the scheduler's counts and its preemption and queue knobs.
+        max_progress = float(policy.get("max_progress", cfg.preemption_max_progress))
+        slots = cfg.gate // cfg.engines if policy.get("per_worker") else 0
+        counts = ["--max-tokens", str(cfg.tokens), "--max-in-flight", str(members * 2),
+                  "--max-concurrent-generations", str(cfg.gate), "--worker-slots", str(slots),
+                  "--preemption-margin", str(cfg.preemption_margin),
+                  "--preemption-max-progress", str(max_progress)]  # fmt: skip
         scheduler = await stack.start(
             "scheduler", "treadle.services.scheduler",
-            ["--tasks", _json([task]), "--settings", _json(settings), "--env-url", shared["env"],
-             "--reward-url", shared["reward"], "--placement", placement.address, "--buffer", buffer.address],
-            kind="grpc",
+            [*counts, "--env-url", shared["env"], "--reward-url", shared["reward"], "--placement",
+             placement.address, "--buffer", buffer.address],
+            kind="grpc", env=job,
         )  # fmt: skip
         pc = placement_client.PlacementClient(placement.address)
         sc = scheduler_client.SchedulerClient(scheduler.address)

@@ -15,7 +15,6 @@ import json
 import pathlib
 import random
 import statistics
-import time
 from collections.abc import Callable
 
 import benchcli
@@ -55,17 +54,6 @@ def profile(cfg: Config, shape: list[float]) -> tuple[float, tuple[float, ...]]:
     return steps[0], presorted_dp.interference_by_simulation(steps, shape, max_group=cfg.trajectories)
 
 
-def timed_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(median, min) milliseconds; the min shows the cost without noise from a shared host."""
-    fn()  # warm
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), min(samples)
-
-
 def main() -> None:
     cfg = benchcli.parse(Config, __doc__)
     rng = random.Random(cfg.seed)
@@ -87,7 +75,7 @@ def main() -> None:
     paper = f"paper: {PAPER_MS[0]}-{PAPER_MS[1]} ms"
     print(f"{'variant':40} {'median ms':>10} {'min ms':>7} {'makespan s':>11}   {paper}")
     for name, fn in variants.items():
-        med, best = timed_ms(fn, cfg.repeats if "Eq." not in name else max(3, cfg.repeats // 10))
+        med, best = benchcli.timed_ms(fn, cfg.repeats if "Eq." not in name else max(3, cfg.repeats // 10))
         makespan = fn().makespan
         results[name] = {"median_ms": med, "min_ms": best, "predicted_makespan_s": makespan}
         print(f"{name:40} {med:10.2f} {best:7.2f} {makespan:11.1f}")

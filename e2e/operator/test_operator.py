@@ -7,13 +7,15 @@ rejects every manifest in manifests/invalid naming its field; a job asking more 
 exist goes Degraded with InsufficientGPUCapacity while another job stays Ready; metrics; a job
 short of GPUs on purpose (blocker pods) is Degraded, then Ready once they go; the scheduler's
 reward-demand reporter, as the job's own ServiceAccount, scales the reward gateway 0 -> N -> 0;
-``treadle operator reshape`` changes one pool's TP and re-creates only that pool's pods.
+``treadle operator reshape`` changes one pool's TP and re-creates only that pool's pods; valid
+``tasks[].sampling`` modes pass a server-side dry run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,6 +26,7 @@ import op_harness
 import pytest
 import yaml
 
+from treadle.api import v1alpha1
 from treadle.services.scheduler import demand
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -437,3 +440,46 @@ def test_reshape_changes_one_pools_tp_and_leaves_the_rest(
     assert other_pods <= {p["metadata"]["uid"] for p in _pods(kubectl, name)}
     (pool,) = kubectl.job(name)["status"]["pools"]
     assert (pool["desired"], pool["ready"], pool["gpus"]) == (1, 1, 8)
+
+
+def _sampling_job(name: str, **task: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": v1alpha1.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "agents": [{"name": "a", "model": "m"}],
+            "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
+            "tasks": [{"name": "t", "agents": ["a"], "environment": "math-tool", "reward": "math", **task}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "task"),
+    [
+        ("darts-defaults", {"sampling": {"mode": "darts"}}),
+        (
+            "darts-full",
+            {"sampling": {"mode": "darts", "mUp": 12, "longEnd": 2, "lambda": 0.1, "emaDecay": 0.9}},
+        ),
+        ("redundancy-only", {"redundancy": 0.5}),
+        ("redundant-named", {"redundancy": 0.5, "sampling": {"mode": "redundant"}}),
+        ("standard-named", {"sampling": {"mode": "standard"}}),
+    ],
+)
+def test_valid_sampling_is_accepted_by_the_api_server(
+    name: str, task: dict[str, Any], chart: str, kubectl: op_harness.Kubectl
+) -> None:
+    """The other side of manifests/invalid/18-20: a darts task, a redundancy-only task (no sampling)
+    and named modes pass a server-side dry run; the stored sampling stays as given ({} when absent:
+    no mode, as the Python model has it)."""
+    doc = _sampling_job(name, **task)
+    v1alpha1.parse_job(doc)  # the Python side accepts it too
+    proc = kubectl(
+        "apply", "--dry-run=server", "-n", op_harness.JOBS_NS, "-o", "json", "-f", "-",
+        stdin=yaml.safe_dump(doc), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    stored = json.loads(proc.stdout)["spec"]["tasks"][0]
+    assert stored["sampling"] == task.get("sampling", {})

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from treadle.api import dataset as dataset_api
-from treadle.api import v1alpha1
+from treadle.api import sampling, v1alpha1
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
 from treadle.policy.flexmarl import load_balance
@@ -50,6 +50,13 @@ class TaskConfig:
     redundancy: float = 0.0
     """Extra members started per group as a fraction of ``group_size`` (the DARTS seam: the buffer
     receives them all; selecting ``group_size`` of them is DARTS's job)."""
+    sampling: str = "standard"
+    """The sampling mode in force (``treadle.api.sampling``): ``standard``, ``redundant`` or ``darts``.
+    The four DARTS settings below are 0 in the other modes."""
+    m_up: int = 0
+    long_end: int = 0
+    lam: float = 0.0
+    ema_decay: float = 0.0
     max_turns: int = 8
     max_tokens: int = 256
     temperature: float = 1.0
@@ -62,7 +69,6 @@ class TaskConfig:
             )
         if self.agents and self.agent != self.agents[0]:
             raise SpecError("must be the first of agents", field=f"tasks.{self.name}.agent", value=self.agent)
-        object.__setattr__(self, "agents", tuple(self.agents))  # JSON (``--tasks``) gives a list
 
     @property
     def members(self) -> int:
@@ -242,20 +248,25 @@ def job_file(job: v1alpha1.RolloutJob) -> str:
     return json.dumps(job.spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
 
 
+def _task(t: v1alpha1.Task, *, max_tokens: int) -> TaskConfig:
+    """One task's configuration; a ``darts`` task's settings come with their defaults filled in."""
+    mode = t.sampling.resolved_mode(t.redundancy)
+    darts = t.sampling.settings(t.group_size) if mode == "darts" else sampling.DartsSettings(0, 0, 0.0, 0.0)
+    return TaskConfig(
+        name=t.name, env=t.environment, agent=t.agents[0],
+        agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
+        redundancy=t.redundancy, sampling=mode, m_up=darts.m_up, long_end=darts.long_end, lam=darts.lam,
+        ema_decay=darts.ema_decay, max_turns=t.max_turns, max_tokens=max_tokens,
+    )  # fmt: skip
+
+
 def job_config(
     job: v1alpha1.RolloutJob, *, max_tokens: int, max_in_flight: int, max_concurrent_generations: int
 ) -> JobConfig:
     """Every service's configuration for ``job``; the three counts are what only the caller knows."""
     spec = job.spec
     models = {a.name: a.model for a in spec.agents}
-    tasks = [
-        TaskConfig(
-            name=t.name, env=t.environment, agent=t.agents[0],
-            agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
-            redundancy=t.redundancy, max_turns=t.max_turns, max_tokens=max_tokens,
-        )
-        for t in spec.tasks
-    ]  # fmt: skip
+    tasks = [_task(t, max_tokens=max_tokens) for t in spec.tasks]
     settings = Settings(
         alpha=spec.rollout.staleness,
         batch_size=spec.rollout.batch_size,

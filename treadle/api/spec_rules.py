@@ -68,6 +68,50 @@ SPEC_RULES: tuple[Rule, ...] = (
             any(p.name == n and p.agent in t.agents for p in s.pools) for t in s.tasks for n in t.pools
         ),
     ),
+    # tasks[].sampling (treadle.api.sampling): which fields go with which mode.
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.mode) || t.sampling.mode == 'redundant'"
+        " || t.redundancy == 0.0)",
+        "spec.tasks[].redundancy must be 0 unless sampling.mode is redundant (darts sizes its own pools)",
+        "spec.tasks.redundancy",
+        lambda s: all(t.sampling.mode in (None, "redundant") or t.redundancy == 0 for t in s.tasks),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.mode) || t.sampling.mode != 'redundant'"
+        " || t.redundancy > 0.0)",
+        "spec.tasks[].redundancy must be above 0 when sampling.mode is redundant",
+        "spec.tasks.redundancy",
+        lambda s: all(t.sampling.mode != "redundant" or t.redundancy > 0 for t in s.tasks),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || (has(t.sampling.mode) && t.sampling.mode == 'darts')"
+        " || !(has(t.sampling.mUp) || has(t.sampling.longEnd) || has(t.sampling.lambda)"
+        " || has(t.sampling.emaDecay)))",
+        "spec.tasks[].sampling.mUp, longEnd, lambda and emaDecay apply only to mode darts",
+        "spec.tasks.sampling.mode",
+        lambda s: all(
+            t.sampling.mode == "darts"
+            or (t.sampling.m_up, t.sampling.long_end, t.sampling.lam, t.sampling.ema_decay) == (None,) * 4
+            for t in s.tasks
+        ),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.mUp) || t.sampling.mUp >= t.groupSize)",
+        "spec.tasks[].sampling.mUp must be at least groupSize",
+        "spec.tasks.sampling.mUp",
+        lambda s: all(t.sampling.m_up is None or t.sampling.m_up >= t.group_size for t in s.tasks),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !has(t.sampling) || !has(t.sampling.longEnd) || t.sampling.longEnd < t.groupSize)",
+        "spec.tasks[].sampling.longEnd must be below groupSize (at least one shortest candidate per group)",
+        "spec.tasks.sampling.longEnd",
+        lambda s: all(t.sampling.long_end is None or t.sampling.long_end < t.group_size for t in s.tasks),
+    ),
     Rule(
         ("reward",),
         "!self.scaleToZero || self.minReplicas == 0",

@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from treadle import errors
 from treadle.api import dataset as dataset_api
+from treadle.api import sampling as sampling_
 from treadle.api import spec_rules
 from treadle.policy import baselines, registry
 from treadle.policy.flexmarl import load_balance
@@ -181,7 +182,9 @@ class Task(_Model):
     group_size: int = Field(default=8, ge=1, le=1024)
     """Trajectories per prompt group (GRPO group size n)."""
     redundancy: float = Field(default=0.0, ge=0.0, le=4.0)
-    """Extra trajectories started per group, as a fraction of ``groupSize`` (DARTS)."""
+    """Extra trajectories started per group, as a fraction of ``groupSize`` (sampling mode ``redundant``)."""
+    sampling: sampling_.Sampling = Field(default_factory=sampling_.Sampling)
+    """How each prompt's group is sampled: ``standard``, ``redundant`` or ``darts`` (docs/DARTS.md)."""
     max_turns: int = Field(default=16, ge=1, le=1024)
     """Turn limit per trajectory."""
     weight: float = Field(default=1.0, gt=0.0, le=1000.0)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pydantic
+
 from treadle.api import jobconfig, v1alpha1
 from treadle.errors import SpecError
 
@@ -30,7 +32,8 @@ class Options:
     engine_step_ms: float = 0.0
     """Simulated time per decode step (0: as fast as the machine goes)."""
     rebalance_interval_s: float | None = None
-    """Seconds between placement's inter-agent rebalance polls (0: never); None: the job's."""
+    """Seconds between placement's inter-agent rebalance polls (0: never); None: the job's. Written
+    into the job's ``spec.rollout.rebalance`` (``with_rebalance``), which placement reads."""
     seed: int = 0
 
 
@@ -65,6 +68,8 @@ class Plan:
 
 
 def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
+    if options.rebalance_interval_s is not None:
+        job = with_rebalance(job, options.rebalance_interval_s)
     spec = job.spec
     if options.trajectories < 1:
         raise SpecError("must be >= 1", field="--trajectories", value=options.trajectories)
@@ -102,3 +107,17 @@ def make_plan(job: v1alpha1.RolloutJob, options: Options) -> Plan:
         max_model_len=max(a.max_model_len for a in spec.agents),
         trajectories=started,
     )
+
+
+def with_rebalance(job: v1alpha1.RolloutJob, interval_s: float) -> v1alpha1.RolloutJob:
+    """``job`` rebalancing every ``interval_s`` whatever its spec says (0: never), as placement reads it."""
+    rollout = job.spec.rollout
+    given = {"enabled": False} if interval_s == 0 else {"enabled": True, "intervalSeconds": interval_s}
+    try:
+        rebalance = v1alpha1.Rebalance.model_validate(
+            {**rollout.rebalance.model_dump(by_alias=True, exclude_none=True), **given}
+        )
+    except pydantic.ValidationError as exc:
+        raise SpecError(exc.errors()[0]["msg"], field="--rebalance-interval", value=interval_s) from exc
+    rollout = rollout.model_copy(update={"rebalance": rebalance})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"rollout": rollout})})

@@ -35,9 +35,10 @@ from typing import Any
 import httpx
 
 from treadle import errors
-from treadle.api import env_vars, jobconfig, v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
+from treadle.services import podenv
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
@@ -73,10 +74,7 @@ def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan) -> dict[str, str]:
     cluster; flags give only addresses and local mode's own counts. No ``TREADLE_NAMESPACE``: with
     it the scheduler would report reward demand to whatever cluster the machine's kubeconfig names.
     """
-    stack.run_dir.mkdir(parents=True, exist_ok=True)
-    path = stack.run_dir / "job.json"
-    path.write_text(jobconfig.job_file(plan.job))
-    return {env_vars.CONFIG: str(path), env_vars.JOB: plan.job.name}
+    return podenv.job_env(plan.job, stack.run_dir)
 
 
 async def start_services(
@@ -115,11 +113,8 @@ async def start_services(
         buffer_args += ["--redis", redis_url]
     buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics, env)
     # Local mode's simulated engines only take a moved worker's label (no weights to load).
-    placement_args = ["--no-apply-weights"]
-    if options.rebalance_interval_s is not None:
-        placement_args += ["--rebalance-interval-s", str(options.rebalance_interval_s)]
     placement = await _start_grpc(
-        stack, "placement", "treadle.services.placement", placement_args, metrics, env
+        stack, "placement", "treadle.services.placement", ["--no-apply-weights"], metrics, env
     )
     counts = plan.counts
     sched_args = ["--max-tokens", str(counts.max_tokens), "--max-in-flight", str(counts.max_in_flight)]

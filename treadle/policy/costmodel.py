@@ -114,7 +114,11 @@ QWEN3_32B = ModelShape(
 QWEN25_7B = ModelShape(
     "qwen2.5-7b", params=7.62e9, layers=28, hidden=3584, q_heads=28, kv_heads=4, head_dim=128
 )
-MODELS: Mapping[str, ModelShape] = {m.name: m for m in (QWEN3_8B, QWEN3_14B, QWEN3_32B, QWEN25_7B)}
+# DARTS's smallest model (Table 4: Qwen2.5-3B on 8 H20); shapes from its config.json, tied embeddings.
+QWEN25_3B = ModelShape(
+    "qwen2.5-3b", params=3.09e9, layers=36, hidden=2048, q_heads=16, kv_heads=2, head_dim=128
+)
+MODELS: Mapping[str, ModelShape] = {m.name: m for m in (QWEN3_8B, QWEN3_14B, QWEN3_32B, QWEN25_7B, QWEN25_3B)}
 
 STEP_OVERHEAD_S = 1.5e-3
 """Fixed cost of one engine step (scheduling, sampling, launch with CUDA graphs); ours."""

@@ -1,9 +1,11 @@
 """What a service reads from the pod the operator renders: ``TREADLE_*`` variables and the job file.
 
-Called by every service's ``__main__`` (flags override, these fill the rest) and by the unit tests.
-``treadle.operator.render`` writes the variables (``common.pod_env`` and each pod's identity) and
-mounts the ConfigMap at ``/etc/treadle`` (``job.json`` is the validated spec, ``endpoints.json``
-the in-cluster addresses); local mode writes the same ``job.json`` and sets the same variables.
+Called by every service's ``__main__`` (a flag gives an address or a count the job does not hold;
+no flag repeats a job setting) and by the unit tests. ``treadle.operator.render`` writes the
+variables (``common.pod_env`` and each pod's identity) and mounts the ConfigMap at ``/etc/treadle``
+(``job.json`` is the validated spec, ``endpoints.json`` the in-cluster addresses); local mode,
+``treadle train``, benchmarks and tests write the same ``job.json`` (``job_env``) and set the same
+variables.
 The spec becomes every service's config through ``treadle.api.jobconfig.job_config``; only the
 counts a cluster decides are chosen here. No variable repeats a spec field: the job file is the one
 source of a job setting. Anything missing or malformed raises ``SpecError`` naming the variable
@@ -74,8 +76,16 @@ def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
     )
 
 
+def job_env(job: v1alpha1.RolloutJob, directory: Path) -> dict[str, str]:
+    """Write ``job``'s job file into ``directory``; the variables a process then reads it by."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "job.json"
+    path.write_text(jobconfig.job_file(job))
+    return {env_vars.CONFIG: str(path), env_vars.JOB: job.name}
+
+
 class Job:
-    """The job's configs, loaded on first use: a service given every flag never reads the job file.
+    """The job's configs, loaded on first use: the env and reward servers run without a job too.
 
     The counts are the caller's (local mode passes its own); None takes the cluster's (``job_config``).
     """
@@ -102,7 +112,7 @@ class Job:
 
     @property
     def present(self) -> bool:
-        """Whether the pod names a job file at all (a bare process in a test passes flags instead)."""
+        """Whether the pod names a job file at all (an env or reward server may run without one)."""
         return bool(self.environ.get(env_vars.CONFIG))
 
 

@@ -20,7 +20,8 @@ from treadle.sim import kinds, simulate
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "simulate",
-        help="simulate a scenario (bench/scenarios/**/*.yaml: RollArt, Heddle, FlexMARL) and compare systems",
+        help="simulate a scenario (bench/scenarios/**/*.yaml: RollArt, Heddle, FlexMARL, DARTS) "
+        "and compare systems",
         description="Discrete-event simulation over the same treadle.policy code as the live services. "
         "Every figure it prints is simulated.",
     )

@@ -14,7 +14,8 @@ RolloutJob fields:
 Loop (SimPy's shape): pop the earliest event, advance ``now``, call its handler, push what the
 handler returns. Same-time events run in ``events.Kind`` order, then in push order.
 
-The run is split by concept: ``layout`` translates the spec into workers, pools and tasks,
+The run is split by concept: ``layout`` takes the job's translation (``treadle.api.jobconfig``, as
+the live services do) and makes the simulator's workers, pools and tasks,
 ``placer`` places turns, this module admits groups and moves trajectories through their turns, and
 ``trainer`` (functions over the simulator's state) forms batches, trains and commits weight versions.
 """
@@ -45,18 +46,21 @@ class Simulator:
     def __init__(self, config: scenario.RunConfig) -> None:
         self.cfg = config
         self.system = config.system
-        spec = config.job.spec
         self.rng = random.Random(config.seed)
         self.queue = events.Queue()
         self.now = 0.0
         self.version = 0
-        self.alpha = spec.rollout.staleness
-        self.batch_size = spec.rollout.batch_size
-        self.schedule: registry.SchedulingPolicy = registry.scheduling_policy(spec.rollout.scheduling_policy)
+        # Workers order their waiting turns by self.schedule (self._order) only once the run starts.
         self.layout = layout.build(config, self._order)
+        settings = self.layout.config.scheduler.settings
+        self.alpha = settings.alpha
+        self.batch_size = settings.batch_size
+        self.schedule: registry.SchedulingPolicy = registry.scheduling_policy(settings.scheduling_policy)
         self.workers = self.layout.workers
         self.tasks = self.layout.tasks
-        self.placer = placer.Placer(spec.rollout.placement_policy, self.workers, self.layout.pool_workers)
+        self.placer = placer.Placer(
+            self.layout.config.placement.policy, self.workers, self.layout.pool_workers
+        )
         self._task_admitted = [0] * len(self.tasks)
 
         # ----- rollout state

@@ -1,20 +1,23 @@
-"""The spec translation: one run's RolloutJob and simulation settings as pools, workers and tasks.
+"""One run's RolloutJob and simulation settings as pools, workers and tasks.
 
-Called once per run by ``treadle.sim.engine.Simulator``. It reads the same RolloutJob fields the
-live services do: ``pools[]`` (accelerator, replicas, tensorParallelSize, preferredWork) become
-continuous-batching ``entities.Worker``s on a ``cost.Roofline`` of that accelerator; ``tasks[]``
-(agents, pools, affinity, groupSize, redundancy, weight) become ``Task``s whose eligible pools come
-from ``affinity.eligible_pools(affinity.resolve(task.affinity, profile), ...)``. The trainer's GPUs
-are the rollout pools' when the system is colocated, else the scenario's training pool.
+Called once per run by ``treadle.sim.engine.Simulator``. The job reaches the simulator as it reaches
+the live services: through ``treadle.api.jobconfig.job_config`` (``job_config`` below), whose tasks
+(agents, group size and members, pool restriction, affinity), task weights, pool -> preferred work
+and agent, settings (staleness, batch size, policies) the run uses. What only the simulator decides
+is here: ``pools[]`` (accelerator, replicas, tensorParallelSize) become continuous-batching
+``entities.Worker``s on a ``cost.Roofline`` of that accelerator, a task's eligible pools come from
+``affinity.eligible_pools(affinity.resolve(affinity, profile), ...)`` with the profile of its
+simulated workload, and the trainer's GPUs are the rollout pools' when the system is colocated,
+else the scenario's training pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.policy import affinity, bounds, costmodel
 from treadle.sim import cost as cost_mod
 from treadle.sim import entities, scenario, workloads
@@ -45,6 +48,8 @@ class Pool:
 class Layout:
     """What a run simulates on: workers by pool, tasks, and the trainer's GPUs."""
 
+    config: jobconfig.JobConfig
+    """The job as every live service gets it (``job_config``)."""
     workers: list[entities.Worker]
     pool_workers: dict[str, list[entities.Worker]]
     pools: dict[str, Pool]
@@ -79,11 +84,25 @@ class Layout:
         return segs
 
 
+def job_config(config: scenario.RunConfig) -> jobconfig.JobConfig:
+    """The run's job translated as for the live services, with the simulator's counts.
+
+    Its in-flight window, and as many generations at once as every simulated engine holds (local
+    mode's gate). Tokens per turn come from the workloads, never from a cap: the cluster's default
+    stands in.
+    """
+    return jobconfig.job_config(
+        config.job, max_tokens=jobconfig.TaskConfig.max_tokens, max_in_flight=config.max_in_flight,
+        max_concurrent_generations=sum(p.replicas for p in config.job.spec.pools) * config.max_seqs,
+    )  # fmt: skip
+
+
 def build(
     config: scenario.RunConfig, order: Callable[[Sequence[entities.Request]], list[entities.Request]]
 ) -> Layout:
     """The run's layout; ``order`` is the scheduling policy every worker orders its waiting turns by."""
     spec = config.job.spec
+    job = job_config(config)
     workers: list[entities.Worker] = []
     pool_workers: dict[str, list[entities.Worker]] = {}
     pools: dict[str, Pool] = {}
@@ -103,8 +122,9 @@ def build(
         if engine_key not in by_key:
             by_key[engine_key] = cost_mod.Roofline(acc, shape, pool.tensor_parallel_size)
         engine = by_key[engine_key]
-        engines.setdefault(pool.agent, {})[pool.name] = (engine, config.max_seqs)
-        pools[pool.name] = Pool(pool.agent, pool.tensor_parallel_size, acc.name)
+        agent = job.placement.pool_agents[pool.name]
+        engines.setdefault(agent, {})[pool.name] = (engine, config.max_seqs)
+        pools[pool.name] = Pool(agent, pool.tensor_parallel_size, acc.name)
         members = []
         for _ in range(pool.replicas):
             idx = len(workers)
@@ -122,11 +142,12 @@ def build(
         pool_workers[pool.name] = members
     colocated = config.system.colocated
     return Layout(
+        config=job,
         workers=workers,
         pool_workers=pool_workers,
         pools=pools,
         engines=engines,
-        tasks=_tasks(config),
+        tasks=_tasks(config, job),
         shape0=config.models[spec.agents[0].name],
         train_gpus=(
             sum(len(ws) * pools[p].tp for p, ws in pool_workers.items())
@@ -141,23 +162,24 @@ def build(
     )
 
 
-def _tasks(config: scenario.RunConfig) -> list[Task]:
-    spec = config.job.spec
+def _tasks(config: scenario.RunConfig, job: jobconfig.JobConfig) -> list[Task]:
     system = config.system
-    preferences = {p.name: p.preferred_work for p in spec.pools}
     tasks: list[Task] = []
-    for task in spec.tasks:
+    for task in job.scheduler.tasks:
         load = config.workloads[task.name]
+        agents = task.agents or (task.agent,)
+        placement = job.placement.tasks[task.name]
+        restricted = set(placement.pools)
         work: str | None = None
         if system.affinity:
             profile = costmodel.TaskProfile(**workloads.mean_profile(load))
-            work = affinity.resolve(task.affinity, profile, shape=config.models[task.agents[0]])
+            work = affinity.resolve(placement.affinity, profile, shape=config.models[agents[0]])
         eligible: dict[str, tuple[str, ...]] = {}
-        for agent in task.agents:
+        for agent in agents:
             mine = {
-                p.name: preferences[p.name]
-                for p in spec.pools
-                if p.agent == agent and (not task.pools or p.name in task.pools)
+                pool: preferred
+                for pool, preferred in job.placement.pools.items()
+                if job.placement.pool_agents[pool] == agent and (not restricted or pool in restricted)
             }
             if not mine:
                 raise errors.SpecError(
@@ -165,18 +187,16 @@ def _tasks(config: scenario.RunConfig) -> list[Task]:
                 )
             pools = affinity.eligible_pools(work, mine) if work else sorted(mine)
             eligible[agent] = tuple(pools)
-        launched = task.group_size
-        if system.redundancy and task.redundancy > 0:
-            launched = math.ceil(task.group_size * (1 + task.redundancy))
         tasks.append(
             Task(
                 name=task.name,
-                agents=tuple(task.agents),
+                agents=agents,
                 eligible=eligible,
                 workload=load,
                 group_size=task.group_size,
-                launched=launched,
-                weight=task.weight,
+                # The members the live scheduler starts per group, when the system honours redundancy.
+                launched=task.members if system.redundancy else task.group_size,
+                weight=job.buffer.task_weights[task.name],
                 reward_kind=load.reward_kind,
                 work=work,
             )

@@ -7,7 +7,7 @@ is refused instead of matched by whichever test comes first, and a new kind cann
 old file is read. A file without ``kind`` is ``rollart`` (the RolloutJob engine), the only format
 before kinds existed. Each kind keeps its own body schema and its own errors naming the field.
 
-Adding a kind (DARTS, Tangram...): a module in ``treadle.sim.kinds`` with ``parse(raw) -> Plan``
+Adding a kind (Tangram...): a module in ``treadle.sim.kinds`` with ``parse(raw) -> Plan``
 (see ``treadle.sim.kinds``), one entry in ``KINDS``, and a scenario file under ``bench/scenarios/``
 (``tests/unit/sim/test_simulate.py`` runs every file there).
 """
@@ -20,12 +20,14 @@ from typing import Any
 
 from treadle import errors
 from treadle.sim import kinds, scenario
-from treadle.sim.kinds import flexmarl, heddle, rollart
+from treadle.sim.kinds import darts, flexmarl, heddle, rollart, tangram
 
 KINDS: Mapping[str, Callable[[Any], kinds.Plan]] = {
     rollart.NAME: rollart.parse,
     heddle.NAME: heddle.parse,
     flexmarl.NAME: flexmarl.parse,
+    tangram.NAME: tangram.parse,
+    darts.NAME: darts.parse,
 }
 """Scenario kind -> its parser."""
 

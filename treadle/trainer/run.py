@@ -9,9 +9,11 @@ placement; scheduler. Weights go to the local file backend of ``treadle.weights`
 directory. A feeder keeps about two batches of prompt groups queued at the scheduler, and
 ``loop.Trainer`` runs the iterations. The summary accounts for every trajectory.
 
-Why not ``treadle run FILE``: a RolloutJob names its reward as a DNS label, so it cannot name the
-toy's ``py:`` function, and local mode starts only the simulated engine and a reward gateway with
-no user modules. The wiring below mirrors ``treadle.localmode.run.start_services`` otherwise.
+The toy task is a RolloutJob (``toy_job``) whose job file every service reads, as in a pod; flags
+give addresses, the scheduler's counts and the toy's instruction (a system prompt, which a RolloutJob
+has no field for). Why not ``treadle run FILE``: local mode starts only the simulated engine and a
+reward gateway with no user modules. The wiring below mirrors
+``treadle.localmode.run.start_services`` otherwise.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from treadle import errors
+from treadle.api import v1alpha1
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
 from treadle.localmode import run as localmode_run
 from treadle.localmode import stack as stack_mod
+from treadle.services import podenv
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
@@ -40,6 +44,7 @@ from treadle.weights import objects, publish
 
 log = logging.getLogger(__name__)
 TASK = "toy-letter"
+AGENT = "default"
 POOL = "cpu"
 PREFIX = "local/toy-letter"
 Engine = Literal["vllm", "simulated"]
@@ -73,19 +78,21 @@ class Options:
         return self.groups_per_step * self.group_size
 
 
-def task_config(options: Options) -> dict[str, Any]:
-    """The scheduler's TaskConfig for the toy task (one turn; the instruction is the system prompt)."""
-    return {
-        "name": TASK,
-        "env": "math-tool",
-        "agent": "default",
-        "reward_fn": "py:treadle.trainer.toy:score",
-        "group_size": options.group_size,
-        "max_turns": 1,
-        "max_tokens": options.max_tokens,
-        "temperature": 1.0,
-        "system_prompt": toy.PROMPT,
-    }
+def toy_job(options: Options, model_dir: Path) -> v1alpha1.RolloutJob:
+    """The toy task as a RolloutJob: one turn of ``math-tool`` scored by the toy's ``py:`` reward."""
+    return v1alpha1.parse_job({
+        "apiVersion": v1alpha1.API_VERSION, "kind": v1alpha1.KIND, "metadata": {"name": TASK},
+        "spec": {
+            "agents": [{"name": AGENT, "model": str(model_dir), "maxModelLen": 1024}],
+            # The accelerator is a placeholder: the engines run on this machine's CPU.
+            "pools": [{"name": POOL, "agent": AGENT, "accelerator": "H100", "replicas": options.workers}],
+            "tasks": [{"name": TASK, "agents": [AGENT], "environment": "math-tool", "reward": toy.REWARD,
+                       "groupSize": options.group_size, "maxTurns": 1}],
+            # The local gateway is up before the first trajectory: no cold start to wait out.
+            "reward": {"scaleToZero": False, "minReplicas": 1},
+            "rollout": {"batchSize": options.batch_size, "staleness": options.alpha},
+        },
+    })  # fmt: skip
 
 
 async def start_services(
@@ -132,51 +139,34 @@ async def start_services(
             kind="http",
         )
         agent_urls[worker] = agent.url
-    env = (await stack.start("env-0", "treadle.services.env", [], kind="http")).url
+    job = podenv.job_env(toy_job(options, model_dir), stack.run_dir)
+    env = (await stack.start("env-0", "treadle.services.env", [], kind="http", env=job)).url
     reward = (
         await stack.start(
-            "reward", "treadle.services.reward", ["--allow-user-module", "treadle.trainer"], kind="http"
+            "reward",
+            "treadle.services.reward",
+            ["--allow-user-module", "treadle.trainer"],
+            kind="http",
+            env=job,
         )
     ).url
     metrics: dict[str, str] = {}
-    buffer = await _grpc(
-        stack,
-        "buffer",
-        "treadle.services.buffer",
-        [
-            "--alpha",
-            str(options.alpha),
-            "--task-weights",
-            json.dumps({TASK: 1.0}),
-            "--namespace",
-            "toy-letter",
-        ],
-    )
-    placement = await _grpc(
-        stack,
-        "placement",
-        "treadle.services.placement",
-        [
-            "--pools",
-            json.dumps({POOL: "any"}),
-            "--tasks",
-            json.dumps({TASK: {"affinity": "auto", "pools": []}}),
-        ],
-    )
-    settings = {
-        "alpha": options.alpha,
-        "batch_size": options.batch_size,
-        "max_in_flight": options.max_in_flight,
-    }
+    buffer = await _grpc(stack, "buffer", "treadle.services.buffer", ["--namespace", "toy-letter"], job)
+    placement = await _grpc(stack, "placement", "treadle.services.placement", [], job)
     scheduler = await _grpc(
         stack,
         "scheduler",
         "treadle.services.scheduler",
         [
-            "--tasks",
-            json.dumps([task_config(options)]),
-            "--settings",
-            json.dumps(settings),
+            "--max-tokens",
+            str(options.max_tokens),
+            "--max-in-flight",
+            str(options.max_in_flight),
+            # A trajectory generates one turn at a time: the in-flight window bounds generations too.
+            "--max-concurrent-generations",
+            str(options.max_in_flight),
+            "--system-prompt",
+            toy.PROMPT,
             "--reward-url",
             reward,
             "--placement",
@@ -186,6 +176,7 @@ async def start_services(
             "--env-url",
             env,
         ],
+        job,
     )
     client = placement_client.PlacementClient(placement)
     try:
@@ -207,8 +198,8 @@ async def start_services(
     return services, replicas
 
 
-async def _grpc(stack: stack_mod.Stack, name: str, module: str, args: list[str]) -> str:
-    return (await stack.start(name, module, args, kind="grpc")).address
+async def _grpc(stack: stack_mod.Stack, name: str, module: str, args: list[str], env: dict[str, str]) -> str:
+    return (await stack.start(name, module, args, kind="grpc", env=env)).address
 
 
 async def feed(

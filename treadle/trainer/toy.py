@@ -17,6 +17,8 @@ from typing import Any
 
 TARGET = "a"
 PROMPT = f"Answer with the letter {TARGET} as many times as you can."
+REWARD = "py:treadle.trainer.toy:score"
+"""``score`` as a RolloutJob's ``spec.tasks[].reward`` names it."""
 
 
 def reward(text: str, target: str = TARGET) -> float:

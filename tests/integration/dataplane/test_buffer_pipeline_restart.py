@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from treadle import errors
+from treadle.api import v1alpha1
+from treadle.services import podenv
 from treadle.services.buffer import client as buffer_client
 from treadle.services.buffer import pipeline, redis_store, service, store
 from treadle.testing import procs
@@ -28,6 +32,7 @@ from treadle.testing import redis_server as redis_server_mod
 from treadle.v1 import buffer_pb2, common_pb2
 
 AGENTS = ["planner", "executor"]
+TWO_AGENTS = Path(__file__).parents[3] / "manifests" / "local" / "two-agent-rebalance.yaml"
 
 
 def group(gid: str, agent: str, n: int = 2) -> list[common_pb2.Trajectory]:
@@ -40,15 +45,26 @@ def group(gid: str, agent: str, n: int = 2) -> list[common_pb2.Trajectory]:
     ]  # fmt: skip
 
 
+def job_env(directory: Path) -> dict[str, str]:
+    """The buffer's job file: two agents (``AGENTS``) taking turns in task plan-execute, staleness 0."""
+    raw = yaml.safe_load(TWO_AGENTS.read_text())
+    raw["spec"]["rollout"]["staleness"] = 0
+    return podenv.job_env(v1alpha1.parse_job(raw), directory)
+
+
 @contextlib.contextmanager
 def buffer_process(redis_url: str, namespace: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = procs.free_port()
     argv = [
         sys.executable, "-m", "treadle.services.buffer", "--host", "127.0.0.1", "--port", str(port),
-        "--redis", redis_url, "--namespace", namespace, "--alpha", "0", "--agents", json.dumps(AGENTS),
-        "--task-weights", json.dumps({"plan-execute": 1}),
+        "--redis", redis_url, "--namespace", namespace,
     ]  # fmt: skip
-    with procs.running("buffer", argv, lambda: procs.port_open(port), timeout=60) as proc:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        procs.running(
+            "buffer", argv, lambda: procs.port_open(port), env=job_env(Path(tmp)), timeout=60
+        ) as proc,
+    ):
         yield f"127.0.0.1:{port}", proc
 
 

@@ -109,7 +109,7 @@ def test_every_service_started_from_its_pod_configures_itself_as_local_mode_does
     )
 
     reward = podenv.job_config(rendered["reward"]).reward
-    assert reward_main.endpoints(None, None, reward) == (
+    assert reward_main.endpoints(reward) == (
         local.config.reward.judge_url,
         local.config.reward.external_url,
     )

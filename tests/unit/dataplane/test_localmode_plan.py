@@ -84,5 +84,22 @@ def test_the_reward_gateway_gets_the_jobs_scorer(
     reward: dict[str, str], urls: tuple[str | None, str | None], model: str | None
 ) -> None:
     cfg = jobconfig.reward_config(v1alpha1.Reward.model_validate(reward))
-    assert reward_main.endpoints(None, None, cfg) == urls
+    assert reward_main.endpoints(cfg) == urls
     assert cfg.judge_model == model
+
+
+def test_local_modes_rebalance_interval_is_written_into_the_job() -> None:
+    job = load("two-agent-flexmarl.yaml")  # agents of different shapes: no rebalancing of its own
+    assert plan.make_plan(job, plan.Options()).config.placement.rebalance.interval_s == 0
+    every = plan.make_plan(job, plan.Options(rebalance_interval_s=0.2))
+    assert every.config.placement.rebalance.interval_s == 0.2
+    assert every.job.spec.rollout.rebalance.interval_seconds == 0.2  # the job file placement reads
+    rebalancing = v1alpha1.parse_job(
+        yaml.safe_load((EXAMPLES.parent / "local" / "two-agent-rebalance.yaml").read_text())
+    )
+    assert plan.make_plan(rebalancing, plan.Options()).config.placement.rebalance.interval_s == 0.5
+    never = plan.make_plan(rebalancing, plan.Options(rebalance_interval_s=0))
+    assert never.config.placement.rebalance.interval_s == 0
+    with pytest.raises(SpecError) as raised:
+        plan.make_plan(job, plan.Options(rebalance_interval_s=0.01))
+    assert raised.value.field == "--rebalance-interval"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from treadle.services import podenv
 from treadle.services.buffer import __main__ as buffer_main
 from treadle.services.env import __main__ as env_main
 from treadle.services.placement import __main__ as placement_main
+from treadle.services.reward import __main__ as reward_main
 from treadle.services.scheduler import __main__ as scheduler_main
 
 MANIFESTS = Path(__file__).parents[3] / "manifests"
@@ -88,15 +91,56 @@ def test_every_coordination_service_starts_from_the_rendered_env(tmp_path: Path)
 
 def test_flags_override_the_environment(tmp_path: Path) -> None:
     env = pod_env(tmp_path, "buffer")
-    buf = buffer_main.parse_args(["--redis", "", "--alpha", "3", "--namespace", "x"], env)
-    assert (buf.redis, buf.alpha, buf.namespace) == ("", 3, "x")
+    buf = buffer_main.parse_args(["--redis", "", "--namespace", "x"], env)
+    assert (buf.redis, buf.alpha, buf.namespace) == ("", 1, "x")
     sched = scheduler_main.parse_args(
         ["--placement", "p:1", "--max-in-flight", "7"], pod_env(tmp_path, "scheduler")
     )
     assert (sched.placement, sched.settings.alpha, sched.settings.max_in_flight) == ("p:1", 1, 7)
 
 
-def test_placement_takes_the_jobs_rebalancing_and_flags_override_it(tmp_path: Path) -> None:
+def test_scheduler_knobs_the_job_has_no_field_for_are_flags(tmp_path: Path) -> None:
+    env = pod_env(tmp_path, "scheduler")
+    knobs = ["--worker-slots", "4", "--preemption-margin", "0.5", "--preemption-max-progress", "inf"]
+    sched = scheduler_main.parse_args([*knobs, "--system-prompt", "Be brief."], env)
+    # The rest is the job's, as without the flags.
+    plain = scheduler_main.parse_args([], env)
+    assert sched.settings == dataclasses.replace(
+        plain.settings, worker_slots=4, preemption_margin=0.5, preemption_max_progress=float("inf")
+    )
+    assert sched.tasks == [dataclasses.replace(t, system_prompt="Be brief.") for t in plain.tasks]
+    assert plain.settings.worker_slots == 0 and plain.tasks[0].system_prompt == ""
+
+
+JOB_SETTING_FLAGS = {
+    "scheduler": ["--tasks", "--settings"],
+    "placement": ["--pools", "--tasks", "--policy", "--pool-agents", "--pool-shapes",
+                  "--rebalance-interval-s", "--rebalance-delta", "--rebalance-settle-polls",
+                  "--rebalance-rule", "--rebalance-step"],
+    "buffer": ["--alpha", "--task-weights", "--agents"],
+    "env": ["--warm-pool", "--cpu-per-action"],
+    "reward": ["--judge-url", "--external-url", "--judge-model"],
+}  # fmt: skip
+"""Flags that once repeated a job setting: the job file is now the only way to give one."""
+
+
+@pytest.mark.parametrize(
+    ("service", "flag"), [(s, f) for s, flags in JOB_SETTING_FLAGS.items() for f in flags]
+)
+def test_a_flag_repeating_a_job_setting_is_refused(
+    tmp_path: Path, service: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start: dict[str, Callable[[list[str], dict[str, str]], object]] = {
+        "scheduler": scheduler_main.parse_args, "placement": placement_main.parse_args,
+        "buffer": buffer_main.parse_args, "env": env_main.main, "reward": reward_main.main,
+    }  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        start[service]([flag, "1"], pod_env(tmp_path, service if service != "reward" else "scheduler"))
+    assert exited.value.code == 2
+    assert f"unrecognized arguments: {flag} 1" in capsys.readouterr().err
+
+
+def test_placement_takes_the_jobs_rebalancing(tmp_path: Path) -> None:
     raw = yaml.safe_load((MANIFESTS / "local" / "two-agent-rebalance.yaml").read_text())
     raw["spec"]["rollout"]["rebalance"] = {
         "delta": 3,
@@ -109,10 +153,6 @@ def test_placement_takes_the_jobs_rebalancing_and_flags_override_it(tmp_path: Pa
     assert cfg.pool_agents == {"planner": "planner", "executor": "executor"}
     got = (cfg.rebalance_interval_s, cfg.rebalance_delta, cfg.rebalance_rule, cfg.rebalance_step)
     assert (*got, cfg.rebalance_settle_polls) == (1.0, 3.0, "literal", 2, 0)
-    flags = ["--rebalance-interval-s", "0", "--rebalance-delta", "0", "--rebalance-rule", "per-instance"]
-    cfg = placement_main.parse_args([*flags, "--rebalance-step", "0", "--rebalance-settle-polls", "4"], env)
-    got = (cfg.rebalance_interval_s, cfg.rebalance_delta, cfg.rebalance_rule, cfg.rebalance_step)
-    assert (*got, cfg.rebalance_settle_polls) == (0.0, 0.0, "per-instance", 0, 4)
     # A job whose agents have different shapes runs no rebalance loop unless it asks for one.
     assert (
         placement_main.parse_args(

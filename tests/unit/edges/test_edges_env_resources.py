@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from treadle import errors
-from treadle.api import jobconfig
+from treadle.api import jobconfig, v1alpha1
 from treadle.sandbox import runner
 from treadle.services.env import __main__ as env_main
 
@@ -35,29 +35,35 @@ def test_bad_cpu_quantity_names_the_field(raw: str) -> None:
     assert info.value.field == "spec.externalResources.cpuCoresPerAction"
 
 
+SPEC = {
+    "agents": [{"name": "a", "model": "m"}],
+    "pools": [{"name": "p", "agent": "a", "accelerator": "H100"}],
+    "tasks": [{"name": "t", "agents": ["a"], "environment": "python-code", "reward": "code-tests"}],
+}
+
+
 def job(warm_pool: int, *environments: str) -> jobconfig.EnvConfig:
     return jobconfig.EnvConfig(
         environments=frozenset(environments), user_modules=(), warm_pool=warm_pool, cpu_per_action="1"
     )
 
 
-def test_warm_pool_from_the_flag_or_the_job() -> None:
-    assert env_main.warm_pool(None, None) == 0
-    assert env_main.warm_pool(None, job(3, "python-code")) == 3
-    assert env_main.warm_pool(5, job(3, "python-code")) == 5
+def test_warm_pool_from_the_job() -> None:
+    assert env_main.warm_pool(None) == 0
+    assert env_main.warm_pool(job(3, "python-code")) == 3
 
 
 def test_warm_pool_only_for_a_pod_that_runs_python_code() -> None:
     # math-tool and frozenlake have nothing seed-independent to pre-start
-    assert env_main.warm_pool(None, job(3, "math-tool")) == 0
-    assert env_main.warm_pool(None, job(3, "math-tool", "python-code")) == 3
+    assert env_main.warm_pool(job(3, "math-tool")) == 0
+    assert env_main.warm_pool(job(3, "math-tool", "python-code")) == 3
 
 
-@pytest.mark.parametrize("flag", [65, -1])
-def test_bad_warm_pool_names_the_flag(flag: int) -> None:
+@pytest.mark.parametrize("size", [65, -1])
+def test_bad_warm_pool_names_the_field(size: int) -> None:
     with pytest.raises(errors.SpecError) as info:
-        env_main.warm_pool(flag, None)
-    assert info.value.field == "--warm-pool"
+        v1alpha1.parse_spec({**SPEC, "environment": {"warmPool": size}})
+    assert info.value.field == "spec.environment.warmPool"
 
 
 def test_least_used_cpus_first_ties_round_robin() -> None:

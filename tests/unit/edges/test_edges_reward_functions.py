@@ -89,20 +89,17 @@ def test_resolve_refuses(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "reward", "expected"),
+    ("reward", "expected"),
     [
-        ((None, None), None, (None, None)),
-        ((None, None), {"type": "rule", "url": "http://x"}, (None, None)),
-        ((None, None), {"type": "llm-judge", "url": "http://j", "judgeModel": "m"}, ("http://j", None)),
-        ((None, None), {"type": "external", "url": "http://e"}, (None, "http://e")),
-        (("http://f", "http://g"), {"type": "external", "url": "http://e"}, ("http://f", "http://g")),
+        (None, (None, None)),
+        ({"type": "rule", "url": "http://x"}, (None, None)),
+        ({"type": "llm-judge", "url": "http://j", "judgeModel": "m"}, ("http://j", None)),
+        ({"type": "external", "url": "http://e"}, (None, "http://e")),
     ],
-    ids=["nothing", "rule-ignores-url", "judge", "external", "flags-win"],
+    ids=["nothing", "rule-ignores-url", "judge", "external"],
 )
 def test_the_job_url_goes_to_the_function_its_type_names(
-    flags: tuple[str | None, str | None],
-    reward: dict[str, str] | None,
-    expected: tuple[str | None, str | None],
+    reward: dict[str, str] | None, expected: tuple[str | None, str | None]
 ) -> None:
     job = jobconfig.reward_config(v1alpha1.Reward.model_validate(reward)) if reward else None
-    assert reward_main.endpoints(*flags, job) == expected
+    assert reward_main.endpoints(job) == expected

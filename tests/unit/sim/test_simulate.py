@@ -49,7 +49,7 @@ def _raw(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("name", "change", "field"),
     [
-        ("agentic.yaml", lambda r: r.update(kind="darts"), "kind"),
+        ("agentic.yaml", lambda r: r.update(kind="no-such-kind"), "kind"),
         ("agentic.yaml", lambda r: r["simulation"].pop("per_worker"), "simulation.per_worker"),
         (
             "agentic.yaml",
@@ -65,6 +65,32 @@ def _raw(name: str) -> dict[str, Any]:
         ("marl.yaml", lambda r: r["simulation"]["workflows"]["MA"].pop("core"), "simulation.workflows.MA"),
         ("marl.yaml", lambda r: r.pop("simulation"), "simulation"),
         ("marl.yaml", lambda r: r["simulation"].update(model="gpt-9"), "simulation.model"),
+        (
+            "tangram-coding.yaml",
+            lambda r: r["simulation"].update(workload="deepsearch"),
+            "simulation.workload",
+        ),
+        ("tangram-coding.yaml", lambda r: r["simulation"]["base"].update(cores=3), "simulation.base.cores"),
+        ("tangram-coding.yaml", lambda r: r["simulation"]["base"].pop("serial"), "simulation.base.serial"),
+        ("tangram-mopd.yaml", lambda r: r["simulation"].update(systems=["k8s"]), "simulation.systems"),
+        (
+            "tangram-mopd.yaml",
+            lambda r: r["simulation"]["sweeps"].update(batch=[]),
+            "simulation.sweeps.batch",
+        ),
+        ("darts.yaml", lambda r: r["simulation"].pop("lambda"), "simulation.lambda"),
+        ("darts.yaml", lambda r: r["simulation"]["workload"].pop("slope"), "simulation.workload.slope"),
+        (
+            "darts.yaml",
+            lambda r: r["simulation"]["setups"]["3b-8gpu"].update(long_end=8),
+            "simulation.setups.3b-8gpu.long_end",
+        ),
+        (
+            "darts.yaml",
+            lambda r: r["simulation"]["setups"]["3b-8gpu"].update(runs=["darts"]),
+            "simulation.setups.3b-8gpu.runs",
+        ),
+        ("darts.yaml", lambda r: r["simulation"].update(accelerator="TPU"), "simulation.accelerator"),
         ("rollart-fig4.yaml", lambda r: r.pop("job"), "job"),
         ("rollart-fig4.yaml", lambda r: r.update(version=2), "version"),
     ],
@@ -83,6 +109,9 @@ def test_each_kind_names_the_bad_field(name: str, change: Any, field: str) -> No
         ("agentic.yaml", kinds.Options(steps=2), "--steps"),
         ("agentic.yaml", kinds.Options(runs=("nope",)), "--runs"),
         ("marl.yaml", kinds.Options(runs=("nope",)), "--runs"),
+        ("tangram-coding.yaml", kinds.Options(steps=2), "--steps"),
+        ("tangram-mopd.yaml", kinds.Options(runs=("fixed-dop=4",)), "--runs"),
+        ("darts.yaml", kinds.Options(runs=("nope",)), "--runs"),
     ],
 )
 def test_bad_options_are_refused_before_anything_runs(name: str, options: kinds.Options, field: str) -> None:

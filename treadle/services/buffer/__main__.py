@@ -2,7 +2,8 @@
 
 A pod started by the operator (and local mode, the same way) takes the staleness bound, task weights
 and agents from the job file, the store from ``TREADLE_REDIS_URL`` and ``TREADLE_KEY_PREFIX``
-(``treadle.services.podenv``); flags override (a bare buffer without a job takes them all).
+(``treadle.services.podenv``; ``--redis`` and ``--namespace`` override them); a process started by
+hand writes a job file too (``podenv.job_env``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -45,13 +45,6 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
     p.add_argument("--redis", help=f"Redis URL, empty for the embedded memory store (${env_vars.REDIS_URL})")
     p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${env_vars.KEY_PREFIX})")
-    p.add_argument("--alpha", type=int, help="staleness bound in policy versions (without a job)")
-    p.add_argument(
-        "--task-weights", help='JSON object task -> batch weight, e.g. {"math": 1} (without a job)'
-    )
-    p.add_argument(
-        "--agents", help="JSON list of the agents the micro-batch pipeline updates together (without a job)"
-    )
     p.add_argument("--lease-s", type=float, default=300.0, help="default lease before redelivery")
     a = p.parse_args(argv)
     job = podenv.Job(environ)
@@ -61,9 +54,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             host=a.host, port=a.port, metrics_port=a.metrics_port,
             redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
-            alpha=a.alpha if a.alpha is not None else job.config.buffer.alpha,
-            task_weights=json.loads(a.task_weights) if a.task_weights else job.config.buffer.task_weights,
-            agents=json.loads(a.agents) if a.agents else (job.config.buffer.agents if job.present else []),
+            alpha=job.config.buffer.alpha, task_weights=job.config.buffer.task_weights,
+            agents=job.config.buffer.agents,
             lease_s=a.lease_s,
         )  # fmt: skip
 

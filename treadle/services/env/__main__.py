@@ -4,9 +4,9 @@ A pod started by the operator (and local mode, the same way) reads its job file
 (``treadle.api.jobconfig.EnvConfig``): an environment the job's tasks name that this image does not
 serve is a startup error, not a failure on the first trajectory. User environments
 (``py:<module>:<Class>``) are imported from the modules the job names and from the
-``--allow-user-module`` prefixes, as the reward gateway's user functions; ``spec.environment.warmPool`` and
-``spec.externalResources.cpuCoresPerAction`` fill ``--warm-pool`` and ``--cpu-per-action``, which a
-bare env server without a job takes (default none and 1).
+``--allow-user-module`` prefixes, as the reward gateway's user functions;
+``spec.environment.warmPool`` and ``spec.externalResources.cpuCoresPerAction`` size the sandbox. An
+env server without a job file keeps no warm sandbox and pins an action to 1 CPU.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
 
 PROG = "python -m treadle.services.env"
-MAX_WARM_POOL = 64
-"""The CRD's bound on ``spec.environment.warmPool``."""
 CPU_PER_ACTION_FIELD = "spec.externalResources.cpuCoresPerAction"
 
 
@@ -59,12 +57,9 @@ def cpus_per_action(raw: str) -> int:
     return math.ceil(cores)
 
 
-def warm_pool(flag: int | None, job: jobconfig.EnvConfig | None) -> int:
-    """Warm sandbox processes for python-code: 0 when the pod's job runs no python-code task."""
-    value = flag if flag is not None else (job.warm_pool if job else 0)
-    if not 0 <= value <= MAX_WARM_POOL:
-        raise errors.SpecError(f"must be in [0, {MAX_WARM_POOL}]", field="--warm-pool", value=value)
-    return value if job is None or pythoncode.SPEC.name in job.environments else 0
+def warm_pool(job: jobconfig.EnvConfig | None) -> int:
+    """Warm sandbox processes for python-code: 0 without a job or when it runs no python-code task."""
+    return job.warm_pool if job is not None and pythoncode.SPEC.name in job.environments else 0
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> None:
@@ -75,8 +70,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--step-timeout-s", type=float, default=30.0)
     p.add_argument("--idle-ttl-s", type=float, default=900.0)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
-    p.add_argument("--warm-pool", type=int, default=None, help="default: the job's or 0")
-    p.add_argument("--cpu-per-action", default=None, help="default: the job's or 1")
     p.add_argument(
         "--allow-user-module", action="append", default=[],
         help="module prefix for py: environments (besides the job's own)",
@@ -87,12 +80,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     prefixes = (*a.allow_user_module, *(env.user_modules if env else ()))
     if env is not None:
         podenv.or_exit(lambda: check_environments(env.environments, prefixes), prog=PROG)
-    warm = podenv.or_exit(lambda: warm_pool(a.warm_pool, env), prog=PROG)
-    raw_cpu = a.cpu_per_action or (env.cpu_per_action if env else "1")
-    cpus = podenv.or_exit(lambda: cpus_per_action(raw_cpu), prog=PROG)
+    cpus = podenv.or_exit(lambda: cpus_per_action(env.cpu_per_action if env else "1"), prog=PROG)
     app = http_app.build_app(
         max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
-        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm, cpus_per_action=cpus,
+        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
         user_prefixes=prefixes,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)

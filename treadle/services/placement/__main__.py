@@ -2,14 +2,13 @@
 
 A pod started by the operator (and local mode, the same way) takes pools, tasks, the policy and the
 rebalancing settings (``spec.rollout.rebalance``) from the job file (``treadle.services.podenv``);
-flags override (a bare placement without a job takes them all). A job with several agents runs
-inter-agent rebalancing (``rebalance.Rebalancer``) every ``--rebalance-interval-s`` unless that is 0
-(the job's ``rebalance.enabled`` false, or unset with no two agents of one instance shape).
+a process started by hand writes a job file too (``podenv.job_env``). A job with several agents runs
+inter-agent rebalancing (``rebalance.Rebalancer``) every ``spec.rollout.rebalance.intervalSeconds``
+unless its ``enabled`` is false (or unset with no two agents of one instance shape).
 
-A move loads the receiver's weights into the moved engine (``--apply-weights``) by default in a
+A move loads the receiver's weights into the moved engine (``--apply-weights``, the default) in a
 cluster, where the operator renders real vLLM with the weights extension and the job's weight
-store; local mode's simulated engines only take the label (``--no-apply-weights``, the default
-without a job).
+store; local mode's simulated engines only take the label (``--no-apply-weights``).
 """
 
 from __future__ import annotations
@@ -17,23 +16,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Mapping
-from typing import TypeVar
 
 import prometheus_client as prom
 
-from treadle.api import jobconfig, v1alpha1
-from treadle.policy import registry
+from treadle.api import jobconfig
 from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv, runtime
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import grpc_server, rebalance, service
 
 PROG = "python -m treadle.services.placement"
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,68 +54,24 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50052)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
-    p.add_argument("--pools", help='JSON object pool -> preferred work, e.g. {"decode": "decode-heavy"}')
-    p.add_argument("--tasks", help='JSON object task -> {"affinity": "auto", "pools": []}, e.g. {"math": {}}')
-    p.add_argument("--policy", help="placement policy (treadle.policy.registry)")
-    p.add_argument("--pool-agents", help="JSON object pool -> agent it serves (the job's)")
-    p.add_argument("--pool-shapes", help="JSON object pool -> instance shape; moves stay within a shape")
-    # Each defaults to the job's spec.rollout.rebalance (v1alpha1.Rebalance's defaults without a job).
     p.add_argument(
-        "--rebalance-interval-s", type=float,
-        help="seconds between inter-agent rebalance polls (several agents only; 0: never)",
-    )  # fmt: skip
-    p.add_argument("--rebalance-delta", type=float)
-    p.add_argument(
-        "--rebalance-settle-polls",
-        type=int,
-        help="polls skipped after a move, while the queues it changes drain",
-    )
-    p.add_argument("--rebalance-rule", choices=["literal", "per-instance"])
-    p.add_argument("--rebalance-step", type=int, help="workers moved per poll at most (0: the rule's k)")
-    p.add_argument(
-        "--apply-weights", action=argparse.BooleanOptionalAction,
-        help="a moved engine loads the receiver's weights (real vLLM with a weight store); default: "
-        "on with a job (a cluster), off without (local mode's simulated engines)",
+        "--apply-weights", action=argparse.BooleanOptionalAction, default=True,
+        help="a moved engine loads the receiver's weights (real vLLM with a weight store, as in a "
+        "cluster); local mode's simulated engines pass --no-apply-weights",
     )  # fmt: skip
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
     def build() -> Config:
-        # Without a job, the spec's defaults; bare placement rebalances whenever its pools name two agents.
-        rb = (
-            job.config.placement.rebalance
-            if job.present
-            else jobconfig.rebalance_config(v1alpha1.Rebalance(), enabled=True)
-        )
-        tasks = (
-            {name: jobconfig.TaskPlacement(**spec) for name, spec in json.loads(a.tasks).items()}
-            if a.tasks
-            else job.config.placement.tasks
-        )
-        # Without a job (a bare process in a test), the registry's default policy.
-        policy = a.policy or (job.config.placement.policy if job.present else registry.DEFAULT_PLACEMENT)
-        pools = json.loads(a.pools) if a.pools else job.config.placement.pools
-        pool_agents = json.loads(a.pool_agents) if a.pool_agents else (
-            job.config.placement.pool_agents if job.present else {}
-        )  # fmt: skip
-        pool_shapes = json.loads(a.pool_shapes) if a.pool_shapes else (
-            job.config.placement.pool_shapes if job.present else {}
-        )  # fmt: skip
-        return Config(host=a.host, port=a.port, metrics_port=a.metrics_port, pools=pools, tasks=tasks,
-                      policy=policy, pool_agents=pool_agents, pool_shapes=pool_shapes,
-                      rebalance_interval_s=_given(a.rebalance_interval_s, rb.interval_s),
-                      rebalance_delta=_given(a.rebalance_delta, rb.delta),
-                      rebalance_settle_polls=_given(a.rebalance_settle_polls, rb.settle_polls),
-                      rebalance_rule=_given(a.rebalance_rule, rb.rule),
-                      rebalance_step=_given(a.rebalance_step, rb.max_moves_per_poll),
-                      apply_weights=_given(a.apply_weights, job.present))  # fmt: skip
+        cfg = job.config.placement
+        rb = cfg.rebalance
+        return Config(host=a.host, port=a.port, metrics_port=a.metrics_port, pools=cfg.pools, tasks=cfg.tasks,
+                      policy=cfg.policy, pool_agents=cfg.pool_agents, pool_shapes=cfg.pool_shapes,
+                      rebalance_interval_s=rb.interval_s, rebalance_delta=rb.delta,
+                      rebalance_settle_polls=rb.settle_polls, rebalance_rule=rb.rule,
+                      rebalance_step=rb.max_moves_per_poll, apply_weights=a.apply_weights)  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
-
-
-def _given(flag: T | None, default: T) -> T:
-    """The flag when given (0 included), else the job's value."""
-    return default if flag is None else flag
 
 
 async def main(cfg: Config) -> None:

@@ -1,8 +1,9 @@
 """Live inter-agent rebalancing (FlexMARL §5.2): the loop that moves inference workers between agents.
 
-Run by placement's process (``python -m treadle.services.placement --rebalance-interval-s S``) and,
-in-process, by the integration tests. Placement owns what the policy reads: which agent each
-worker serves, the turns assigned to it and not released, and the loads its workers report.
+Run by placement's process (``python -m treadle.services.placement``, every
+``spec.rollout.rebalance.intervalSeconds`` of its job) and, in-process, by the integration tests.
+Placement owns what the policy reads: which agent each worker serves, the turns assigned to it and
+not released, and the loads its workers report.
 
 Every ``interval_s`` the loop asks ``PlacementService.plan_rebalance`` for a move (the policy is
 ``treadle.policy.flexmarl.load_balance.rebalance``, default ``delta=5`` as in FlexMARL §8.1 and our

@@ -134,7 +134,7 @@ SCORE = re.compile(r"\b(10|[0-9])\b")
 
 async def score_llm_judge(req: protocol.ScoreRequest, res: Resources) -> Scored:
     if res.judge is None:
-        raise errors.Unavailable("llm-judge needs --judge-url, which this gateway was started without")
+        raise errors.Unavailable("llm-judge needs spec.reward.url, which this gateway's job does not give")
     content = JUDGE_PROMPT.format(
         prompt=req.prompt or "", reference=req.reference or "", response=req.response
     )

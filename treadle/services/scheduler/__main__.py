@@ -1,11 +1,13 @@
 """``python -m treadle.services.scheduler``: run the scheduler against env, reward, placement and buffer.
 
 A pod started by the operator (and local mode, the same way) takes its tasks and settings from the
-job file and the addresses from ``TREADLE_*`` (``treadle.services.podenv``); ``--tasks`` and
-``--settings`` configure a bare scheduler without a job (tests, benchmarks). Agents are reached at
-the addresses placement hands out. In a cluster (``demand.RewardDemandReporter.from_env``) the scheduler also
-reports every ``DEMAND_INTERVAL_S`` how many trajectories wait for or are in reward scoring, which
-the operator turns into reward gateway replicas.
+job file and the addresses from ``TREADLE_*`` (``treadle.services.podenv``); a process started by
+hand (tests, benchmarks, ``treadle train``) writes a job file too (``podenv.job_env``). Flags give
+only what the RolloutJob has no field for: addresses, counts and a few scheduling knobs. Agents
+are reached at the addresses placement hands out. In a cluster
+(``demand.RewardDemandReporter.from_env``) the scheduler also reports every ``DEMAND_INTERVAL_S``
+how many trajectories wait for or are in reward scoring, which the operator turns into reward
+gateway replicas.
 
 Env servers: each ``--env-url`` (the env headless Service) is resolved to one URL per pod address,
 at start and again every ``--env-resolve-interval-s`` (``refresh_envs``): a new pod gets new
@@ -19,7 +21,6 @@ import argparse
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import os
 import socket
@@ -41,6 +42,8 @@ from treadle.services.scheduler import demand, grpc_server, service
 PROG = "python -m treadle.services.scheduler"
 DEMAND_INTERVAL_S = 2.0
 ENV_RESOLVE_INTERVAL_S = 10.0
+KNOBS = ("worker_slots", "preemption_margin", "preemption_max_progress")
+"""``jobconfig.Settings`` fields given as flags: the job has no field for them."""
 log = logging.getLogger(__name__)
 
 
@@ -63,12 +66,15 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
-    p.add_argument("--tasks", help="JSON list of TaskConfig fields, one object per task (without a job)")
-    p.add_argument("--settings", help="JSON object of Settings fields (without a job)")
     # What only the caller knows (local mode passes its own); unset, a cluster's (podenv.job_config).
     p.add_argument("--max-tokens", type=int, help="tokens per turn at most")
     p.add_argument("--max-in-flight", type=int, help="trajectories in flight at most")
     p.add_argument("--max-concurrent-generations", type=int, help="turns generating at once at most")
+    # Knobs the RolloutJob has no field for (benchmarks set them); unset: jobconfig.Settings' defaults.
+    p.add_argument("--worker-slots", type=int, help="turns generating at once per worker (0: one gate)")
+    p.add_argument("--preemption-margin", type=float, help="preemptive policies: the margin to preempt")
+    p.add_argument("--preemption-max-progress", type=float, help="preemptive policies: preempt until")
+    p.add_argument("--system-prompt", help="the system message every task's trajectories open with")
     p.add_argument(
         "--env-url", action="append", help=f"environment server base URL, repeatable (${env_vars.ENV_URL})"
     )
@@ -84,16 +90,11 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                      max_concurrent_generations=a.max_concurrent_generations)  # fmt: skip
 
     def build() -> Config:
-        tasks = (
-            [jobconfig.TaskConfig(**t) for t in json.loads(a.tasks)]
-            if a.tasks
-            else job.config.scheduler.tasks
-        )
-        settings = (
-            jobconfig.Settings(**json.loads(a.settings))
-            if a.settings is not None
-            else job.config.scheduler.settings
-        )
+        tasks = job.config.scheduler.tasks
+        if a.system_prompt is not None:
+            tasks = [dataclasses.replace(t, system_prompt=a.system_prompt) for t in tasks]
+        knobs = {k: v for k in KNOBS if (v := getattr(a, k)) is not None}
+        settings = dataclasses.replace(job.config.scheduler.settings, **knobs)
         env_urls = a.env_url or [podenv.pick(None, environ, env_vars.ENV_URL, flag="--env-url")]
         return Config(
             host=a.host, port=a.port, metrics_port=a.metrics_port, tasks=tasks, settings=settings,

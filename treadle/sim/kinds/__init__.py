@@ -117,3 +117,33 @@ def table(header: str, cols: Sequence[str], rows: Sequence[Sequence[str]]) -> st
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cells:
+    """An ``Outcome`` of means per cell and run (``flexmarl``, ``darts``): one table row each."""
+
+    scenario: str
+    cells: Mapping[str, Mapping[str, Mapping[str, float]]]
+    """Cell -> run (variant or system) -> metric -> mean."""
+    metrics: tuple[str, ...]
+    columns: tuple[str, str]
+    """Headers of the cell and run columns."""
+    note: str
+    """What the figures are, after ``SIMULATED -- scenario NAME:``."""
+
+    def table(self) -> str:
+        rows = [
+            [cell, run, *(f"{m[k]:,.2f}" for k in self.metrics)]
+            for cell, by_run in self.cells.items()
+            for run, m in by_run.items()
+        ]
+        return table(
+            f"SIMULATED -- scenario {self.scenario}: {self.note}", [*self.columns, *self.metrics], rows
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {"label": "simulated", "cells": self.cells}
+
+    def plot(self, out: Path) -> list[str]:
+        return []

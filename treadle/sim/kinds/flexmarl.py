@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from treadle import errors
@@ -103,7 +102,7 @@ class Plan:
         )
         return dataclasses.replace(base, **changes)
 
-    def run(self, options: kinds.Options) -> Report:
+    def run(self, options: kinds.Options) -> kinds.Cells:
         variants = [_variant(v) for v in options.runs or self.runs]
         seeds = (options.seed,) if options.seed is not None else self.seeds[: 1 if options.quick else None]
         base: dict[str, Any] = {}
@@ -122,7 +121,9 @@ class Plan:
                     cells[f"{dname}/{key}={v}"] = self._mean(
                         wf, variants, seeds, rule="per-instance", **{key: v}, **base
                     )
-        return Report(self.name, cells)
+        return kinds.Cells(
+            self.name, cells, METRICS, ("cell", "variant"), "means over the seeds, seconds per step"
+        )
 
     def _mean(
         self,
@@ -158,25 +159,3 @@ def _variant(name: str) -> flexmarl.Variant:
         raise errors.SpecError(
             f"unknown variant {name!r}; known: {list(flexmarl.VARIANTS)}", field="--runs"
         ) from None
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-    scenario: str
-    cells: Mapping[str, Mapping[str, Mapping[str, float]]]
-    """Cell (``MA/literal``, ``CA/max_seqs=4``...) -> variant -> metric -> mean over the seeds."""
-
-    def table(self) -> str:
-        rows = [
-            [cell, variant, *(f"{m[k]:,.2f}" for k in METRICS)]
-            for cell, by_variant in self.cells.items()
-            for variant, m in by_variant.items()
-        ]
-        header = f"SIMULATED -- scenario {self.scenario}: means over the seeds, seconds per step"
-        return kinds.table(header, ["cell", "variant", *METRICS], rows)
-
-    def summary(self) -> dict[str, Any]:
-        return {"label": "simulated", "cells": self.cells}
-
-    def plot(self, out: Path) -> list[str]:
-        return []
