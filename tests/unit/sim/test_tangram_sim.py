@@ -47,7 +47,7 @@ def test_every_coding_action_ends_after_it_starts(system: str) -> None:
 def test_tangram_never_grants_more_cores_than_are_free(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real_decide = schedule.decide
-    real_start = tangram._CpuTangram._start
+    real_start = tangram.CpuTangram._start
 
     def decide(*args: Any, **kwargs: Any) -> list[Any]:
         calls.append(1)
@@ -58,7 +58,7 @@ def test_tangram_never_grants_more_cores_than_are_free(monkeypatch: pytest.Monke
         real_start(self, node, action, job, rec, units)
 
     monkeypatch.setattr(schedule, "decide", decide)
-    monkeypatch.setattr(tangram._CpuTangram, "_start", start)
+    monkeypatch.setattr(tangram.CpuTangram, "_start", start)
     tangram.run_coding(dataclasses.replace(CODING, batch=64), "tangram")
     assert calls  # the simulator runs the policy's Alg. 1, not a copy
 
