@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Final, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 from treadle import errors
+from treadle.api import base, spec_rules
 from treadle.api import dataset as dataset_api
+from treadle.api import engine as engine_api
 from treadle.api import sampling as sampling_
-from treadle.api import spec_rules
 from treadle.policy import baselines, registry
 from treadle.policy.flexmarl import load_balance
 
@@ -46,16 +46,16 @@ MAX_POOL_NAME = 16
 MANAGER = "treadle.dev/operator"
 """The ``managedBy`` value (or its absence) under which the Treadle operator reconciles a job."""
 
-DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# The shared wire conventions and Kubernetes-shaped types, under the names this module always had
+# (``treadle.api.base`` holds them so that ``treadle.api.trainer`` can use them too).
+DNS_LABEL = base.DNS_LABEL
 USER_CODE = "py:"
 """Prefix of user code an environment or reward names: ``py:<module>:<attribute>``."""
 REWARD_FN = r"^([a-z]([-a-z0-9]*[a-z0-9])?|py:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
-# A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
-QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"
-
-Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
-Quantity = Annotated[str, Field(min_length=1, max_length=32, pattern=QUANTITY)]
-Accelerator = Literal["H800", "H20", "H100", "H200", "A100"]
+QUANTITY = base.QUANTITY
+Name = base.Name
+Quantity = base.Quantity
+Accelerator = base.Accelerator
 WorkAffinity = Literal["prefill-heavy", "decode-heavy", "auto"]
 PreferredWork = Literal["prefill-heavy", "decode-heavy", "any"]
 RewardType = Literal["rule", "code", "llm-judge", "external"]
@@ -74,29 +74,11 @@ the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai
 DEFAULT_ENV_IMAGE = "ghcr.io/treadle-dev/treadle-env:0.1.0"
 
 
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are errors, as in the CRD."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        frozen=True,
-    )
+class _Model(base.Model):
+    """The spec's wire conventions (``base.Model``): camelCase, unknown fields refused, frozen."""
 
 
-class Toleration(_Model):
-    """A core/v1 Toleration (the fields Treadle passes through)."""
-
-    key: str | None = Field(default=None, max_length=253)
-    """Taint key the toleration applies to; empty with operator Exists matches every taint."""
-    operator: Literal["Exists", "Equal"] = "Equal"
-    """Exists matches any value; Equal matches ``value``."""
-    value: str | None = Field(default=None, max_length=63)
-    """Taint value to match when operator is Equal."""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    """Taint effect to match; empty matches all effects."""
+Toleration = base.Toleration
 
 
 class Agent(_Model):
@@ -112,30 +94,6 @@ class Agent(_Model):
     """Maximum context length (prompt plus response) in tokens, passed to vLLM."""
     dtype: Dtype = "bfloat16"
     """Weight and activation dtype, passed to vLLM (``float32`` for vLLM's CPU build)."""
-
-
-class EngineEnvVar(_Model):
-    """A literal environment variable of an inference pool's engine container."""
-
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    """Variable name."""
-    value: str = Field(default="", max_length=32768)
-    """Value."""
-
-
-class Engine(_Model):
-    """What a pool's engine container gets beyond Treadle's defaults, for hardware they do not fit:
-    vLLM's CPU build (the dev cluster's SIMULATED GPU nodes), or a GPU's own tuning flags."""
-
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
-    """vLLM arguments after Treadle's own; a repeated flag takes the last value, so these override."""
-    env: list[EngineEnvVar] = Field(default_factory=list, max_length=64)
-    """Extra environment variables; one Treadle sets itself (``TREADLE_*``, ``VLLM_SERVER_DEV_MODE``)
-    keeps Treadle's value."""
-    cpu: Quantity | None = None
-    """CPU request of the engine container; unset: 4 per GPU."""
-    memory: Quantity | None = None
-    """Memory request and limit of the engine container; unset: 32Gi per GPU, limit 64Gi per GPU."""
 
 
 class Pool(_Model):
@@ -157,7 +115,7 @@ class Pool(_Model):
     """GPUs per replica (tensor parallelism); each pod asks this many ``nvidia.com/gpu``."""
     preferred_work: PreferredWork = "any"
     """Work this pool is tuned for (RollArt: H800 prefill-heavy, H20 decode-heavy)."""
-    engine: Engine = Field(default_factory=Engine)
+    engine: engine_api.Engine = Field(default_factory=engine_api.Engine)
     """Overrides of the engine container (arguments, environment, resources)."""
 
 

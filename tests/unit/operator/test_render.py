@@ -10,6 +10,7 @@ import operator_examples
 import pytest
 import yaml
 
+from treadle.api import engine as engine_api
 from treadle.api import nodes, v1alpha1
 from treadle.operator import config, render
 from treadle.operator.render import backends as render_backends
@@ -159,10 +160,10 @@ def test_only_the_reward_gateway_takes_a_cluster_ip(math_job: v1alpha1.RolloutJo
 def test_pool_engine_overrides_extend_vllm_and_keep_treadles_variables(math_job: v1alpha1.RolloutJob) -> None:
     """``spec.pools[].engine``: vLLM's CPU build on the dev cluster takes flags, variables and requests
     the GPU defaults lack; a variable Treadle sets keeps Treadle's value (the last of a name wins)."""
-    engine = v1alpha1.Engine(
+    engine = engine_api.Engine(
         args=["--enforce-eager", "--dtype", "float32"],
-        env=[v1alpha1.EngineEnvVar(name="VLLM_CPU_KVCACHE_SPACE", value="1"),
-             v1alpha1.EngineEnvVar(name="VLLM_SERVER_DEV_MODE", value="0")],
+        env=[engine_api.EnvVar(name="VLLM_CPU_KVCACHE_SPACE", value="1"),
+             engine_api.EnvVar(name="VLLM_SERVER_DEV_MODE", value="0")],
         cpu="1", memory="4Gi",
     )  # fmt: skip
     pools = [math_job.spec.pools[0].model_copy(update={"engine": engine})]
