@@ -24,10 +24,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import yaml
 
 from treadle.devcluster import binaries, kwok
+from treadle.services.agent import service as agent_service
 from treadle.trainer import policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,4 +271,42 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
         time.sleep(2)
         found, tids = epoch_rows(cluster, name, 0)
     assert found == set(rows) and len(tids) == 8 * len(rows), (sorted(set(rows) - found), len(tids))
+    delete(cluster, name)
+
+
+def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, Any]]:
+    pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")["items"]
+    return [
+        p for p in pods if all(s["ready"] for s in p["status"].get("containerStatuses") or [{"ready": 0}])
+    ]
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
+def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_committed_one(
+    cluster: kwok.DevCluster,
+) -> None:
+    """From step 5 the trainer commits and every worker swaps a version each step; the one inference
+    pod is deleted then (at a moment in that cycle, not timed to the swap itself). Its replacement
+    starts vLLM on the committed version, and no step trains on tokens staler than the bound."""
+    name = "learn-swap"
+    apply(cluster, variant(name, CONFIG_MAP))
+    train(cluster, name, steps=5)
+    old = ready_pods(cluster, name, "pool")[0]["metadata"]["name"]
+    cluster.kubectl("delete", "pod", old, "--wait=false")
+
+    def serving() -> tuple[int, int] | None:
+        new = [p for p in ready_pods(cluster, name, "pool") if p["metadata"]["name"] != old]
+        if not new:
+            return None
+        info = httpx.get(f"http://{new[0]['status']['podIP']}:8080/weight_info", timeout=5).json()
+        committed = int(get(cluster, "rolloutjob", name)["status"]["policyVersion"])
+        served = agent_service.parse_version(info.get("weight_version"))
+        return (served, committed) if served == committed else None
+
+    served, committed = poll(serving, "the new inference pod serving the committed version", 600)
+    assert served == committed >= 4
+    train(cluster, name, steps=STEPS)
+    staleness = [int(s) for s in re.findall(r"\bstaleness (\d+)", trainer_log(cluster, name))]
+    alpha = int(variant(name, CONFIG_MAP)["spec"]["rollout"]["staleness"])
+    assert len(staleness) >= STEPS and max(staleness) <= alpha, staleness
     delete(cluster, name)
