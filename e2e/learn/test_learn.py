@@ -276,9 +276,9 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
 
 def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, Any]]:
     pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")["items"]
-    return [
-        p for p in pods if all(s["ready"] for s in p["status"].get("containerStatuses") or [{"ready": 0}])
-    ]
+    # A pod with no container status yet is not ready (``all`` of nothing would say it is).
+    statuses = [p["status"].get("containerStatuses") or [{"ready": False}] for p in pods]
+    return [p for p, ss in zip(pods, statuses, strict=True) if all(s["ready"] for s in ss)]
 
 
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
