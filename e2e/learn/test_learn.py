@@ -202,6 +202,8 @@ def test_the_same_job_trains_from_a_configmap_and_a_url(
     name = f"learn-{next(iter(source)).lower()}"
     if source is URL:
         serve_datasets(cluster)
+        # Ready before the job: the feeder reads the URL at start (and would report it unreachable).
+        poll(lambda: get(cluster, "pod", "datasets")["status"]["containerStatuses"][0]["ready"], "datasets", 60)
     apply(cluster, variant(name, source))
     seen, rewards = train(cluster, name, steps=3)
     assert seen[-1][0] >= 3 and len(rewards) >= 3, (seen, rewards)
