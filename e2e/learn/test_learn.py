@@ -99,6 +99,12 @@ def apply(c: kwok.DevCluster, *objects: dict[str, Any]) -> None:
     c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
 
 
+def ready(pod: dict[str, Any]) -> bool:
+    """Every container ready; a pod with no container status yet is not."""
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and all(s["ready"] for s in statuses)
+
+
 def children(c: kwok.DevCluster, job: str) -> list[str]:
     """Every object the operator made for ``job`` (it labels them all with the job's instance)."""
     out = c.kubectl(
@@ -203,7 +209,7 @@ def test_the_same_job_trains_from_a_configmap_and_a_url(
     if source is URL:
         serve_datasets(cluster)
         # Ready before the job: the feeder reads the URL at start (and would report it unreachable).
-        poll(lambda: get(cluster, "pod", "datasets")["status"]["containerStatuses"][0]["ready"], "datasets", 60)
+        poll(lambda: ready(get(cluster, "pod", "datasets")), "the datasets pod ready", 60)
     apply(cluster, variant(name, source))
     seen, rewards = train(cluster, name, steps=3)
     assert seen[-1][0] >= 3 and len(rewards) >= 3, (seen, rewards)
@@ -278,9 +284,7 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
 
 def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, Any]]:
     pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")["items"]
-    # A pod with no container status yet is not ready (``all`` of nothing would say it is).
-    statuses = [p["status"].get("containerStatuses") or [{"ready": False}] for p in pods]
-    return [p for p, ss in zip(pods, statuses, strict=True) if all(s["ready"] for s in ss)]
+    return [p for p in pods if ready(p)]
 
 
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
