@@ -4,9 +4,10 @@ Run: ``python bench/policy_darts.py [--prompts 512] [--repeats 200] [--out DIR]`
 Times ``treadle.policy.darts.allocate`` for ``--prompts`` prompts between ``M`` and ``M_up`` at a low,
 middle and high total budget, on lognormal per-prompt length stds (min-max normalised, as the
 live path does) and on uniform weights (every prompt tied, the tie-break's worst case); the whole
-per-step planning (``stats.sigmas`` + ``normalise`` + ``budget.marginal_cost`` + ``total_budget`` +
-``allocate``) once; and ``select_dual_end`` on one pool of ``M_up``. The target is under 1 ms for
-the allocation of a 512-prompt batch (issue #15). Prints figures only; nothing is asserted.
+per-step planning (``plan.pools``: ``stats.sigmas`` + ``normalise`` + ``budget.marginal_cost`` +
+``total_budget`` + ``allocate``) once; and ``select_dual_end`` on one pool of ``M_up``. The target
+is under 1 ms for the allocation of a 512-prompt batch (issue #15). Prints figures only; nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import random
 import benchcli
 
 from treadle.policy import costmodel, darts
-from treadle.policy.darts import budget, selection, stats
+from treadle.policy.darts import budget, plan, selection, stats
 
 TARGET_MS = 1.0
 
@@ -64,12 +65,10 @@ def main() -> None:
     ptl = budget.fit_ptl([(float(b), step_s(b)) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)])
     ids = [str(p) for p in range(n)]
 
-    def plan() -> list[int]:
-        alpha, _ = budget.marginal_cost(state.recent, ptl, prompts=n, m=m, m_up=m_up, replicas=16)
-        total = budget.total_budget(stats.dispersion(state), alpha, 0.04, prompts=n, m=m, m_up=m_up)
-        return darts.allocate(darts.normalise(stats.sigmas(state, ids)), total, m, m_up)
+    def step() -> tuple[list[int], int]:  # what the scheduler and the simulator call once per step
+        return plan.pools(state, ids, ptl, m=m, m_up=m_up, lam=0.04, replicas=16)
 
-    results["plan a step (stats + budget + allocate)"] = benchcli.timed_ms(plan, cfg.repeats)
+    results["plan a step (stats + budget + allocate)"] = benchcli.timed_ms(step, cfg.repeats)
     lengths = [round(rng.lognormvariate(7.0, 0.8)) for _ in range(m_up)]
     truncated = [x > 8192 for x in lengths]
     results[f"select_dual_end, one pool of {m_up}"] = benchcli.timed_ms(

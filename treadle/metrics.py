@@ -33,6 +33,9 @@ AGENT_GENERATED_TOKENS_TOTAL = f"{PREFIX}_agent_generated_tokens_total"
 AGENT_ENGINE_SECONDS = f"{PREFIX}_agent_engine_seconds"
 AGENT_OVERHEAD_SECONDS = f"{PREFIX}_agent_overhead_seconds"
 AGENT_SWAP_LEASES_EXPIRED_TOTAL = f"{PREFIX}_agent_swap_leases_expired_total"
+# Swaps the agent ran by itself to the version placement wants its worker to serve (after a failed
+# swap, an engine restart, or a swap its own restart orphaned), by outcome (loaded, failed).
+AGENT_WEIGHT_RELOADS_TOTAL = f"{PREFIX}_agent_weight_reloads_total"
 # vLLM's own names: exported by the simulated engine (treadle.services.fakevllm) exactly as vLLM
 # 0.32 does, and read back by the agent from either engine to report load.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
@@ -57,12 +60,25 @@ SCHED_POLICY_VERSION = f"{PREFIX}_scheduler_policy_version"
 SCHED_PREEMPTIONS_TOTAL = f"{PREFIX}_scheduler_preemptions_total"
 SCHED_PREDICTION_ERROR_TOKENS = f"{PREFIX}_scheduler_prediction_error_tokens"
 SCHED_ENV_SERVERS = f"{PREFIX}_scheduler_env_servers"
+# DARTS in the scheduler (treadle.services.scheduler.darts), by task; aborted by reason (early_stop).
+SCHED_DARTS_CANDIDATES_TOTAL = f"{PREFIX}_scheduler_darts_candidates_total"
+SCHED_DARTS_SELECTED_TOTAL = f"{PREFIX}_scheduler_darts_selected_total"
+SCHED_DARTS_UNSELECTED_TOTAL = f"{PREFIX}_scheduler_darts_unselected_total"
+SCHED_DARTS_ABORTED_TOTAL = f"{PREFIX}_scheduler_darts_aborted_total"
+SCHED_DARTS_BUDGET = f"{PREFIX}_scheduler_darts_budget_candidates"
+SCHED_DARTS_PTL_SAMPLES = f"{PREFIX}_scheduler_darts_ptl_samples"
 # Placement (treadle.services.placement).
 PLACEMENT_ASSIGNMENTS_TOTAL = f"{PREFIX}_placement_assignments_total"
 PLACEMENT_OUTSTANDING = f"{PREFIX}_placement_outstanding_turns"
 PLACEMENT_MIGRATIONS_TOTAL = f"{PREFIX}_placement_migrations_total"
 PLACEMENT_REBALANCE_MOVES_TOTAL = f"{PREFIX}_placement_rebalance_moves_total"
 PLACEMENT_AGENT_QUEUE = f"{PREFIX}_placement_agent_queue_turns"
+# Weight sync driven by placement (SwapWeights), by pool: per-worker swap time (the exposed part, the
+# worker paused, labelled by how the version got there: prefetched = pulled while generating),
+# failures by outcome, and the lowest/highest version the pool's workers serve and their target.
+PLACEMENT_WEIGHT_SWAP_SECONDS = f"{PREFIX}_placement_weight_swap_seconds"
+PLACEMENT_WEIGHT_SWAP_FAILURES_TOTAL = f"{PREFIX}_placement_weight_swap_failures_total"
+PLACEMENT_POOL_WEIGHT_VERSION = f"{PREFIX}_placement_pool_weight_version"
 # Buffer (treadle.services.buffer).
 BUFFER_STORED = f"{PREFIX}_buffer_stored_trajectories"
 BUFFER_PUT_TOTAL = f"{PREFIX}_buffer_put_total"

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from treadle.models import vllm_server
+from treadle.services.agent import client as agent_client
 from treadle.services.agent import http_app as agent_app
 from treadle.services.httputil import serve
 from treadle.services.placement import rebalance
@@ -110,15 +111,15 @@ async def test_a_moved_engine_serves_the_receivers_weights(
         await mover.swap(worker, agent="executor", version=1)
         executor_lps = await logprobs(http, vllm_url)
         assert executor_lps == pytest.approx([uniform] * len(executor_lps), abs=1e-4)
-        assert await served(http, vllm_url) == (f"{JOB}/executor", 1, rebalance.label("executor", 1))
+        assert await served(http, vllm_url) == (f"{JOB}/executor", 1, agent_client.label("executor", 1))
 
         # Moved back to the planner: exactly the planner's logprobs again, not the donor's.
         worker.pool = "plan"
         await mover.swap(worker, agent="planner", version=1)
         assert await logprobs(http, vllm_url) == planner_lps
-        assert await served(http, vllm_url) == (f"{JOB}/planner", 1, rebalance.label("planner", 1))
+        assert await served(http, vllm_url) == (f"{JOB}/planner", 1, agent_client.label("planner", 1))
 
         # An agent not trained yet serves the checkpoint (its version 0), reloaded from the model files.
         await mover.swap(worker, agent="critic", version=0)
         assert await logprobs(http, vllm_url) == checkpoint
-        assert await served(http, vllm_url) == (f"{JOB}/critic", 0, rebalance.label("critic", 0))
+        assert await served(http, vllm_url) == (f"{JOB}/critic", 0, agent_client.label("critic", 0))

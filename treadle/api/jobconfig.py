@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from treadle.api import dataset as dataset_api
 from treadle.api import sampling, v1alpha1
+from treadle.api.sampling import Length
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
 from treadle.policy.flexmarl import load_balance
@@ -52,11 +53,13 @@ class TaskConfig:
     receives them all; selecting ``group_size`` of them is DARTS's job)."""
     sampling: str = "standard"
     """The sampling mode in force (``treadle.api.sampling``): ``standard``, ``redundant`` or ``darts``.
-    The four DARTS settings below are 0 in the other modes."""
+    The DARTS settings below are 0 (false, ``tokens``) in the other modes."""
     m_up: int = 0
     long_end: int = 0
     lam: float = 0.0
     ema_decay: float = 0.0
+    keep_unselected: bool = False
+    length: Length = "tokens"
     max_turns: int = 8
     max_tokens: int = 256
     temperature: float = 1.0
@@ -171,6 +174,9 @@ class PlacementConfig:
     """Pool -> the agent it serves (per-agent turns and inter-agent rebalancing)."""
     pool_shapes: dict[str, str]
     """Pool -> instance shape (model, TP, accelerator): rebalancing moves workers only within one."""
+    alpha: int
+    """``spec.rollout.staleness``: no turn goes to a worker more than this many versions behind its
+    agent's target (weight sync)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +262,8 @@ def _task(t: v1alpha1.Task, *, max_tokens: int) -> TaskConfig:
         name=t.name, env=t.environment, agent=t.agents[0],
         agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
         redundancy=t.redundancy, sampling=mode, m_up=darts.m_up, long_end=darts.long_end, lam=darts.lam,
-        ema_decay=darts.ema_decay, max_turns=t.max_turns, max_tokens=max_tokens,
+        ema_decay=darts.ema_decay, keep_unselected=darts.keep_unselected, length=darts.length,
+        max_turns=t.max_turns, max_tokens=max_tokens,
     )  # fmt: skip
 
 
@@ -299,6 +306,7 @@ def job_config(
             rebalance=rebalance_config(rebalance, enabled=enabled),
             pool_agents={p.name: p.agent for p in spec.pools},
             pool_shapes=pool_shapes,
+            alpha=spec.rollout.staleness,
         ),
         buffer=BufferConfig(
             alpha=spec.rollout.staleness,

@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from treadle.policy.darts import stats
 
 Mode = Literal["standard", "redundant", "darts"]
+Length = Literal["tokens", "turns", "seconds"]
 DEFAULT_LONG_END = 1
 """L of the paper's 1:7 split of a group of 8 (DARTS [S], corroborated by its Table 4)."""
 DEFAULT_LAMBDA = 0.04
@@ -40,6 +41,8 @@ class DartsSettings:
     long_end: int
     lam: float
     ema_decay: float
+    keep_unselected: bool = False
+    length: Length = "tokens"
 
 
 class Sampling(BaseModel):
@@ -70,6 +73,14 @@ class Sampling(BaseModel):
     ema_decay: float | None = Field(default=None, ge=0.0, lt=1.0)
     """DARTS only: EMA coefficient of each prompt's response-length variance, weighing epochs;
     default 0.5 (ours; the paper gives none)."""
+    keep_unselected: bool | None = None
+    """DARTS only: also store the candidates not selected (as ``aborted`` members of their group, so
+    the trainer, which takes completed members, still trains on the selected ``groupSize`` only);
+    default false: they are counted, not stored."""
+    length: Length | None = None
+    """DARTS only: what a candidate's length is for selection and statistics: ``tokens`` (total
+    generated tokens of the trajectory, the default), ``turns`` or ``seconds`` (wall time, tool
+    calls included); docs/DARTS.md says why tokens."""
 
     def resolved_mode(self, redundancy: float) -> Mode:
         """The mode in force: the one given, else what ``redundancy`` alone meant before this field."""
@@ -84,4 +95,6 @@ class Sampling(BaseModel):
             long_end=self.long_end if self.long_end is not None else DEFAULT_LONG_END,
             lam=self.lam if self.lam is not None else DEFAULT_LAMBDA,
             ema_decay=self.ema_decay if self.ema_decay is not None else stats.DEFAULT_DECAY,
+            keep_unselected=bool(self.keep_unselected),
+            length=self.length or "tokens",
         )

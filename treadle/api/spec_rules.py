@@ -89,12 +89,21 @@ SPEC_RULES: tuple[Rule, ...] = (
         (),
         "self.tasks.all(t, !has(t.sampling) || (has(t.sampling.mode) && t.sampling.mode == 'darts')"
         " || !(has(t.sampling.mUp) || has(t.sampling.longEnd) || has(t.sampling.lambda)"
-        " || has(t.sampling.emaDecay)))",
-        "spec.tasks[].sampling.mUp, longEnd, lambda and emaDecay apply only to mode darts",
+        " || has(t.sampling.emaDecay) || has(t.sampling.keepUnselected) || has(t.sampling.length)))",
+        "spec.tasks[].sampling.mUp, longEnd, lambda, emaDecay, keepUnselected and length apply only to mode"
+        " darts",
         "spec.tasks.sampling.mode",
         lambda s: all(
             t.sampling.mode == "darts"
-            or (t.sampling.m_up, t.sampling.long_end, t.sampling.lam, t.sampling.ema_decay) == (None,) * 4
+            or (
+                t.sampling.m_up,
+                t.sampling.long_end,
+                t.sampling.lam,
+                t.sampling.ema_decay,
+                t.sampling.keep_unselected,
+                t.sampling.length,
+            )
+            == (None,) * 6
             for t in s.tasks
         ),
     ),

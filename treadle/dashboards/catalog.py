@@ -32,6 +32,17 @@ ROLLOUT = Dashboard(
             (rate(m.PLACEMENT_MIGRATIONS_TOTAL), "migrated trajectories"),
             unit="ops",
         ),
+        panel(
+            "DARTS: candidates per second (started, selected, unselected, aborted by reason)",
+            (rate(m.SCHED_DARTS_CANDIDATES_TOTAL), "started"),
+            (rate(m.SCHED_DARTS_SELECTED_TOTAL), "selected"),
+            (rate(m.SCHED_DARTS_UNSELECTED_TOTAL), "completed, not selected"),
+            (rate(m.SCHED_DARTS_ABORTED_TOTAL, "reason"), "aborted: {{reason}}"),
+            unit="ops",
+        ),
+        panel(
+            "DARTS: total budget of the last step, by task", (total(m.SCHED_DARTS_BUDGET, "task"), "{{task}}")
+        ),
         panel("Policy version served", (f"max({m.SCHED_POLICY_VERSION})", "version"), unit="none"),
         panel(
             "Staleness of delivered trajectories (versions)",

@@ -35,6 +35,9 @@ class Options:
     """Seconds between placement's inter-agent rebalance polls (0: never); None: the job's. Written
     into the job's ``spec.rollout.rebalance`` (``with_rebalance``), which placement reads."""
     seed: int = 0
+    tokens_for: tuple[tuple[str, int], ...] = ()
+    """Tests and benchmarks: an engine request whose id (``<trajectory>.t<turn>.<random>``) matches a
+    pattern generates that many tokens (``fakevllm --tokens-for``); others end by the engine's hash."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,6 @@ from treadle.services import podenv
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
-from treadle.services.placement import rebalance
 from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import procs
@@ -92,7 +91,8 @@ async def start_services(
         eng = await stack.start(
             f"engine-{w.worker_id}", "treadle.services.fakevllm",
             ["--max-num-seqs", str(options.max_num_seqs), "--max-model-len", str(plan.max_model_len),
-             "--step-ms", str(options.engine_step_ms)],
+             "--step-ms", str(options.engine_step_ms),
+             *(f"--tokens-for={pattern}={n}" for pattern, n in options.tokens_for)],
             kind="http", health_path="/health",
         )  # fmt: skip
         engines[w.worker_id] = eng.url
@@ -122,6 +122,8 @@ async def start_services(
     sched_args += ["--reward-url", reward, "--placement", placement, "--buffer", buffer]
     for url in envs:
         sched_args += ["--env-url", url]
+    if redis_url:  # DARTS's per-prompt statistics, under the job's namespace as the buffer's keys
+        sched_args += ["--redis", redis_url, "--namespace", plan.job.name]
     scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
     client = placement_client.PlacementClient(placement)
     try:
@@ -204,7 +206,7 @@ async def simulated_trainer(
 
     With several ``agents``, FlexMARL's unified update: each agent's trainer takes ``batch_size`` rows
     from its own experience table, and once every agent has its batch all move to the next version
-    together. Each engine's label then names the agent it serves now (``rebalance.label``), as
+    together. Each engine's label then names the agent it serves now (``agent_client.label``), as
     placement lists it. Labels go through the swap sequence every weight change uses
     (``agent.client.swap``), expecting that agent: a worker placement is moving, or moved since the list was
     read, refuses it (``SwapContended``), and its move labels it with its new agent's version.
@@ -217,7 +219,7 @@ async def simulated_trainer(
     async def relabel(wid: str, serves: str, version: int) -> None:
         with contextlib.suppress(agent_client.SwapContended):
             await agent_client.swap(
-                services.agents[wid], services.engines[wid], label=rebalance.label(serves, version),
+                services.agents[wid], services.engines[wid], label=agent_client.label(serves, version),
                 apply_version=None, timeout_s=10.0, expect_agent=serves,
             )  # fmt: skip
 

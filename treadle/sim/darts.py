@@ -54,8 +54,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from treadle import errors
-from treadle.policy import costmodel, darts
-from treadle.policy.darts import budget, selection, stats
+from treadle.policy import costmodel
+from treadle.policy.darts import budget, plan, selection, stats
 
 PTL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512)
 """Batch sizes the simulated PTL profile measures (the paper's sweep shape, App. A)."""
@@ -275,17 +275,13 @@ class _Run:
         p.sigma *= math.exp(cfg.lr_sigma * g_sigma)
 
     def _pools(self, batch: Sequence[int]) -> tuple[list[int], int]:
-        cfg, n = self.cfg, len(batch)
+        cfg = self.cfg
         if not self.system.darts:
-            return [cfg.group] * n, n * cfg.group
-        alpha, _ = budget.marginal_cost(
-            self.stats.recent, self.ptl, prompts=n, m=cfg.group, m_up=cfg.m_up, replicas=cfg.replicas
-        )
-        total = budget.total_budget(
-            stats.dispersion(self.stats), alpha, cfg.lam, prompts=n, m=cfg.group, m_up=cfg.m_up
-        )
-        sigmas = stats.sigmas(self.stats, [str(q) for q in batch]) if self.system.adaptive else [1.0] * n
-        return darts.allocate(darts.normalise(sigmas), total, cfg.group, cfg.m_up), total
+            return [cfg.group] * len(batch), len(batch) * cfg.group
+        return plan.pools(
+            self.stats, [str(q) for q in batch], self.ptl, m=cfg.group, m_up=cfg.m_up, lam=cfg.lam,
+            replicas=cfg.replicas, adaptive=self.system.adaptive,
+        )  # fmt: skip
 
     def step(self) -> tuple[Step, int]:
         """One synchronous step; (its record, samples trained)."""

@@ -33,6 +33,10 @@ again after a moment (the move that held it was abandoned).
 
 The simulated engine cannot load weights; with ``extension=False`` only the label moves (the
 integration tests use it to check the loop's mechanics, never its learning).
+
+This swapper needs every engine's and agent's address (``treadle train``'s local stack has them).
+In a cluster the trainer uses ``treadle.client.swapper.ClusterSwapper`` instead: placement, which
+knows every registered worker, runs the same sequence over all of them (``docs/WEIGHT_SYNC.md``).
 """
 
 from __future__ import annotations

@@ -89,14 +89,35 @@ Global___WorkerLoad: _TypeAlias = WorkerLoad  # noqa: Y015
 class ReportLoadResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    APPLY_WEIGHTS_FIELD_NUMBER: _builtins.int
+    WEIGHTS_AGENT_FIELD_NUMBER: _builtins.int
+    weight_version: _builtins.int
+    """The version the worker's agent should serve (the last SwapWeights for it, or a newer one a
+    worker of that agent reports); unset while placement knows none or is swapping this worker.
+    """
+    apply_weights: _builtins.bool
+    """Swaps load weights into the engine (real vLLM with the weights extension); false: only the
+    engine's weight-version label moves (the SIMULATED engine).
+    """
+    weights_agent: _builtins.str
+    """Whose weight prefix weight_version is under (a multi-agent job's agent; the label names it too);
+    empty: the job's prefix (a job of one agent).
+    """
     def __init__(
         self,
+        *,
+        weight_version: _builtins.int | None = ...,
+        apply_weights: _builtins.bool = ...,
+        weights_agent: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version", "weight_version", b"weight_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version", "apply_weights", b"apply_weights", "weight_version", b"weight_version", "weights_agent", b"weights_agent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__weight_version: _TypeAlias = _typing.Literal["weight_version"]  # noqa: Y015
+    _WhichOneofArgType__weight_version: _TypeAlias = _typing.Literal["_weight_version", b"_weight_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_version) -> _WhichOneofReturnType__weight_version | None: ...
 
 Global___ReportLoadResponse: _TypeAlias = ReportLoadResponse  # noqa: Y015
 
@@ -414,6 +435,7 @@ class AgentState(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     MOVED_IN_FIELD_NUMBER: _builtins.int
     MOVED_OUT_FIELD_NUMBER: _builtins.int
+    TARGET_VERSION_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     instances: _builtins.int
     """Workers serving it now (a moving worker counts for neither side)."""
@@ -424,6 +446,8 @@ class AgentState(_message.Message):
     moved_in: _builtins.int
     """Instances moved to and away from it so far."""
     moved_out: _builtins.int
+    target_version: _builtins.int
+    """The version its workers should serve (SwapWeights); 0 while none was asked for."""
     def __init__(
         self,
         *,
@@ -433,10 +457,11 @@ class AgentState(_message.Message):
         weight_version: _builtins.int = ...,
         moved_in: _builtins.int = ...,
         moved_out: _builtins.int = ...,
+        target_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "instances", b"instances", "moved_in", b"moved_in", "moved_out", b"moved_out", "queue_len", b"queue_len", "weight_version", b"weight_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "instances", b"instances", "moved_in", b"moved_in", "moved_out", b"moved_out", "queue_len", b"queue_len", "target_version", b"target_version", "weight_version", b"weight_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -514,3 +539,125 @@ class PoolStateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PoolStateResponse: _TypeAlias = PoolStateResponse  # noqa: Y015
+
+@_typing.final
+class PrefetchWeightsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    agent: _builtins.str
+    """Whose workers (a multi-agent job); empty for a job of one agent."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefetchWeightsRequest: _TypeAlias = PrefetchWeightsRequest  # noqa: Y015
+
+@_typing.final
+class SwapWeightsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    agent: _builtins.str
+    """Whose workers swap, each to this agent's version (a multi-agent job); empty for one agent."""
+    timeout_s: _builtins.float
+    """For the whole fan-out; a worker still swapping then is cancelled and reported "timeout"."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        agent: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "timeout_s", b"timeout_s", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwapWeightsRequest: _TypeAlias = SwapWeightsRequest  # noqa: Y015
+
+@_typing.final
+class WorkerSwap(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    EXPOSED_SECONDS_FIELD_NUMBER: _builtins.int
+    PULL_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    pool: _builtins.str
+    outcome: _builtins.str
+    """"swapped", "failed" (the engine refused the version or its agent is down; it keeps the previous
+    version whole), "timeout", "moved" (it serves another agent now), or for a prefetch "started".
+    """
+    error: _builtins.str
+    seconds: _builtins.float
+    """From the first try to the end (retries of a contended or unreachable worker included)."""
+    exposed_seconds: _builtins.float
+    """The worker was paused (generation stopped) this long: the exposed part of the swap."""
+    pull: _builtins.str
+    """How the version reached the engine: "prefetched" (pulled while generating: hidden), "pulled"
+    (pulled during the pause: exposed), "held" (already loaded), "label" (SIMULATED engine, nothing
+    loaded), or empty when it did not swap.
+    """
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        error: _builtins.str = ...,
+        seconds: _builtins.float = ...,
+        exposed_seconds: _builtins.float = ...,
+        pull: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exposed_seconds", b"exposed_seconds", "outcome", b"outcome", "pool", b"pool", "pull", b"pull", "seconds", b"seconds", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerSwap: _TypeAlias = WorkerSwap  # noqa: Y015
+
+@_typing.final
+class SwapWeightsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    agent: _builtins.str
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerSwap]: ...
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        agent: _builtins.str = ...,
+        workers: _abc.Iterable[Global___WorkerSwap] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "version", b"version", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwapWeightsResponse: _TypeAlias = SwapWeightsResponse  # noqa: Y015

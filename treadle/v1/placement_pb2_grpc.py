@@ -69,6 +69,16 @@ class PlacementStub:
                 request_serializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchRequest.SerializeToString,
                 response_deserializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchResponse.FromString,
                 _registered_method=True)
+        self.PrefetchWeights = channel.unary_unary(
+                '/treadle.v1.Placement/PrefetchWeights',
+                request_serializer=treadle_dot_v1_dot_placement__pb2.PrefetchWeightsRequest.SerializeToString,
+                response_deserializer=treadle_dot_v1_dot_placement__pb2.SwapWeightsResponse.FromString,
+                _registered_method=True)
+        self.SwapWeights = channel.unary_unary(
+                '/treadle.v1.Placement/SwapWeights',
+                request_serializer=treadle_dot_v1_dot_placement__pb2.SwapWeightsRequest.SerializeToString,
+                response_deserializer=treadle_dot_v1_dot_placement__pb2.SwapWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class PlacementServicer:
@@ -123,6 +133,25 @@ class PlacementServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefetchWeights(self, request, context):
+        """Weight sync (RollArt): start pulling a published version on every worker of an agent while it
+        keeps generating; per-worker results (a failed prefetch is not an error: the swap pulls again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwapWeights(self, request, context):
+        """Make every registered worker of an agent serve a published version: per worker, concurrently,
+        pause (running requests finish), apply (validated before any byte is loaded), relabel, resume;
+        bounded by timeout_s. From then on the version is the agent's target: a worker that failed, or
+        (re)registers serving another version, is told it in ReportLoadResponse and loads it, and no
+        turn goes to a worker more than the job's staleness bound behind it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlacementServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +189,16 @@ def add_PlacementServicer_to_server(servicer, server):
                     servicer.PlaceBatch,
                     request_deserializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchRequest.FromString,
                     response_serializer=treadle_dot_v1_dot_placement__pb2.PlaceBatchResponse.SerializeToString,
+            ),
+            'PrefetchWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefetchWeights,
+                    request_deserializer=treadle_dot_v1_dot_placement__pb2.PrefetchWeightsRequest.FromString,
+                    response_serializer=treadle_dot_v1_dot_placement__pb2.SwapWeightsResponse.SerializeToString,
+            ),
+            'SwapWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwapWeights,
+                    request_deserializer=treadle_dot_v1_dot_placement__pb2.SwapWeightsRequest.FromString,
+                    response_serializer=treadle_dot_v1_dot_placement__pb2.SwapWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +390,60 @@ class Placement:
             '/treadle.v1.Placement/PlaceBatch',
             treadle_dot_v1_dot_placement__pb2.PlaceBatchRequest.SerializeToString,
             treadle_dot_v1_dot_placement__pb2.PlaceBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefetchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/treadle.v1.Placement/PrefetchWeights',
+            treadle_dot_v1_dot_placement__pb2.PrefetchWeightsRequest.SerializeToString,
+            treadle_dot_v1_dot_placement__pb2.SwapWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwapWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/treadle.v1.Placement/SwapWeights',
+            treadle_dot_v1_dot_placement__pb2.SwapWeightsRequest.SerializeToString,
+            treadle_dot_v1_dot_placement__pb2.SwapWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

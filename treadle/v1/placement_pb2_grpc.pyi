@@ -49,6 +49,17 @@ class PlacementStub:
     """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
     over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
     """
+    PrefetchWeights: _grpc.UnaryUnaryMultiCallable[_placement_pb2.PrefetchWeightsRequest, _placement_pb2.SwapWeightsResponse]
+    """Weight sync (RollArt): start pulling a published version on every worker of an agent while it
+    keeps generating; per-worker results (a failed prefetch is not an error: the swap pulls again).
+    """
+    SwapWeights: _grpc.UnaryUnaryMultiCallable[_placement_pb2.SwapWeightsRequest, _placement_pb2.SwapWeightsResponse]
+    """Make every registered worker of an agent serve a published version: per worker, concurrently,
+    pause (running requests finish), apply (validated before any byte is loaded), relabel, resume;
+    bounded by timeout_s. From then on the version is the agent's target: a worker that failed, or
+    (re)registers serving another version, is told it in ReportLoadResponse and loads it, and no
+    turn goes to a worker more than the job's staleness bound behind it.
+    """
 
 @_typing.type_check_only
 class PlacementAsyncStub(PlacementStub):
@@ -68,6 +79,17 @@ class PlacementAsyncStub(PlacementStub):
     PlaceBatch: _aio.UnaryUnaryMultiCallable[_placement_pb2.PlaceBatchRequest, _placement_pb2.PlaceBatchResponse]  # type: ignore[assignment]
     """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
     over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
+    """
+    PrefetchWeights: _aio.UnaryUnaryMultiCallable[_placement_pb2.PrefetchWeightsRequest, _placement_pb2.SwapWeightsResponse]  # type: ignore[assignment]
+    """Weight sync (RollArt): start pulling a published version on every worker of an agent while it
+    keeps generating; per-worker results (a failed prefetch is not an error: the swap pulls again).
+    """
+    SwapWeights: _aio.UnaryUnaryMultiCallable[_placement_pb2.SwapWeightsRequest, _placement_pb2.SwapWeightsResponse]  # type: ignore[assignment]
+    """Make every registered worker of an agent serve a published version: per worker, concurrently,
+    pause (running requests finish), apply (validated before any byte is loaded), relabel, resume;
+    bounded by timeout_s. From then on the version is the agent's target: a worker that failed, or
+    (re)registers serving another version, is told it in ReportLoadResponse and loads it, and no
+    turn goes to a worker more than the job's staleness bound behind it.
     """
 
 class PlacementServicer(metaclass=_abc_1.ABCMeta):
@@ -127,6 +149,29 @@ class PlacementServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_placement_pb2.PlaceBatchResponse, _abc.Awaitable[_placement_pb2.PlaceBatchResponse]]:
         """Place a batch of trajectories just admitted (batch-level policies such as heddle: presorted DP
         over predicted lengths); per-turn policies answer placed = 0 and decide at Assign.
+        """
+
+    @_abc_1.abstractmethod
+    def PrefetchWeights(
+        self,
+        request: _placement_pb2.PrefetchWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_placement_pb2.SwapWeightsResponse, _abc.Awaitable[_placement_pb2.SwapWeightsResponse]]:
+        """Weight sync (RollArt): start pulling a published version on every worker of an agent while it
+        keeps generating; per-worker results (a failed prefetch is not an error: the swap pulls again).
+        """
+
+    @_abc_1.abstractmethod
+    def SwapWeights(
+        self,
+        request: _placement_pb2.SwapWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_placement_pb2.SwapWeightsResponse, _abc.Awaitable[_placement_pb2.SwapWeightsResponse]]:
+        """Make every registered worker of an agent serve a published version: per worker, concurrently,
+        pause (running requests finish), apply (validated before any byte is loaded), relabel, resume;
+        bounded by timeout_s. From then on the version is the agent's target: a worker that failed, or
+        (re)registers serving another version, is told it in ReportLoadResponse and loads it, and no
+        turn goes to a worker more than the job's staleness bound behind it.
         """
 
 def add_PlacementServicer_to_server(servicer: PlacementServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

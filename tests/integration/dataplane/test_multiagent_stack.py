@@ -24,9 +24,9 @@ from treadle.api import v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import run as run_mod
 from treadle.localmode import stack as stack_mod
+from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
-from treadle.services.placement import rebalance
 from treadle.services.scheduler import client as scheduler_client
 from treadle.v1 import common_pb2, scheduler_pb2
 
@@ -72,7 +72,7 @@ async def test_two_agents_take_turns_and_a_busy_agent_receives_workers(stack: st
     home = {w.worker_id: ("planner" if w.pool == "plan" else "executor") for w in plan.workers}
     async with httpx.AsyncClient(timeout=10) as http:
         for wid, url in services.engines.items():  # the trainer's part: each agent's weights loaded
-            label = rebalance.label(home[wid], VERSION[home[wid]])
+            label = agent_client.label(home[wid], VERSION[home[wid]])
             await http.post(url + "/update_weight_version", json={"new_version": label})
     reporter = asyncio.create_task(run_mod.report_loads(services, interval_s=0.1))
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
@@ -109,7 +109,7 @@ async def test_two_agents_take_turns_and_a_busy_agent_receives_workers(stack: st
             }
         assert f'{metrics.PLACEMENT_REBALANCE_MOVES_TOTAL}{{donor="executor",receiver="planner"}}' in scraped
         # every engine carries the weights of the agent it serves now
-        assert labels == {wid: rebalance.label(agent, VERSION[agent]) for wid, agent in now.items()}
+        assert labels == {wid: agent_client.label(agent, VERSION[agent]) for wid, agent in now.items()}
         # -- each agent's table holds every trajectory once, with that agent's turns only
         rows: dict[str, dict[str, common_pb2.Trajectory]] = {}
         for agent in ORDER:

@@ -30,9 +30,9 @@ from treadle.localmode import stack as stack_mod
 from treadle.operator import config, render
 from treadle.operator.render import common as render_common
 from treadle.operator.render import pool as render_pool
+from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
-from treadle.services.placement import rebalance
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import mooncake_master as mooncake_master_mod
 from treadle.testing import procs
@@ -383,7 +383,7 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
         try:
             async with httpx.AsyncClient(timeout=10) as http:
                 for worker, url in engines.items():  # the trainer's part: each agent's weights loaded
-                    label = rebalance.label(home[worker], VERSION[home[worker]])
+                    label = agent_client.label(home[worker], VERSION[home[worker]])
                     await http.post(url + "/update_weight_version", json={"new_version": label})
             deadline = time.monotonic() + 30
             while True:
@@ -419,7 +419,7 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
                 labels = {w: (await http.get(url + "/weight_info")).json()["weight_version"]
                           for w, url in engines.items()}  # fmt: skip
             # Every engine carries the weights of the agent it serves now, moved or not.
-            assert labels == {w: rebalance.label(agent, VERSION[agent]) for w, agent in now.items()}
+            assert labels == {w: agent_client.label(agent, VERSION[agent]) for w, agent in now.items()}
             # Each moved worker's agent recorded what it serves where a restart of it would look.
             for worker, agent in now.items():
                 if agent != home[worker]:

@@ -17,6 +17,7 @@ import fastapi
 import httpx
 
 from treadle.api import jobconfig
+from treadle.services.agent import client as agent_client
 from treadle.services.agent import http_app as agent_app
 from treadle.services.fakevllm import engine as fake_engine
 from treadle.services.fakevllm import http_app as fake_app
@@ -81,7 +82,7 @@ async def test_a_moved_worker_registers_with_the_receiver_after_placement_restar
                 assert pool_of(first, "e0") == "plan"
                 async with httpx.AsyncClient(timeout=10) as http:
                     label = (await http.get(f"{engine_url}/weight_info")).json()["weight_version"]
-                assert label == rebalance.label("planner", 3)
+                assert label == agent_client.label("planner", 3)
 
                 # Placement restarts on the same port with nothing registered; the agent's next
                 # load report is refused (NotFound) and it registers again.
@@ -138,7 +139,7 @@ async def test_a_moved_worker_stays_the_receivers_when_its_agent_container_resta
                 await wait_for(lambda: pool_of(svc, "e0") == "plan", "e0 to register as the planner's")
             # The agent restarts while its engine does not answer yet: it registers only once the
             # engine does, still labelled by the move, and then as the receiver's.
-            moved_label = rebalance.label("planner", 3)
+            moved_label = agent_client.label("planner", 3)
             await served.stop(None)  # and a placement that knows nothing, to see when it registers
             svc = new_placement()
             served = await placement_grpc.build_server(svc, port=served.port)

@@ -48,7 +48,7 @@ async def test_a_trainer_that_read_the_donor_leaves_a_moved_worker_alone(worker:
     # ...after the executor's trainer read that it serves the executor: its next version is refused
     # by the worker's agent, the trainer reads the agent again and leaves the worker to the planner.
     await executor.swap(5)
-    assert await label(worker) == rebalance.label("planner", 2)
+    assert await label(worker) == agent_client.label("planner", 2)
     assert (executor.served, executor.moved) == ({"w0": 4}, {"w0": "planner"})
     planner = engines.EngineSwapper([worker], extension=False, agent="planner", contended_retries=0)
     await planner.swap(3)

@@ -37,6 +37,10 @@ def test_darts_defaults_are_the_papers_where_it_gives_them() -> None:
     task = v1alpha1.parse_spec(_spec(sampling=given)).tasks[0]
     assert task.sampling.settings(8) == sampling.DartsSettings(m_up=12, long_end=2, lam=0.5, ema_decay=0.9)
     assert task.model_dump(by_alias=True)["sampling"]["lambda"] == 0.5
+    assert (settings.keep_unselected, settings.length) == (False, "tokens")  # counted only; tokens
+    kept = v1alpha1.parse_spec(_spec(sampling={"mode": "darts", "keepUnselected": True, "length": "turns"}))
+    settings = kept.tasks[0].sampling.settings(8)
+    assert (settings.keep_unselected, settings.length) == (True, "turns")
 
 
 @pytest.mark.parametrize(
@@ -52,10 +56,14 @@ def test_darts_defaults_are_the_papers_where_it_gives_them() -> None:
         ({"sampling": {"mode": "darts", "emaDecay": 1.0}}, "spec.tasks[0].sampling.emaDecay"),
         ({"sampling": {"mode": "darts", "lambda": 0}}, "spec.tasks[0].sampling.lambda"),
         ({"sampling": {"mode": "sometimes"}}, "spec.tasks[0].sampling.mode"),
+        ({"sampling": {"mode": "standard", "keepUnselected": True}}, "spec.tasks.sampling.mode"),
+        ({"sampling": {"length": "turns"}}, "spec.tasks.sampling.mode"),
+        ({"sampling": {"mode": "darts", "length": "chars"}}, "spec.tasks[0].sampling.length"),
     ],
     ids=[
         "darts+redundancy", "standard+redundancy", "redundant-without", "darts-field-standard",
         "darts-field-no-mode", "m-up-below-group", "long-end-whole-group", "decay-1", "lambda-0", "bad-mode",
+        "keep-unselected-standard", "length-no-mode", "bad-length",
     ],
 )  # fmt: skip
 def test_invalid_sampling_is_refused_naming_the_field(task: dict[str, Any], field: str) -> None:
@@ -81,6 +89,7 @@ def test_job_config_carries_the_mode_and_the_darts_settings() -> None:
     darts = tasks["t"]
     assert (darts.sampling, darts.m_up, darts.long_end, darts.lam) == ("darts", 8, 2, sampling.DEFAULT_LAMBDA)
     assert darts.ema_decay == stats.DEFAULT_DECAY
+    assert (darts.keep_unselected, darts.length) == (False, "tokens")
     redundant = tasks["u"]
     assert (redundant.sampling, redundant.members, redundant.m_up) == (
         "redundant",

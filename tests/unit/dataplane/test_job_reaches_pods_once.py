@@ -99,7 +99,7 @@ def test_every_service_started_from_its_pod_configures_itself_as_local_mode_does
     )  # fmt: skip
     placement = jobconfig.PlacementConfig(
         pools=place.pools, tasks=place.tasks, policy=place.policy, rebalance=rebalance,
-        pool_agents=place.pool_agents, pool_shapes=place.pool_shapes,
+        pool_agents=place.pool_agents, pool_shapes=place.pool_shapes, alpha=place.alpha,
     )  # fmt: skip
     assert placement == local.config.placement
 

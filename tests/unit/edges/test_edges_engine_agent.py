@@ -32,6 +32,15 @@ async def test_engine_is_deterministic_and_version_changes_output() -> None:
     assert c.token_ids != a.token_ids
 
 
+async def test_engine_length_set_by_the_caller_ends_with_eos_or_at_max_tokens() -> None:
+    eng = engine.SimulatedEngine(eos_probability=0.5)  # the hash alone would end most outputs early
+    out = await eng.generate([1, 2, 3], max_tokens=32, tokens=20)
+    assert (len(out.token_ids), out.token_ids[-1], out.finish_reason) == (20, tokenizer.EOS, "stop")
+    assert tokenizer.EOS not in out.token_ids[:-1]
+    capped = await eng.generate([1, 2, 3], max_tokens=8, tokens=20)
+    assert (len(capped.token_ids), capped.finish_reason) == (8, "length")
+
+
 async def test_engine_stop_string_and_eos() -> None:
     eng = engine.SimulatedEngine(eos_probability=0.0)
     full = await eng.generate([9], max_tokens=64)

@@ -67,7 +67,7 @@ def test_live_services_get_the_simulators_job_config(
     )  # fmt: skip
     placement = jobconfig.PlacementConfig(
         pools=place.pools, tasks=place.tasks, policy=place.policy, rebalance=rebalance,
-        pool_agents=place.pool_agents, pool_shapes=place.pool_shapes,
+        pool_agents=place.pool_agents, pool_shapes=place.pool_shapes, alpha=place.alpha,
     )  # fmt: skip
     assert placement == sim.placement
 

@@ -30,6 +30,7 @@ next state out: ``update(stats, observations)`` returns a new frozen ``Stats``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -125,3 +126,27 @@ def dispersion(stats: Stats) -> float:
     """``S_t = sigma / mu`` over the window (0 before the first step or when every length is 0)."""
     mean, std = dataset(stats)
     return std / mean if mean > 0 else 0.0
+
+
+def to_json(stats: Stats) -> str:
+    """``stats`` as JSON (the scheduler keeps it durable; ``from_json`` reads it back unchanged)."""
+    return json.dumps(
+        {
+            "decay": stats.decay, "window": stats.window, "variances": dict(stats.variances),
+            "steps": [list(s) for s in stats.steps], "recent": list(stats.recent),
+        }
+    )  # fmt: skip
+
+
+def from_json(text: str) -> Stats:
+    """The ``Stats`` that ``to_json`` wrote; ``SpecError`` naming the field when it is not one."""
+    try:
+        raw = json.loads(text)
+        return Stats(
+            decay=float(raw["decay"]), window=int(raw["window"]),
+            variances=MappingProxyType({str(k): float(v) for k, v in raw["variances"].items()}),
+            steps=tuple((int(c), float(s), float(q)) for c, s, q in raw["steps"]),
+            recent=tuple(int(x) for x in raw["recent"]),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise errors.SpecError(f"not DARTS statistics: {exc!r}", field="stats") from exc

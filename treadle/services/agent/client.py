@@ -6,9 +6,11 @@ by a ``pause(mode="abort")``; the caller re-issues the turn later.
 ``swap``: change the weights an inference pod's engine serves, through its agent: the one swap sequence.
 
 Called by the trainer's ``treadle.trainer.engines.EngineSwapper`` (a new version of the same
-agent's weights) and by placement's rebalancer (``placement.rebalance.HttpSwapper``: a worker moving
-to another agent, which loads the receiver's version from the receiver's weight prefix). Either
-way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
+agent's weights), by placement's ``rebalance.HttpSwapper`` for its rebalancer (a worker moving to
+another agent, which loads the receiver's version from the receiver's weight prefix) and for its
+weight sync (``placement.weightsync``: a new version on every worker), and, through
+``swap_through``, by the agent itself (``agent.reload``: the version placement wants it to serve).
+Either way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
 started them), with real vLLM apply the version through the weights extension
 (``treadle.weights.vllm_extension``) and drop the prefix cache computed with the old weights, set
 the engine's weight-version label, and resume through the agent, which re-reads the label so every
@@ -21,7 +23,9 @@ without importing the agent's server side (the ``services-independent`` contract
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal
+import dataclasses
+import time
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -75,6 +79,43 @@ class SwapContended(SwapRefused):
     caller reads again which agent the worker serves (``AgentClient.load().agent``) and retries."""
 
 
+def label(agent: str, version: int) -> str:
+    """The engine's weight-version label of ``agent``'s weights at ``version`` (the agent parses the int);
+    the bare version when no agent is named (a single-agent job)."""
+    return f"{agent}-{version}" if agent else str(version)
+
+
+Pull = Literal["prefetched", "pulled", "held", "label"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Swapped:
+    """How a swap went: the exposed part (generation paused) and how the version reached the engine."""
+
+    exposed_s: float
+    pull: Pull
+    """``prefetched``: pulled while generating (hidden); ``pulled``: during the pause (exposed);
+    ``held``: the engine already served it (a swap retried after its agent restarted between the
+    load and the resume); ``label``: nothing loaded, only the label moved (the SIMULATED engine)."""
+
+
+class Gate(Protocol):
+    """Where a swap pauses and resumes: the worker's agent over HTTP (``AgentClient``), or the agent's
+    own service when it loads its target version by itself (``agent.http_app``)."""
+
+    async def pause(
+        self, mode: Literal["abort", "wait", "keep"] = "keep", *, expect_agent: str = ""
+    ) -> str: ...
+
+    async def resume(self, pool: str = "", agent: str = "", *, swap_id: str = "") -> None: ...
+
+
+class SwapLost(errors.Unavailable):
+    """The worker's agent no longer holds the caller's swap at its resume (the agent restarted, or the
+    swap's lease ended): the engine keeps what was loaded, and the agent resumed it or will. Worth
+    trying again: the next swap finds the version held and only relabels and resumes."""
+
+
 async def swap(
     agent_url: str,
     engine_url: str,
@@ -85,7 +126,7 @@ async def swap(
     agent: str = "",
     expect_agent: str = "",
     pool: str = "",
-) -> None:
+) -> Swapped:
     """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given.
 
     ``agent``: whose weights it serves afterwards; the version is then that agent's
@@ -96,27 +137,86 @@ async def swap(
     """
     client = AgentClient(agent_url, timeout_s=timeout_s)
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as http:
-            try:
-                swap_id = await client.pause("wait", expect_agent=expect_agent)
-            except errors.Conflict as exc:
-                raise SwapContended(f"{agent_url}: {exc}") from exc
-            try:
-                if apply_version is not None:
-                    args = (str(apply_version), agent) if agent else (str(apply_version),)
-                    await collective_rpc(http, engine_url, "treadle_weights_apply", *args)
-                    await _post(http, f"{engine_url}/reset_prefix_cache", None)
-                await _post(http, f"{engine_url}/update_weight_version", {"new_version": label})
-            except BaseException:
-                with contextlib.suppress(errors.Conflict):  # the lease already resumed it
-                    await client.resume(swap_id=swap_id)
-                raise
-            try:
-                await client.resume(pool, agent, swap_id=swap_id)
-            except errors.Conflict as exc:
-                raise SwapRefused(f"{agent_url}: the swap outlived its lease: {exc}") from exc
+        return await swap_through(
+            client, engine_url, label=label, apply_version=apply_version, timeout_s=timeout_s,
+            agent=agent, expect_agent=expect_agent, pool=pool, where=agent_url,
+        )  # fmt: skip
     finally:
         await client.aclose()
+
+
+async def swap_through(
+    gate: Gate,
+    engine_url: str,
+    *,
+    label: str,
+    apply_version: int | None,
+    timeout_s: float,
+    agent: str = "",
+    expect_agent: str = "",
+    pool: str = "",
+    where: str = "",
+) -> Swapped:
+    """``swap`` with the pause and resume through ``gate``; ``where`` names the worker in errors."""
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        try:
+            swap_id = await gate.pause("wait", expect_agent=expect_agent)
+        except errors.Conflict as exc:
+            raise SwapContended(f"{where}: {exc}") from exc
+        paused = time.perf_counter()
+        try:
+            pull: Pull = "label"
+            if apply_version is not None:
+                pull = await _apply(http, engine_url, apply_version, agent)
+            await _post(http, f"{engine_url}/update_weight_version", {"new_version": label})
+        except BaseException:
+            with contextlib.suppress(
+                errors.Conflict, errors.Unavailable
+            ):  # the lease resumed it / agent gone
+                await gate.resume(swap_id=swap_id)
+            raise
+        try:
+            await gate.resume(pool, agent, swap_id=swap_id)
+        except errors.Conflict as exc:
+            raise SwapLost(f"{where}: the swap outlived its lease: {exc}") from exc
+        return Swapped(exposed_s=time.perf_counter() - paused, pull=pull)
+
+
+async def _apply(http: httpx.AsyncClient, engine_url: str, version: int, agent: str) -> Pull:
+    """Load ``version`` unless every engine worker holds it already; then drop the old prefix cache."""
+    before = await _statuses(http, engine_url)
+    if before and all(_holds(s, version, agent) for s in before):
+        return "held"
+    prefetched = bool(before) and all(version in s.get("prefetched", ()) for s in before)
+    args = (str(version), agent) if agent else (str(version),)
+    await collective_rpc(http, engine_url, "treadle_weights_apply", *args)
+    await _post(http, f"{engine_url}/reset_prefix_cache", None)
+    return "prefetched" if prefetched else "pulled"
+
+
+def _holds(status: dict[str, Any], version: int, agent: str) -> bool:
+    """The extension's status says it serves ``agent``'s ``version``, loaded whole."""
+    prefix = str(status.get("prefix", ""))
+    return (
+        status.get("loaded_version") == version
+        and status.get("healthy") is True
+        and (not agent or prefix.endswith(f"/{agent}"))
+    )
+
+
+async def _statuses(http: httpx.AsyncClient, engine_url: str) -> list[dict[str, Any]]:
+    """The weights extension's status on every engine worker (``[]`` if the engine gives none)."""
+    try:
+        response = await http.post(f"{engine_url}/collective_rpc", json={"method": "treadle_weights_status"})
+    except httpx.HTTPError as exc:
+        raise errors.Unavailable(f"POST {engine_url}/collective_rpc: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise SwapRefused(f"weights status answered HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        results = response.json().get("results") or []
+    except ValueError:
+        return []
+    return [r for r in results if isinstance(r, dict)]
 
 
 async def collective_rpc(http: httpx.AsyncClient, engine_url: str, method: str, *args: str) -> None:

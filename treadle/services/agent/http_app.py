@@ -16,7 +16,7 @@ import prometheus_client
 import pydantic
 import starlette.routing
 
-from treadle.services.agent import protocol, reporter, served, service
+from treadle.services.agent import protocol, reload, reporter, served, service
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
 
@@ -61,13 +61,15 @@ def build_app(
     svc = service.AgentService(
         engine_url=engine_url, worker_id=worker_id, registry=registry, agent=agent, swap_lease_s=swap_lease_s
     )
-    report = (
-        reporter.LoadReporter(
-            svc=svc, placement=placement, pool=pool, address=address, interval_s=poll_interval_s
-        )
-        if placement
-        else None
-    )
+    reloader: reload.Reloader | None = None
+    report: reporter.LoadReporter | None = None
+    if placement:
+        # Loads the version placement says the worker should serve; records it like any resume does.
+        reloader = reload.Reloader(svc, registry=registry, on_resumed=lambda: record())
+        report = reporter.LoadReporter(
+            svc=svc, placement=placement, pool=pool, address=address, interval_s=poll_interval_s,
+            reloader=reloader,
+        )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
@@ -81,6 +83,8 @@ def build_app(
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if reloader is not None:
+                await reloader.aclose()
             if report is not None:
                 await report.aclose()
             await svc.aclose()
@@ -154,12 +158,17 @@ def build_app(
         await svc.resume(agent=req.agent, swap_id=req.swap_id)
         if req.pool and report is not None:
             report.rehome(req.pool)
-        if state_file is not None and report is not None:
-            now = served.Served(agent=svc.agent, pool=report.worker.pool, label=svc.label or "")
-            try:
-                served.write(state_file, now)
-            except OSError as exc:  # the swap succeeded; only a restart of this container forgets it
-                log.error("%s: cannot record what it serves in %s: %s", worker_id, state_file, exc)
+        record()
         return {"status": "resumed"}
+
+    def record() -> None:
+        """After every resume: what the worker serves now, for a restart of this container."""
+        if state_file is None or report is None:
+            return
+        now = served.Served(agent=svc.agent, pool=report.worker.pool, label=svc.label or "")
+        try:
+            served.write(state_file, now)
+        except OSError as exc:  # the swap succeeded; only a restart of this container forgets it
+            log.error("%s: cannot record what it serves in %s: %s", worker_id, state_file, exc)
 
     return app

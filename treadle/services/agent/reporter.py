@@ -11,6 +11,9 @@ The pool it registers with starts as the pod's (``TREADLE_POOL``) and follows re
 swap ends with a resume naming the receiver's pool (``rehome``), so a placement that restarts and
 forgets its moves gets the worker back in the pool whose agent its engine serves, not in the pool its
 pod was rendered for. A restart of the agent's container keeps it too (``served``: the pod's state file).
+
+Placement answers each report with the version this worker should serve (weight sync); the
+``reload.Reloader`` loads it when the engine serves another.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import logging
 
 from treadle import errors
 from treadle.services import podenv
-from treadle.services.agent import service
+from treadle.services.agent import reload, service
 from treadle.services.placement import client as placement_client
 from treadle.v1 import placement_pb2
 
@@ -29,9 +32,18 @@ log = logging.getLogger(__name__)
 
 class LoadReporter:
     def __init__(
-        self, *, svc: service.AgentService, placement: str, pool: str, address: str, interval_s: float
+        self,
+        *,
+        svc: service.AgentService,
+        placement: str,
+        pool: str,
+        address: str,
+        interval_s: float,
+        reloader: reload.Reloader | None = None,
     ) -> None:
+        """``reloader``: told placement's answer to every report (the version this worker should serve)."""
         self.svc = svc
+        self.reloader = reloader
         # The engine's address lets placement move this worker to another agent (rebalancing).
         engine = podenv.peer_url(svc.engine.base_url, beside=address)
         self.worker = placement_pb2.Worker(
@@ -62,7 +74,7 @@ class LoadReporter:
             )
         load = self.svc.load()
         try:
-            await self._client.report_load(
+            answer = await self._client.report_load(
                 placement_pb2.WorkerLoad(
                     worker_id=load.worker_id, running=load.running, waiting=load.waiting,
                     kv_cache_usage=load.kv_cache_usage, policy_version=load.policy_version,
@@ -73,6 +85,9 @@ class LoadReporter:
             self.registered = False
             raise
         self.reports += 1
+        if self.reloader is not None:
+            target = answer.weight_version if answer.HasField("weight_version") else None
+            self.reloader.want(target, weights_agent=answer.weights_agent, apply=answer.apply_weights)
 
     async def run_forever(self) -> None:
         while True:

@@ -58,6 +58,9 @@ class _EngineRequest(msgspec.Struct, omit_defaults=True):
     return_token_ids: bool
     model: str | None = None
     stop: list[str] | None = None
+    request_id: str | None = None
+    """vLLM's request id, ``<trajectory>.t<turn>.<random>``: the engine's logs name the trajectory
+    (random: a re-issued turn must not collide with its aborted predecessor still in the engine)."""
 
 
 class _Logprob(msgspec.Struct):
@@ -133,6 +136,9 @@ class AgentService:
         """The engine's weight-version label at the last poll (``None``: not read yet)."""
         self.version = 0
         self.healthy = False
+        self.orphaned = False
+        """The engine was paused when this agent started: a swap its previous container ran is over
+        without a resume (``reload.Reloader`` ends it)."""
         self.answered = asyncio.Event()
         """Set at the engine's first answered poll (its label is known from then on)."""
         self.engine_waiting = 0
@@ -171,6 +177,15 @@ class AgentService:
 
     async def start(self) -> None:
         await self.refresh()
+        try:
+            paused = await http.call(self.engine, "GET", "/is_paused")
+        except errors.TreadleError as exc:  # down: an engine that starts again starts unpaused
+            log.info("engine pause state unknown at start: %s", exc)
+            return
+        self.orphaned = isinstance(paused, dict) and paused.get("is_paused") is True
+        if self.orphaned:
+            log.warning("worker %s: engine paused with no swap under way (this agent restarted mid-swap)",
+                        self.worker_id)  # fmt: skip
 
     async def aclose(self) -> None:
         self._end_lease()
@@ -213,7 +228,7 @@ class AgentService:
         body = _EngineRequest(
             messages=[_Message(m.role, m.content) for m in req.messages], max_tokens=req.max_tokens,
             temperature=req.temperature, logprobs=True, return_token_ids=True, model=self.model,
-            stop=req.stop or None,
+            stop=req.stop or None, request_id=f"{req.trajectory_id}.t{req.turn}.{uuid.uuid4().hex[:8]}",
         )  # fmt: skip
         engine_started = time.perf_counter()
         try:

@@ -29,14 +29,19 @@ def main() -> None:
         "--prefix-cache-blocks", type=int, default=0,
         help=f"prefix cache capacity in blocks of {engine.BLOCK_SIZE} tokens, LRU (0: no prefix caching)",
     )  # fmt: skip
+    p.add_argument(
+        "--tokens-for", action="append", default=[], metavar="REGEX=N",
+        help="tests: a chat request whose request_id matches REGEX generates exactly N tokens (repeatable)",
+    )  # fmt: skip
     a = p.parse_args()
+    tokens_for = [(pattern, int(n)) for pattern, _, n in (x.rpartition("=") for x in a.tokens_for)]
     eng = engine.SimulatedEngine(
         step_s=a.step_ms / 1000, step_per_seq_s=a.step_ms_per_seq / 1000, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, eos_probability=a.eos_probability,
         prefill_s_per_token=a.prefill_us_per_token / 1e6, max_num_batched_tokens=a.max_num_batched_tokens,
         prefix_cache_blocks=a.prefix_cache_blocks,
     )  # fmt: skip
-    serve.run(http_app.build_app(engine=eng), host=a.host, port=a.port)
+    serve.run(http_app.build_app(engine=eng, tokens_for=tokens_for), host=a.host, port=a.port)
 
 
 if __name__ == "__main__":

@@ -189,8 +189,16 @@ class SimulatedEngine:
         return self.pause_mode is not None
 
     async def generate(
-        self, prompt_ids: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), seed: int = 0
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        seed: int = 0,
+        tokens: int | None = None,
     ) -> Output:
+        """``tokens``: the output's length, set by the caller (``http_app``'s ``--tokens-for``): EOS is
+        its last token, or it stops at ``max_tokens`` (``length``). ``None``: EOS by the hash."""
         if len(prompt_ids) + max_tokens > self.max_model_len:
             raise errors.SpecError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
@@ -209,7 +217,7 @@ class SimulatedEngine:
         rid = self._ids
         self.prompt_tokens_total += len(prompt_ids)
         prompt = list(prompt_ids)
-        out = self._output(prompt, max_tokens, stop, seed)
+        out = self._output(prompt, max_tokens, stop, seed, tokens)
         blocks: list[int] = []
         cached = 0
         if self.prefix_cache is not None:
@@ -277,7 +285,9 @@ class SimulatedEngine:
         if not self.running:
             self._idle.set()
 
-    def _output(self, prompt: list[int], max_tokens: int, stop: Sequence[str], seed: int) -> Output:
+    def _output(
+        self, prompt: list[int], max_tokens: int, stop: Sequence[str], seed: int, tokens: int | None
+    ) -> Output:
         digest = hashlib.blake2b(struct.pack(f"<{len(prompt)}I", *prompt), digest_size=16)
         digest.update(f"{self.weight_version}|{seed}".encode())
         out: list[int] = []
@@ -287,11 +297,10 @@ class SimulatedEngine:
             h = digest.copy()
             h.update(struct.pack("<I", len(out)))
             a, b = struct.unpack("<QQ", h.digest())
-            token = (
-                tokenizer.EOS
-                if len(out) > 0 and (a & 0xFFFFFFFF) < self.eos_threshold
-                else PRINTABLE[b % len(PRINTABLE)]
-            )
+            eos = len(out) > 0 and (a & 0xFFFFFFFF) < self.eos_threshold
+            if tokens is not None:
+                eos = len(out) == tokens - 1
+            token = tokenizer.EOS if eos else PRINTABLE[b % len(PRINTABLE)]
             out.append(token)
             logprobs.append(-0.01 - (a >> 40) / float(1 << 24) * 5.0)
             if token == tokenizer.EOS:

@@ -5,15 +5,20 @@ Shapes follow what vLLM 0.32 returns (anchors/weights_inference_deps.md B4): ``t
 choice and ``prompt_token_ids`` when ``return_token_ids`` is set, ``stop_reason``, chat logprobs
 with ``bytes``, completions logprobs as ``tokens/token_logprobs/text_offset/top_logprobs``. A client
 disconnect aborts the request, as vLLM's ``with_cancellation`` does. Non-streaming only.
+
+``tokens_for`` (``--tokens-for REGEX=N``, tests only): a chat request whose ``request_id`` (vLLM's
+body field; the agent sends ``<trajectory>.t<turn>.<random>``) matches ``REGEX`` from its start
+generates exactly ``N`` tokens (at most ``max_tokens``), so a test sets each candidate's length.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 import fastapi
@@ -52,6 +57,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    request_id: str | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -75,8 +81,14 @@ def build_app(
     *,
     engine: engine_mod.SimulatedEngine | None = None,
     registry: prometheus_client.CollectorRegistry | None = None,
+    tokens_for: Sequence[tuple[str, int]] = (),
 ) -> fastapi.FastAPI:
     eng = engine or engine_mod.SimulatedEngine()
+    lengths = [(re.compile(pattern), n) for pattern, n in tokens_for]
+
+    def fixed_length(request_id: str | None) -> int | None:
+        return next((n for pattern, n in lengths if request_id and pattern.match(request_id)), None)
+
     registry = registry or http_app.registry()
     registry.register(_EngineCollector(eng))
     app = http_app.new_app(title="vLLM (simulated by Treadle)", registry=registry)
@@ -111,8 +123,12 @@ def build_app(
         prompt = tokenizer.apply_chat_template([(m.role, m.content or "") for m in req.messages])
         max_tokens = req.max_completion_tokens or req.max_tokens or eng.max_model_len - len(prompt)
         out = await _until_disconnect(
-            request, eng.generate(prompt, max_tokens=max(max_tokens, 1), stop=_stops(req), seed=req.seed or 0)
-        )
+            request,
+            eng.generate(
+                prompt, max_tokens=max(max_tokens, 1), stop=_stops(req), seed=req.seed or 0,
+                tokens=fixed_length(req.request_id),
+            ),
+        )  # fmt: skip
         logprobs = None
         if req.logprobs:
             logprobs = {

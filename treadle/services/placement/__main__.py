@@ -8,7 +8,9 @@ unless its ``enabled`` is false (or unset with no two agents of one instance sha
 
 A move loads the receiver's weights into the moved engine (``--apply-weights``, the default) in a
 cluster, where the operator renders real vLLM with the weights extension and the job's weight
-store; local mode's simulated engines only take the label (``--no-apply-weights``).
+store; local mode's simulated engines only take the label (``--no-apply-weights``). The same swapper
+serves the trainer's weight sync (``SwapWeights``, ``weightsync.WeightSync``); the job's
+``spec.rollout.staleness`` keeps turns off workers too far behind the version they should serve.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from treadle.api import jobconfig
 from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv, runtime
 from treadle.services.grpcutil import server as grpcutil_server
-from treadle.services.placement import grpc_server, rebalance, service
+from treadle.services.placement import grpc_server, rebalance, service, weightsync
 
 PROG = "python -m treadle.services.placement"
 
@@ -47,6 +49,8 @@ class Config:
     rebalance_rule: load_balance.Rule
     rebalance_step: int
     apply_weights: bool
+    alpha: int | None
+    swap_timeout_s: float
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -59,6 +63,10 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         help="a moved engine loads the receiver's weights (real vLLM with a weight store, as in a "
         "cluster); local mode's simulated engines pass --no-apply-weights",
     )  # fmt: skip
+    p.add_argument(
+        "--swap-timeout-s", type=float, default=300.0,
+        help="one worker's weight swap (a move's, or a try of SwapWeights) at most",
+    )  # fmt: skip
     a = p.parse_args(argv)
     job = podenv.Job(environ)
 
@@ -69,7 +77,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       policy=cfg.policy, pool_agents=cfg.pool_agents, pool_shapes=cfg.pool_shapes,
                       rebalance_interval_s=rb.interval_s, rebalance_delta=rb.delta,
                       rebalance_settle_polls=rb.settle_polls, rebalance_rule=rb.rule,
-                      rebalance_step=rb.max_moves_per_poll, apply_weights=a.apply_weights)  # fmt: skip
+                      rebalance_step=rb.max_moves_per_poll, apply_weights=a.apply_weights,
+                      alpha=cfg.alpha, swap_timeout_s=a.swap_timeout_s)  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -78,11 +87,13 @@ async def main(cfg: Config) -> None:
     svc = service.PlacementService(
         pools=cfg.pools, tasks=cfg.tasks, policy=cfg.policy, pool_agents=cfg.pool_agents,
         pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
-        rebalance_step=cfg.rebalance_step,
+        rebalance_step=cfg.rebalance_step, alpha=cfg.alpha,
     )  # fmt: skip
+    swapper = rebalance.HttpSwapper(apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s)
+    sync = weightsync.WeightSync(svc, swapper, apply_weights=cfg.apply_weights)
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync)
     runtime.settle_heap()
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None
@@ -97,7 +108,7 @@ async def main(cfg: Config) -> None:
                 cfg.rebalance_interval_s,
             )
         rebalancer = rebalance.Rebalancer(
-            svc, rebalance.HttpSwapper(apply_weights=cfg.apply_weights), interval_s=cfg.rebalance_interval_s,
+            svc, swapper, interval_s=cfg.rebalance_interval_s,
             settle_polls=cfg.rebalance_settle_polls,
         )  # fmt: skip
         loop = asyncio.create_task(rebalancer.run_forever(), name="rebalancer")

@@ -11,6 +11,9 @@ from treadle.services.grpcutil import convert, status
 from treadle.services.placement import protocol
 from treadle.v1 import placement_pb2, placement_pb2_grpc
 
+SWAP_ANSWER_S = 30.0
+"""Beyond a swap's own deadline, for placement to cancel the last swaps and answer."""
+
 
 class PlacementClient:
     def __init__(self, address: str) -> None:
@@ -20,8 +23,9 @@ class PlacementClient:
     async def register_worker(self, worker: placement_pb2.Worker) -> placement_pb2.Worker:
         return await status.unary(self._stub.RegisterWorker(worker), what="placement.RegisterWorker")
 
-    async def report_load(self, load: placement_pb2.WorkerLoad) -> None:
-        await status.unary(self._stub.ReportLoad(load), what="placement.ReportLoad")
+    async def report_load(self, load: placement_pb2.WorkerLoad) -> placement_pb2.ReportLoadResponse:
+        """Report; the answer says which version the worker's agent should serve (weight sync)."""
+        return await status.unary(self._stub.ReportLoad(load), what="placement.ReportLoad")
 
     async def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
         msg = convert.to_pb(req, placement_pb2.AssignRequest)
@@ -47,6 +51,21 @@ class PlacementClient:
         return await status.unary(
             self._stub.PoolState(placement_pb2.PoolStateRequest()), what="placement.PoolState"
         )
+
+    async def prefetch_weights(self, version: int, *, agent: str = "") -> protocol.SwapResult:
+        req = placement_pb2.PrefetchWeightsRequest(version=version, agent=agent)
+        reply = await status.unary(self._stub.PrefetchWeights(req), what="placement.PrefetchWeights")
+        return protocol.swap_result_from_pb(reply)
+
+    async def swap_weights(
+        self, version: int, *, agent: str = "", timeout_s: float = 300.0
+    ) -> protocol.SwapResult:
+        """Every worker of ``agent`` to ``version`` (``weightsync.WeightSync.swap``); waits up to
+        ``timeout_s`` and a little more for the answer."""
+        req = protocol.SwapRequest(version=version, agent=agent, timeout_s=timeout_s)
+        msg = convert.to_pb(req, placement_pb2.SwapWeightsRequest)
+        call = self._stub.SwapWeights(msg, timeout=timeout_s + SWAP_ANSWER_S)
+        return protocol.swap_result_from_pb(await status.unary(call, what="placement.SwapWeights"))
 
     async def aclose(self) -> None:
         await self._channel.close()

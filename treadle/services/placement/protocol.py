@@ -4,7 +4,8 @@
 these types; protobuf is met only at the gRPC edge: ``grpc_server`` (server side) and ``client``
 (the scheduler's side) convert with ``grpcutil.convert`` (and ``batch_*_pb`` below, for the nested
 batch). Workers, loads and the pool state are
-still the proto messages (registered and reported over gRPC by agents).
+still the proto messages (registered and reported over gRPC by agents). Weight sync speaks
+``SwapRequest`` / ``SwapResult`` (``weights.WeightSync``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Collection
+from typing import Literal
 
 from treadle.errors import SpecError
 from treadle.services.grpcutil import convert
@@ -75,6 +77,64 @@ class PlaceBatchRequest:
     """Turns that may generate at once on one worker (the scheduler's ``Settings.worker_slots``)."""
 
 
+MAX_SWAP_TIMEOUT_S = 3600.0
+"""A swap's deadline at most: a Mooncake pull of a 70B checkpoint takes minutes, not hours."""
+SwapOutcome = Literal["swapped", "failed", "timeout", "moved", "started"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SwapRequest:
+    """``SwapWeights`` (and, with ``timeout_s`` unused, ``PrefetchWeights``): every worker of ``agent``."""
+
+    version: int
+    agent: str = ""
+    """Whose workers (a multi-agent job); empty for a job of one agent."""
+    timeout_s: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerSwap:
+    worker_id: str
+    pool: str
+    outcome: SwapOutcome
+    """``swapped``; ``failed`` (it keeps its previous version whole); ``timeout``; ``moved`` (it serves
+    another agent now); ``started`` (a prefetch)."""
+    error: str = ""
+    seconds: float = 0.0
+    exposed_seconds: float = 0.0
+    """Paused (no generation) this long: the exposed part of the swap."""
+    pull: str = ""
+    """``prefetched``, ``pulled``, ``held`` or ``label`` (``agent.client.Swapped.pull``); empty unless
+    swapped."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SwapResult:
+    version: int
+    agent: str
+    workers: tuple[WorkerSwap, ...]
+
+    @property
+    def swapped(self) -> tuple[str, ...]:
+        return tuple(w.worker_id for w in self.workers if w.outcome == "swapped")
+
+
+def check_swap(req: SwapRequest, agents: Collection[str]) -> str:
+    """The agent whose workers swap; ``agents``: those the job's pools serve (none for a bare placement).
+    A job of one agent may leave ``agent`` empty."""
+    if req.version < 0:
+        raise SpecError("must be >= 0", field="version", value=req.version)
+    if not (0 < req.timeout_s <= MAX_SWAP_TIMEOUT_S):
+        raise SpecError(
+            f"must be within (0, {MAX_SWAP_TIMEOUT_S:.0f}]", field="timeout_s", value=req.timeout_s
+        )
+    if not req.agent and len(agents) <= 1:
+        return next(iter(agents), "")
+    if req.agent not in agents:
+        raise SpecError(f"must name one of the job's agents {sorted(agents)}", field="agent", value=req.agent)
+    return req.agent
+
+
 def check_release(req: ReleaseRequest, tasks: Collection[str]) -> None:
     if not req.trajectory_id:
         raise SpecError("must not be empty", field="trajectory_id")
@@ -129,3 +189,13 @@ def batch_from_pb(msg: placement_pb2.PlaceBatchRequest) -> PlaceBatchRequest:
 def batch_to_pb(req: PlaceBatchRequest) -> placement_pb2.PlaceBatchRequest:
     candidates = [convert.to_pb(c, placement_pb2.PlaceCandidate) for c in req.trajectories]
     return convert.to_pb(req, placement_pb2.PlaceBatchRequest, trajectories=candidates)
+
+
+def swap_result_from_pb(msg: placement_pb2.SwapWeightsResponse) -> SwapResult:
+    workers = tuple(convert.from_pb(WorkerSwap, w) for w in msg.workers)
+    return convert.from_pb(SwapResult, msg, workers=workers)
+
+
+def swap_result_to_pb(result: SwapResult) -> placement_pb2.SwapWeightsResponse:
+    workers = [convert.to_pb(w, placement_pb2.WorkerSwap) for w in result.workers]
+    return convert.to_pb(result, placement_pb2.SwapWeightsResponse, workers=workers)

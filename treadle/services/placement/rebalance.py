@@ -46,6 +46,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import httpx
+
 from treadle import errors
 from treadle.services.agent import client as agent_client
 from treadle.services.placement import service
@@ -59,32 +61,38 @@ so the donor's and receiver's queues reflect the move only once those drain; mea
 still show the old imbalance, and the next poll would move workers back and forth."""
 
 
-def label(agent: str, version: int) -> str:
-    """The engine's weight-version label of ``agent``'s weights at ``version`` (the agent parses the int);
-    the bare version when no agent is named (a single-agent job)."""
-    return f"{agent}-{version}" if agent else str(version)
-
-
 class Swapper(Protocol):
-    async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
+    async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> object:
         """Make ``worker``'s engine serve ``agent``'s weights at ``version``; raise on failure.
 
         ``worker`` is the record as it will be once moved: its ``pool`` is the receiver's."""
 
 
 class HttpSwapper:
-    """``agent.client.swap`` to the receiver's label; loads its weights first only with ``apply_weights``."""
+    """``agent.client.swap`` to the receiver's label; loads its weights first only with ``apply_weights``.
+
+    Used for moves (``Rebalancer``) and for new versions (``weights.WeightSync``)."""
 
     def __init__(self, *, timeout_s: float = 60.0, apply_weights: bool = False) -> None:
         self.timeout_s = timeout_s
         self.apply_weights = apply_weights
 
-    async def swap(self, worker: placement_pb2.Worker, *, agent: str, version: int) -> None:
-        await agent_client.swap(
-            worker.address, worker.engine_address, label=label(agent, version),
-            apply_version=version if self.apply_weights else None, agent=agent,
+    async def swap(
+        self, worker: placement_pb2.Worker, *, agent: str, version: int, expect_agent: str = ""
+    ) -> agent_client.Swapped:
+        return await agent_client.swap(
+            worker.address, worker.engine_address, label=agent_client.label(agent, version),
+            apply_version=version if self.apply_weights else None, agent=agent, expect_agent=expect_agent,
             timeout_s=self.timeout_s, pool=worker.pool,
         )  # fmt: skip
+
+    async def prefetch(self, worker: placement_pb2.Worker, *, version: int) -> None:
+        if not self.apply_weights:
+            return  # the SIMULATED engine has nothing to pull
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            await agent_client.collective_rpc(
+                http, worker.engine_address, "treadle_weights_prefetch", str(version)
+            )
 
 
 class Rebalancer:

@@ -22,7 +22,6 @@ drain, the weight swap through the worker's agent and engine) in ``rebalance.Reb
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 
@@ -32,37 +31,11 @@ from treadle import errors, metrics
 from treadle.api import jobconfig
 from treadle.policy import affinity, heddle_live, placement, registry
 from treadle.policy.flexmarl import load_balance
-from treadle.services.placement import protocol
+from treadle.services.placement import moves, protocol, workers
 from treadle.v1 import placement_pb2
 
 
-@dataclasses.dataclass
-class _Profile:
-    trajectories: int = 0
-    turns: int = 0
-    first_prompt_tokens: int = 0
-    output_tokens: int = 0
-    released_turns: int = 0
-
-    def to_policy(self) -> affinity.TaskProfile:
-        return affinity.TaskProfile(
-            mean_turns=self.turns / self.trajectories,
-            prompt_tokens=self.first_prompt_tokens / self.trajectories,
-            response_tokens=self.output_tokens / max(1, self.released_turns),
-        )
-
-
-@dataclasses.dataclass
-class _Worker:
-    info: placement_pb2.Worker
-    load: placement_pb2.WorkerLoad
-    outstanding: int = 0
-    draining: bool = False
-    moving_to: str = ""
-    """The receiving agent while an inter-agent rebalance drains and swaps this worker."""
-
-
-class PlacementService:
+class PlacementService(moves.Moves):
     def __init__(
         self,
         *,
@@ -76,6 +49,7 @@ class PlacementService:
         rebalance_delta: float = load_balance.DEFAULT_DELTA,
         rebalance_rule: load_balance.Rule = "per-instance",
         rebalance_step: int = 1,
+        alpha: int | None = None,
         registry_: prom.CollectorRegistry | None = None,
     ) -> None:
         if not pools:
@@ -100,6 +74,15 @@ class PlacementService:
         if rebalance_step < 0:
             raise errors.SpecError("must be >= 0", field="rebalance_step", value=rebalance_step)
         self.rebalance_step = rebalance_step
+        if alpha is not None and alpha < 0:
+            raise errors.SpecError("must be >= 0", field="alpha", value=alpha)
+        self.alpha = alpha
+        """The job's staleness bound: no turn goes to a worker more than this behind its agent's target
+        version (``None``: no bound, a bare placement)."""
+        self._targets: dict[str, int] = {}
+        """Agent ("" for a job of one) -> the version its workers should serve (weight sync)."""
+        self._swapping: set[str] = set()
+        """Workers in a ``SwapWeights`` fan-out now: not told their target (they are being given it)."""
         self._moves = 0
         self._moved_in: collections.Counter[str] = collections.Counter()
         self._moved_out: collections.Counter[str] = collections.Counter()
@@ -119,10 +102,10 @@ class PlacementService:
         self._migrations = 0
         self.slack = slack
         self.min_profile_samples = min_profile_samples
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, workers.Worker] = {}
         self._sticky: dict[str, str] = {}
         self._first_prompt: dict[str, int] = {}
-        self._profiles: dict[str, _Profile] = {t: _Profile() for t in tasks}
+        self._profiles: dict[str, workers.Profile] = {t: workers.Profile() for t in tasks}
         self._work: dict[str, str] = {t: self._resolve(t) for t in tasks}
         self.registry = registry_ or prom.CollectorRegistry()
         self._assigned = prom.Counter(
@@ -169,7 +152,7 @@ class PlacementService:
         known = self._workers.get(worker.worker_id)
         if known is None:
             load = placement_pb2.WorkerLoad(worker_id=worker.worker_id, healthy=True)
-            self._workers[worker.worker_id] = _Worker(info=worker, load=load)
+            self._workers[worker.worker_id] = workers.Worker(info=worker, load=load)
         else:
             known.info = worker
             known.draining = bool(known.moving_to)  # a worker being moved stays drained
@@ -182,6 +165,80 @@ class PlacementService:
         if not 0.0 <= load.kv_cache_usage <= 1.0:
             raise errors.SpecError("must be within [0, 1]", field="kv_cache_usage", value=load.kv_cache_usage)
         w.load = load
+        agent = self._agent_of(w)
+        if not w.moving_to and load.policy_version > self._targets.get(agent, 0):
+            # Versions only go up: another swapper moved it on (a trainer's ``EngineSwapper``), or this
+            # placement restarted and forgot the target its workers were given.
+            self._targets[agent] = load.policy_version
+
+    def target_for(self, worker_id: str) -> int | None:
+        """The version ``worker_id`` should serve (its agent's target); ``None`` while none is known,
+        while a fan-out is giving it to the worker, or while the worker is being moved."""
+        w = self._worker(worker_id, field="worker_id")
+        if worker_id in self._swapping or w.moving_to:
+            return None
+        return self._targets.get(self._agent_of(w))
+
+    def current(self, w: workers.Worker) -> bool:
+        """``w`` serves a version within the staleness bound of its agent's target."""
+        target = self._targets.get(self._agent_of(w))
+        return self.alpha is None or target is None or w.load.policy_version >= target - self.alpha
+
+    # --- weight sync (RollArt): the synchronous half; the fan-out is ``weights.WeightSync`` ------
+
+    def agents(self) -> set[str]:
+        """The agents the pools serve (one for a job of one agent, none for a bare placement)."""
+        return set(self.pool_agents.values())
+
+    def weights_agent(self, agent: str) -> str:
+        """Whose weight prefix ``agent``'s versions are under: its own in a multi-agent job; none (the
+        job's prefix, ``layout.agent_prefix``) in a job of one agent."""
+        return agent if len(self.agents()) > 1 else ""
+
+    def begin_swap(self, req: protocol.SwapRequest) -> tuple[str, list[placement_pb2.Worker]]:
+        """Make ``req.version`` its agent's target; that agent and its workers to swap (not those being
+        moved: a move loads the receiver's target itself). Conflict for a version older than the target."""
+        agent = protocol.check_swap(req, self.agents())
+        target = self._targets.get(agent)
+        if target is not None and req.version < target:
+            raise errors.Conflict(f"version {req.version} is older than agent {agent!r}'s target {target}")
+        self._targets[agent] = req.version
+        out = []
+        for wid, w in sorted(self._workers.items()):
+            if self._agent_of(w) == agent and not w.moving_to:
+                self._swapping.add(wid)
+                info = placement_pb2.Worker()
+                info.CopyFrom(w.info)
+                out.append(info)
+        return agent, out
+
+    def end_swap(self, worker_id: str, *, loaded: int | None) -> None:
+        """A worker's part of a fan-out is over; it serves ``loaded`` now (``None``: it did not swap)."""
+        self._swapping.discard(worker_id)
+        w = self._workers.get(worker_id)
+        if w is not None and loaded is not None:
+            # Its last report still gives the previous version: until the next one, what it loaded.
+            w.load.policy_version = loaded
+
+    def workers_of(self, agent: str) -> list[placement_pb2.Worker]:
+        """The registered workers serving ``agent`` now (a prefetch's fan-out)."""
+        return [
+            w.info for _, w in sorted(self._workers.items()) if self._agent_of(w) == agent and not w.moving_to
+        ]
+
+    def serving(self, worker_id: str) -> str:
+        """The agent ``worker_id`` serves, or moves to while a rebalance moves it."""
+        w = self._worker(worker_id, field="worker_id")
+        return w.moving_to or self._agent_of(w)
+
+    def pool_versions(self) -> dict[str, tuple[int, int, int | None]]:
+        """Per pool with workers: the lowest and highest version they report, and their agent's target."""
+        out: dict[str, tuple[int, int, int | None]] = {}
+        for w in self._workers.values():
+            v = w.load.policy_version
+            low, high, _ = out.get(w.info.pool, (v, v, None))
+            out[w.info.pool] = (min(low, v), max(high, v), self._targets.get(self._agent_of(w)))
+        return out
 
     def assign(self, req: protocol.AssignRequest) -> protocol.Assignment:
         if not req.trajectory_id:
@@ -196,7 +253,7 @@ class PlacementService:
         work = self._work[req.task]
         eligible, states = self._candidates(req.task, req.agent)
         decision = self._routed(req.trajectory_id, req.task, states, eligible) if self.batch else None
-        sticky = _sticky_key(req.trajectory_id, req.agent)
+        sticky = workers.sticky_key(req.trajectory_id, req.agent)
         if decision is None:
             previous = self._sticky.get(sticky)
             decision = self.policy(states, eligible_pools=eligible, previous=previous, slack=self.slack)
@@ -246,9 +303,9 @@ class PlacementService:
             placement.WorkerState(
                 worker_id=wid,
                 pool=w.info.pool,
-                load=_load(w),
+                load=workers.load(w),
                 kv_cache_usage=w.load.kv_cache_usage,
-                healthy=w.load.healthy and not w.draining,
+                healthy=w.load.healthy and not w.draining and self.current(w),
             )
             for wid, w in self._workers.items()
         ]
@@ -294,7 +351,7 @@ class PlacementService:
                 self._live[req.task] = heddle_live.finish(self._live[req.task], req.trajectory_id)
             self._sticky.pop(req.trajectory_id, None)
             for agent in set(self.pool_agents.values()):
-                self._sticky.pop(_sticky_key(req.trajectory_id, agent), None)
+                self._sticky.pop(workers.sticky_key(req.trajectory_id, agent), None)
             first_prompt = self._first_prompt.pop(req.trajectory_id, None)
             if req.turns > 0 and first_prompt is not None:
                 profile.trajectories += 1
@@ -331,7 +388,7 @@ class PlacementService:
         for wid, w in sorted(self._workers.items()):
             load = placement_pb2.WorkerLoad()
             load.CopyFrom(w.load)
-            load.healthy = load.healthy and not w.draining
+            load.healthy = load.healthy and not w.draining and self.current(w)
             out.workers.add(
                 worker=w.info,
                 load=load,
@@ -353,122 +410,18 @@ class PlacementService:
             out.agents.add(
                 agent=a.agent_id, instances=len(a.instances), queue_len=a.queue_len,
                 weight_version=a.weight_version, moved_in=self._moved_in[a.agent_id],
-                moved_out=self._moved_out[a.agent_id],
+                moved_out=self._moved_out[a.agent_id], target_version=self._targets.get(a.agent_id, 0),
             )  # fmt: skip
         out.rebalance_moves = self._moves
         return out
 
-    # --- inter-agent rebalancing (FlexMARL §5.2) ------------------------------------------------
-
-    def _agent_of(self, w: _Worker) -> str:
-        return self.pool_agents.get(w.info.pool, "")
-
-    def agent_loads(self) -> list[load_balance.AgentLoad]:
-        """Every agent's queue, serving instances and weight version (none without pool agents).
-
-        An agent's queue is the turns assigned to its workers and not running there: per worker the
-        larger of the waiting requests it reports and its outstanding turns less those it reports
-        running (reports lag assignments). Workers being moved, draining or unhealthy serve no one.
-        """
-        out = []
-        for agent in sorted(set(self.pool_agents.values())):
-            serving = sorted((wid, w) for wid, w in self._workers.items() if self._agent_of(w) == agent)
-            live = [(wid, w) for wid, w in serving if not w.draining and w.load.healthy]
-            queue = sum(max(w.load.waiting, w.outstanding - w.load.running) for _, w in serving)
-            first_pool = min(p for p, a in self.pool_agents.items() if a == agent)
-            out.append(
-                load_balance.AgentLoad(
-                    agent_id=agent, queue_len=max(0, queue),
-                    instances=tuple(load_balance.Instance(wid, _load(w)) for wid, w in live),
-                    shape=self.pool_shapes.get(first_pool, ""),
-                    weight_version=max((w.load.policy_version for _, w in live), default=0),
-                )
-            )  # fmt: skip
-        return out
-
-    def plan_rebalance(self) -> load_balance.Rebalance | None:
-        """One poll of the inter-agent level; the moved workers are drained at once.
-
-        ``None`` while a move is in progress (one at a time, so the queues it changes are measured
-        again before the next), with fewer than two agents, when an agent has no serving worker,
-        when a chosen worker has no engine address, or when the policy moves nothing.
-        """
-        if any(w.moving_to for w in self._workers.values()):
-            return None
-        agents = self.agent_loads()
-        for a in agents:
-            self._agent_queue.labels(a.agent_id).set(a.queue_len)
-        if len(agents) < 2 or any(not a.instances for a in agents):
-            return None
-        move = load_balance.rebalance(agents, delta=self.rebalance_delta, rule=self.rebalance_rule)
-        if move is not None and self.rebalance_step:
-            # Turns already queued on a worker stay there, so a move relieves the receiver only as new
-            # turns arrive: the rule's k, computed as if queues re-spread at once, overshoots and the
-            # next polls move workers back. Smaller steps, each measured again, approach the balance.
-            move = dataclasses.replace(move, instance_ids=move.instance_ids[: self.rebalance_step])
-        if move is None or any(not self._workers[wid].info.engine_address for wid in move.instance_ids):
-            return None
-        for wid in move.instance_ids:
-            self.migrate(wid)  # no new turn; its sticky trajectories go elsewhere on their next turn
-            self._workers[wid].moving_to = move.receiver
-        return move
-
-    def outstanding(self, worker_id: str) -> int:
-        return self._worker(worker_id, field="worker_id").outstanding
-
-    def worker_info(self, worker_id: str) -> placement_pb2.Worker:
-        info = placement_pb2.Worker()
-        info.CopyFrom(self._worker(worker_id, field="worker_id").info)
-        return info
-
-    def agent_version(self, agent: str) -> int:
-        """The highest policy version the agent's serving workers report (what a moved worker loads)."""
-        return next((a.weight_version for a in self.agent_loads() if a.agent_id == agent), 0)
-
-    def receiver_pool(self, worker_id: str) -> str:
-        """The pool a worker being moved joins: the receiver's first pool of the donor's shape."""
-        w = self._worker(worker_id, field="worker_id")
-        if not w.moving_to:
-            raise errors.Conflict(f"worker {worker_id!r} is not being moved")
-        donor_shape = self.pool_shapes.get(w.info.pool, "")
-        pools = sorted(p for p, a in self.pool_agents.items() if a == w.moving_to)
-        same_shape = [p for p in pools if self.pool_shapes.get(p, "") == donor_shape]
-        return (same_shape or pools)[0]
-
-    def finish_move(self, worker_id: str, *, loaded: int | None) -> None:
-        """End a worker's move: re-homed to the receiver's pool once it ``loaded`` the receiver's
-        weights at that version; back to its donor, untouched, when ``None`` (the swap failed)."""
-        w = self._worker(worker_id, field="worker_id")
-        if not w.moving_to:
-            raise errors.Conflict(f"worker {worker_id!r} is not being moved")
-        if loaded is not None:
-            # Its last report still gives the donor's version: until the next one, what it loaded.
-            w.load.policy_version = loaded
-            donor = self._agent_of(w)
-            w.info.pool = self.receiver_pool(worker_id)
-            self._moves += 1
-            self._moved_out[donor] += 1
-            self._moved_in[w.moving_to] += 1
-            self._rebalanced.labels(donor, w.moving_to).inc()
-        w.moving_to = ""
-        w.draining = False
-
-    def _worker(self, worker_id: str, *, field: str) -> _Worker:
+    def _worker(self, worker_id: str, *, field: str) -> workers.Worker:
         if not worker_id:
             raise errors.SpecError("must not be empty", field=field)
         w = self._workers.get(worker_id)
         if w is None:
             raise errors.NotFound(f"unknown worker {worker_id!r}")
         return w
-
-
-def _sticky_key(trajectory_id: str, agent: str) -> str:
-    """Stickiness is per (trajectory, agent): each agent's worker holds that agent's prefix cache."""
-    return f"{trajectory_id}\x00{agent}" if agent else trajectory_id
-
-
-def _load(w: _Worker) -> int:
-    return max(w.outstanding, w.load.running + w.load.waiting)
 
 
 class InProcess:

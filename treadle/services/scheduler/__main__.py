@@ -37,7 +37,7 @@ from treadle.services.env import client as env_client
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import client as placement_client
 from treadle.services.reward import client as reward_client
-from treadle.services.scheduler import demand, grpc_server, service
+from treadle.services.scheduler import darts_store, demand, grpc_server, service
 
 PROG = "python -m treadle.services.scheduler"
 DEMAND_INTERVAL_S = 2.0
@@ -59,6 +59,9 @@ class Config:
     reward_url: str
     placement: str
     buffer: str
+    redis: str = ""
+    """Where DARTS tasks keep their length statistics (empty: in memory, lost on restart)."""
+    namespace: str = "default"
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -85,6 +88,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p.add_argument("--reward-url", help=f"reward gateway base URL (${env_vars.REWARD_URL})")
     p.add_argument("--placement", help=f"placement gRPC address host:port (${env_vars.PLACEMENT_ADDR})")
     p.add_argument("--buffer", help=f"buffer gRPC address host:port (${env_vars.BUFFER_ADDR})")
+    p.add_argument("--redis", help=f"Redis URL of DARTS statistics, empty: memory (${env_vars.REDIS_URL})")
+    p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${env_vars.KEY_PREFIX})")
     a = p.parse_args(argv)
     job = podenv.Job(environ, max_tokens=a.max_tokens, max_in_flight=a.max_in_flight,
                      max_concurrent_generations=a.max_concurrent_generations)  # fmt: skip
@@ -102,6 +107,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             reward_url=podenv.pick(a.reward_url, environ, env_vars.REWARD_URL, flag="--reward-url"),
             placement=podenv.pick(a.placement, environ, env_vars.PLACEMENT_ADDR, flag="--placement"),
             buffer=podenv.pick(a.buffer, environ, env_vars.BUFFER_ADDR, flag="--buffer"),
+            redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
+            namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -186,9 +193,14 @@ async def main(cfg: Config) -> None:
     reward = reward_client.RewardClient(cfg.reward_url)
     placement = placement_client.PlacementClient(cfg.placement)
     buffer = buffer_client.BufferClient(cfg.buffer)
+    darts_stats = (
+        darts_store.RedisStats.from_url(cfg.redis, namespace=cfg.namespace)
+        if cfg.redis
+        else darts_store.MemoryStats()
+    )  # only DARTS tasks read or write it: other jobs never connect
     svc = service.SchedulerService(
         tasks=tasks, settings=cfg.settings, envs=pool.clients, agent_for=agents,
-        placement=placement, reward=reward, buffer=buffer,
+        placement=placement, reward=reward, buffer=buffer, darts_stats=darts_stats,
     )  # fmt: skip
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)

@@ -9,7 +9,7 @@ this module keeps the queue, rejects repeated groups and bounds what may wait
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from treadle import errors
 from treadle.api import jobconfig
@@ -28,14 +28,19 @@ class Admission:
         self.pending_trajectories = 0
         self._known_groups: set[str] = set()
 
-    def submit(self, groups: Sequence[protocol.PromptGroup]) -> list[protocol.Work]:
-        """Validate ``groups`` (all or nothing) and queue the new ones; returns those queued.
+    def submit(
+        self,
+        groups: Sequence[protocol.PromptGroup],
+        plan: Callable[[list[protocol.Work]], list[protocol.Work]] = list,
+    ) -> list[protocol.Work]:
+        """Validate ``groups`` (all or nothing) and queue the new ones, sized by ``plan`` (DARTS's
+        pools); returns those queued.
 
         Raises ``Overloaded`` (and queues nothing) if they would exceed ``max_pending_trajectories``.
         """
         work = protocol.validate_groups(groups, self.tasks)
-        fresh = [w for w in work if w.group_id not in self._known_groups]
-        members = sum(w.task.members for w in fresh)
+        fresh = plan([w for w in work if w.group_id not in self._known_groups])
+        members = sum(w.members for w in fresh)
         limit = self.settings.max_pending_trajectories
         if self.pending_trajectories + members > limit:
             raise errors.Overloaded(
@@ -45,7 +50,7 @@ class Admission:
         for w in fresh:
             self._known_groups.add(w.group_id)
             self._pending.append(w)
-            self.pending_trajectories += w.task.members
+            self.pending_trajectories += w.members
         return fresh
 
     def take(self, *, version: int, accepted: int, running: int) -> list[protocol.Work]:
@@ -55,9 +60,9 @@ class Admission:
         while self._pending:
             work = self._pending[0]
             state = admission.AdmissionState(version=version, accepted=accepted, running=running)
-            if admission.admit_groups(state, self.limits, group_size=work.task.members, pending_groups=1) < 1:
+            if admission.admit_groups(state, self.limits, group_size=work.members, pending_groups=1) < 1:
                 break
             taken.append(self._pending.popleft())
-            self.pending_trajectories -= work.task.members
-            running += work.task.members
+            self.pending_trajectories -= work.members
+            running += work.members
         return taken

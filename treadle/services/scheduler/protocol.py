@@ -168,6 +168,13 @@ class Work:
     task: jobconfig.TaskConfig
     seed: int
     options: dict[str, Any] | None
+    pool: int = 0
+    """Trajectories started for the group: the task's ``members``, or the pool DARTS allocated it
+    (``darts.Darts.plan``); 0 until set."""
+
+    @property
+    def members(self) -> int:
+        return self.pool or self.task.members
 
 
 def validate_groups(groups: Sequence[PromptGroup], tasks: Mapping[str, jobconfig.TaskConfig]) -> list[Work]:

@@ -65,6 +65,8 @@ from treadle.policy import admission as admission_policy
 from treadle.policy.heddle import predictor
 from treadle.services.scheduler import (
     admission,
+    darts,
+    darts_store,
     prediction,
     protocol,
     results,
@@ -93,6 +95,7 @@ class SchedulerService:
         buffer: protocol.Buffer,
         registry_: prom.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        darts_stats: darts_store.StatsStore | None = None,
     ) -> None:
         _check_envs(envs)
         self.tasks = dict(tasks)
@@ -116,6 +119,10 @@ class SchedulerService:
         )  # fmt: skip
         self.gate = self.loop.gate
         self.saver = saver.Saver(buffer, settings=settings, tasks=self.tasks, on_saved=self._saved)
+        self.darts = darts.Darts(
+            self.tasks, loop=self.loop, save=self.saver.add, drop=self._saved,
+            store=darts_stats or darts_store.MemoryStats(), registry_=self.registry, clock=clock,
+        )  # fmt: skip
         self._results = results.Results()
         self._admitted = itertools.count()
         self._finished = 0
@@ -135,14 +142,14 @@ class SchedulerService:
         self.metrics.env_servers.set(len(envs))
 
     async def submit(self, groups: Sequence[protocol.PromptGroup]) -> protocol.SubmitResult:
-        fresh = self.admission.submit(groups)
+        await self.darts.ready()
+        fresh = self.admission.submit(groups, self.darts.plan)
+        self.darts.started(fresh)
         for w in fresh:
-            self.tally.per_task[w.task.name].submitted += w.task.members
+            self.tally.per_task[w.task.name].submitted += w.members
         self.metrics.pending.set(self.admission.pending_trajectories)
         self._admit()
-        return protocol.SubmitResult(
-            accepted_groups=len(fresh), trajectories=sum(w.task.members for w in fresh)
-        )
+        return protocol.SubmitResult(accepted_groups=len(fresh), trajectories=sum(w.members for w in fresh))
 
     async def commit_version(self, version: int) -> protocol.CommitResult:
         if version < self.version:
@@ -214,6 +221,7 @@ class SchedulerService:
     async def aclose(self) -> None:
         """Cancel in-flight work (shutdown, not abort: nothing is stored for it) and flush the saver."""
         await self.loop.aclose()
+        await self.darts.aclose()
         await self.saver.aclose()
         self._results.close()
 
@@ -228,7 +236,7 @@ class SchedulerService:
             self.predictions.learn_pending()  # admission predictions see every trajectory finished so far
             admitted = []
             for work in groups:
-                for i in range(work.task.members):
+                for i in range(work.members):
                     t = trajectory.Traj(
                         tid=f"{work.group_id}-{i}", work=work, init_version=self.version,
                         started=self.clock(), seq=next(self._admitted),
@@ -245,7 +253,7 @@ class SchedulerService:
         traj = common_pb2.Trajectory(
             trajectory_id=t.tid, group_id=t.work.group_id, task=task.name, agent=task.agent, turns=t.turns,
             reward=reward, status=status, reason=reason, min_version=min(versions), max_version=max(versions),
-            group_size=task.members, init_version=t.init_version, prompt=prompt,
+            group_size=t.work.members, init_version=t.init_version, prompt=prompt,
         )  # fmt: skip
         result = protocol.TrajectoryResult(
             trajectory_id=t.tid, group_id=t.work.group_id, task=task.name, status=status, reason=reason,
@@ -259,7 +267,8 @@ class SchedulerService:
             self.predictions.learn(t)
         del self.loop.inflight[t.tid]
         self._finished += 1
-        self.saver.add(traj, result)
+        if not self.darts.take(t, traj, result):  # a DARTS candidate waits for its group's selection
+            self.saver.add(traj, result)
         self._admit()
 
     def _saved(self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult) -> None:

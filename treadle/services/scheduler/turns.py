@@ -36,6 +36,10 @@ class Finish(Protocol):
     ) -> None: ...
 
 
+def _unmeasured(worker: str) -> Callable[[int], None]:
+    return lambda tokens: None
+
+
 class TurnLoop:
     def __init__(
         self,
@@ -68,6 +72,9 @@ class TurnLoop:
             max_progress=settings.preemption_max_progress, clock=clock,
         )  # fmt: skip
         self.inflight: dict[str, trajectory.Traj] = {}
+        self.measure: Callable[[str], Callable[[int], None]] = _unmeasured
+        """Called with the worker id as a generation starts; what it returns, with the output tokens
+        (0: none) as it ends. DARTS fits its per-token latency from it (``darts.Latency``)."""
         self.closed = False
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -261,6 +268,7 @@ class TurnLoop:
             )  # fmt: skip
             result: agent_protocol.GenerateResult | None = None
             agent = self.agent_for(t.worker.address)
+            measured = self.measure(t.worker.worker_id)
             try:
                 # A retried (trajectory, turn) joins the request already in flight on the agent.
                 call = f"generate on {t.worker.worker_id}"
@@ -270,6 +278,7 @@ class TurnLoop:
                 self.gate.release(t.tid)  # the engine is done with the turn: its slot is free now
                 prompt_tokens = len(result.prompt_token_ids) if result else 0
                 output_tokens = len(result.output_token_ids) if result else 0
+                measured(output_tokens if result is not None and result.finish_reason != "abort" else 0)
                 predicted: float | None = None
                 if result is not None and result.finish_reason != "abort":
                     # A step boundary: re-predict now, while the environment runs the tool call.

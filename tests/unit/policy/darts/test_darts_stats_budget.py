@@ -7,7 +7,7 @@ import math
 import pytest
 
 from treadle import errors
-from treadle.policy.darts import budget, stats
+from treadle.policy.darts import budget, plan, stats
 
 
 def test_ema_of_variance_first_observation_then_decay() -> None:
@@ -92,3 +92,22 @@ def test_marginal_cost_falls_with_more_replicas() -> None:
     a_many, _ = budget.marginal_cost(tailed, ptl, replicas=16, **kw)
     assert 0 < a_many < a_few and math.isfinite(t0)
     assert budget.marginal_cost([], ptl, replicas=4, **kw) == (0.0, 0.0)
+
+
+def test_statistics_survive_json_unchanged_and_garbage_names_the_field() -> None:
+    s = stats.update(stats.Stats(decay=0.25, window=3), {"a": stats.Observation((1, 9), censored=(20,))})
+    assert stats.from_json(stats.to_json(s)) == s
+    with pytest.raises(errors.SpecError) as info:
+        stats.from_json('{"decay": 0.5}')
+    assert info.value.field == "stats"
+
+
+def test_plan_is_standard_without_a_fitted_latency_or_room_above_m() -> None:
+    s = stats.update(stats.Stats(), {"a": stats.Observation((1, 90)), "b": stats.Observation((5, 6))})
+    assert plan.pools(s, ["a", "b"], None, m=4, m_up=8, lam=1e-9, replicas=1) == ([4, 4], 8)
+    ptl = budget.fit_ptl([(b, 0.01 + 0.001 * b) for b in (1, 2, 4, 8, 16)])
+    assert plan.pools(s, ["a", "b"], ptl, m=4, m_up=4, lam=1e-9, replicas=1) == ([4, 4], 8)
+    assert plan.pools(s, ["a", "b"], ptl, m=4, m_up=8, lam=1e-9, replicas=1) == ([8, 8], 16)  # at the cap
+    # lambda 4.4: M* = S_t / (lambda alpha) = 1.46 / (4.4 * 0.0255) = 13; the wide prompt takes the extra
+    assert plan.pools(s, ["a", "b"], ptl, m=4, m_up=8, lam=4.4, replicas=1) == ([8, 5], 13)
+    assert plan.pools(s, ["a", "b"], ptl, m=4, m_up=8, lam=4.4, replicas=1, adaptive=False) == ([7, 6], 13)
