@@ -1,7 +1,7 @@
 """The Kubernetes API client that the operator and the services share: credentials and raw calls.
 
-``Client`` is all a service needs (the scheduler's reward-demand reporter patches its job's
-annotations); ``treadle.operator.kube.Kube`` extends it with the operator's calls. Requests go
+``Client`` is all a service needs (the scheduler's job reporter patches its job's annotations and
+status); ``treadle.operator.kube.Kube`` extends it with the operator's calls. Requests go
 through the official client's connection handling, with plain JSON dicts in and out.
 """
 
@@ -92,6 +92,18 @@ class Client:
         allow); a None value removes the annotation."""
         path = JOBS_PATH.format(ns=namespace) + f"/{name}"
         body = {"metadata": {"annotations": dict(annotations)}}
+        self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+
+    def patch_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], *, uid: str | None = None
+    ) -> None:
+        """Merge-patch the job's status subresource (the operator's conditions and pools; the
+        scheduler's ``policyVersion``/``step``/``meanReward``); with ``uid``, a job re-created under
+        the name gets 409."""
+        path = JOBS_PATH.format(ns=namespace) + f"/{name}/status"
+        body: dict[str, Any] = {"status": dict(status)}
+        if uid:
+            body["metadata"] = {"uid": uid}  # the API server treats it as a precondition
         self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
 
     def close(self) -> None:

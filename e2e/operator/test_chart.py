@@ -119,6 +119,7 @@ def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
     for key in (("", "serviceaccounts"), ("rbac.authorization.k8s.io", "roles"),
                 ("rbac.authorization.k8s.io", "rolebindings")):  # fmt: skip
         assert rules[key] == ["create", "delete", "list", "patch"], key
+    assert rules[("batch", "jobs")] == ["create", "delete", "list", "patch"]  # a job's spec.trainer
     assert ("rbac.authorization.k8s.io", "clusterroles") not in rules
     for (group, resource), verbs in rules.items():
         assert "*" not in verbs and group != "*" and resource != "*"

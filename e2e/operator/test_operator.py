@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from treadle.api import v1alpha1
-from treadle.services.scheduler import demand
+from treadle.services.scheduler import jobreport, protocol
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
 INVALID = sorted((op_harness.ROOT / "manifests" / "invalid").glob("*.yaml"))
@@ -98,7 +98,8 @@ def test_example_lands_on_its_pools_and_becomes_ready(
     assert job["status"]["poolsReady"] == f"{len(doc['spec']['pools'])}/{len(doc['spec']['pools'])}"
     assert not job["metadata"].get("finalizers"), "the operator must not add finalizers"
     wide = kubectl("get", "rolloutjob", name, "-n", op_harness.JOBS_NS, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "POOLS", "POLICY", "STEP", "REASON", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "POOLS", "POLICY", "STEP", "REWARD", "REASON", "AGE"]
+    # No version committed yet: no reward, an empty cell.
     assert wide[1].split()[:6] == [name, "Ready", job["status"]["poolsReady"], "0", "0", "AllResourcesReady"]
     events = kubectl.json(
         "events", "-n", op_harness.JOBS_NS, "--field-selector", f"involvedObject.name={name}"
@@ -187,6 +188,43 @@ def test_delete_with_operator_down_removes_every_child(
         )
     finally:
         operator.start()
+
+
+def _trainer_jobs(kubectl: op_harness.Kubectl, job: str) -> list[dict[str, Any]]:
+    selector = f"treadle.dev/job={job},treadle.dev/component=trainer"
+    items: list[dict[str, Any]] = kubectl.json("jobs", "-n", op_harness.JOBS_NS, "-l", selector)["items"]
+    return [j for j in items if not j["metadata"].get("deletionTimestamp")]
+
+
+def test_the_trainer_job_lands_on_its_gpus_is_replaced_when_changed_and_collected(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    """``spec.trainer`` as a batch/v1 Job through the chart's RBAC: its pod on an H800 node with its
+    GPU; a changed trainer is a new Job (the old one pruned); deleting the job collects it."""
+    doc = copy.deepcopy(_doc(op_harness.ROOT / "manifests" / "examples" / "math-tool-h20.yaml"))
+    doc["metadata"]["name"] = "math-trainer"
+    doc["spec"]["trainer"] = {"accelerator": "H800", "gpus": 1, "steps": 5}
+    name = apply_job(doc)
+    op_harness.wait_for(f"{name} Ready", lambda: _ready(kubectl, name))
+    op_harness.wait_for("the trainer Job", lambda: len(_trainer_jobs(kubectl, name)) == 1)
+    (first,) = _trainer_jobs(kubectl, name)
+    assert first["metadata"]["ownerReferences"][0]["name"] == name
+    # KWOK's fake nodes run no container: they mark a Job's pod Succeeded as soon as it is bound.
+    op_harness.wait_for("the trainer's pod bound", lambda: any(
+        p["spec"].get("nodeName") and p["status"].get("phase") in ("Running", "Succeeded")
+        for p in _pods(kubectl, name, "trainer")
+    ))  # fmt: skip
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kubectl.json("nodes")["items"]}
+    (pod,) = _pods(kubectl, name, "trainer")
+    assert nodes[pod["spec"]["nodeName"]]["treadle.dev/accelerator"] == "H800"
+    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "treadle.trainer.job"]
+    patch = '[{"op": "replace", "path": "/spec/trainer/steps", "value": 6}]'
+    kubectl("patch", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--type=json", "-p", patch)
+    op_harness.wait_for("a new trainer Job in place of the old", lambda: [
+        j["metadata"]["name"] for j in _trainer_jobs(kubectl, name)
+    ] not in ([], [first["metadata"]["name"]]) and len(_trainer_jobs(kubectl, name)) == 1)  # fmt: skip
+    kubectl("delete", "rolloutjob", name, "-n", op_harness.JOBS_NS, "--wait=true", "--timeout=60s")
+    op_harness.wait_for("garbage collection of the trainer", lambda: not _trainer_jobs(kubectl, name))
 
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
@@ -357,11 +395,11 @@ def test_reward_demand_scales_the_gateway(
     environ = {"TREADLE_JOB": name, "TREADLE_NAMESPACE": op_harness.JOBS_NS, "KUBECONFIG": str(config)}
 
     async def report(*values: int) -> tuple[int, int]:
-        reporter = demand.RewardDemandReporter.from_env(environ)
+        reporter = jobreport.JobReporter.from_env(environ)
         assert reporter is not None
         try:
             for value in values:
-                await reporter.report(value)
+                await reporter.report_demand(value)
         finally:
             await reporter.aclose()
         return reporter.patches, reporter.errors
@@ -371,19 +409,37 @@ def test_reward_demand_scales_the_gateway(
     assert annotations["treadle.dev/reward-demand"] == "100"
     op_harness.wait_for("reward gateway scaled up to 4", lambda: replicas() == (4, 4))
     op_harness.wait_for(f"{name} Ready with its gateway", lambda: _ready(kubectl, name))
+
+    # The trainer's progress, as the scheduler writes it on each commit: the job's status subresource.
+    async def progress() -> tuple[int, int]:
+        reporter = jobreport.JobReporter.from_env(environ)
+        assert reporter is not None
+        try:
+            await reporter.report_progress(protocol.Progress(version=2, step=2, mean_reward=0.375))
+        finally:
+            await reporter.aclose()
+        return reporter.patches, reporter.errors
+
+    assert asyncio.run(progress()) == (1, 0)
+    wanted = {"policyVersion": 2, "step": 2, "meanReward": 0.375}
+    assert {k: kubectl.job(name)["status"].get(k) for k in wanted} == wanted
     assert asyncio.run(report(40, 40)) == (1, 0)  # the repeat is not written
     op_harness.wait_for("reward gateway at ceil(40 / 32) = 2", lambda: replicas() == (2, 2))
+    # The operator re-computed the status since (the gateway scaled) and left the trainer's fields.
+    assert {k: kubectl.job(name)["status"].get(k) for k in wanted} == wanted
+    wide = kubectl("get", "rolloutjob", name, "-n", op_harness.JOBS_NS, "-o", "wide").stdout.splitlines()
+    assert wide[1].split()[3:6] == ["2", "2", "0.375"]  # POLICY, STEP, REWARD
     assert asyncio.run(report(0)) == (1, 0)
     op_harness.wait_for("reward gateway back to zero", lambda: replicas() == (0, 0))
     op_harness.wait_for(f"{name} Ready while idle", lambda: _ready(kubectl, name))
     # Least privilege: the scheduler's identity may patch its own job and nothing else.
     other = dict(environ, TREADLE_JOB="some-other-job")
-    reporter = demand.RewardDemandReporter.from_env(other)
+    reporter = jobreport.JobReporter.from_env(other)
     assert reporter is not None
 
     async def forbidden() -> int:
         try:
-            await reporter.report(5)
+            await reporter.report_demand(5)
         finally:
             await reporter.aclose()
         return reporter.errors

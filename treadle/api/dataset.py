@@ -109,7 +109,7 @@ class Dataset(_Model):
     """Column holding the prompt text; unset: ``prompt``. Not allowed together with ``chatTemplate``."""
     chat_template: str | None = Field(default=None, min_length=1, max_length=16384)
     """A template over columns that builds the prompt, e.g. ``"Solve: {question}"`` (Python
-    ``str.format`` fields; a doubled brace is a literal one)."""
+    ``str.format`` fields; ``{{`` and ``}}`` for literal braces)."""
     answer_column: Column | None = None
     """Column holding the reference answer handed to the reward; unset: rows have no reference."""
     id_column: Column | None = None

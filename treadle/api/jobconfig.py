@@ -237,6 +237,55 @@ class FeederConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """The reference trainer of ``spec.trainer`` (``treadle.trainer.job``), with the job's rollout
+    settings it must agree with."""
+
+    agent: str
+    """The trained agent."""
+    model: str
+    """The agent's model (a path, or a Hugging Face id in the local cache): what the engines serve."""
+    steps: int
+    batch_size: int
+    """``spec.rollout.batchSize``: trajectories per training batch."""
+    alpha: int
+    """``spec.rollout.staleness``: the buffer evicts by it, and the store keeps ``alpha + 1`` versions."""
+    lr: float
+    clip_low: float
+    clip_high: float
+    temperature: float
+    """The engines' sampling temperature (the trainer rescores token logprobs under it)."""
+    threads: int | None
+    batch_timeout_s: float
+    weights_replicas: int
+    """``spec.weights.replicas``: copies of each version the trainer writes to the store."""
+
+
+def trainer_config(job: v1alpha1.RolloutJob, tasks: Sequence[TaskConfig]) -> TrainerConfig | None:
+    """``spec.trainer`` as the reference trainer runs it; None for a job without one."""
+    spec, trainer = job.spec, job.spec.trainer
+    if trainer is None:
+        return None
+    agent = trainer.agent or spec.agents[0].name
+    temperatures = {t.temperature for t in tasks if agent in (t.agent, *t.agents)}
+    if len(temperatures) > 1:
+        raise SpecError(
+            f"the tasks of agent {agent!r} sample at different temperatures {sorted(temperatures)}; the "
+            "reference trainer rescores under one",
+            field="spec.trainer.agent",
+            value=agent,
+        )
+    return TrainerConfig(
+        agent=agent, model=next(a.model for a in spec.agents if a.name == agent), steps=trainer.steps,
+        batch_size=spec.rollout.batch_size, alpha=spec.rollout.staleness, lr=trainer.learning_rate,
+        clip_low=trainer.clip_low, clip_high=trainer.clip_high,
+        temperature=temperatures.pop() if temperatures else TaskConfig(name="", env="").temperature,
+        threads=trainer.threads, batch_timeout_s=trainer.batch_timeout_seconds,
+        weights_replicas=spec.weights.replicas,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
 class JobConfig:
     """What every service runs for a job, in local mode and in a cluster alike."""
 
@@ -247,6 +296,8 @@ class JobConfig:
     env: EnvConfig
     reward: RewardConfig
     feeder: FeederConfig
+    trainer: TrainerConfig | None
+    """``spec.trainer``; None when a trainer outside the job drives it."""
 
 
 def job_file(job: v1alpha1.RolloutJob) -> str:
@@ -321,6 +372,7 @@ def job_config(
         ),
         reward=reward_config(spec.reward, user_modules(t.reward for t in spec.tasks)),
         feeder=feeder_config(spec),
+        trainer=trainer_config(job, tasks),
     )
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
+from treadle.api import base
 from treadle.policy.darts import stats
 
 Mode = Literal["standard", "redundant", "darts"]
@@ -45,17 +45,8 @@ class DartsSettings:
     length: Length = "tokens"
 
 
-class Sampling(BaseModel):
+class Sampling(base.Model):
     """How each prompt's group is sampled: ``standard``, ``redundant`` or ``darts``."""
-
-    # The wire conventions of ``v1alpha1._Model``, which cannot be the base: v1alpha1 imports this.
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        frozen=True,
-    )
 
     mode: Mode | None = None
     """``standard`` (every candidate trained), ``redundant`` (``redundancy`` extra members per group) or

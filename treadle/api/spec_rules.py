@@ -205,6 +205,31 @@ SPEC_RULES: tuple[Rule, ...] = (
             )
         ),
     ),
+    Rule(
+        (),
+        "!has(self.trainer) || (has(self.trainer.agent)"
+        " ? self.agents.exists(a, a.name == self.trainer.agent) : size(self.agents) == 1)",
+        "spec.trainer.agent must name an agent in spec.agents; it may be unset only with one agent",
+        "spec.trainer.agent",
+        lambda s: (
+            s.trainer is None
+            or (any(a.name == s.trainer.agent for a in s.agents) if s.trainer.agent else len(s.agents) == 1)
+        ),
+    ),
+    Rule(
+        ("trainer",),
+        "self.env.all(e, !e.name.startsWith('TREADLE_'))",
+        "spec.trainer.env may not set TREADLE_* variables: Treadle sets them for the SDK",
+        "spec.trainer.env",
+        lambda t: t is None or not any(e.name.startswith("TREADLE_") for e in t.env),
+    ),
+    Rule(
+        ("trainer",),
+        "self.env.all(e, self.env.filter(f, f.name == e.name).size() == 1)",
+        "spec.trainer.env names each variable once",
+        "spec.trainer.env",
+        lambda t: t is None or len({e.name for e in t.env}) == len(t.env),
+    ),
     # Transition rules (immutable fields): only the API server can check these.
     Rule(
         ("agents", "[]"),

@@ -23,6 +23,7 @@ from treadle.api import base, spec_rules
 from treadle.api import dataset as dataset_api
 from treadle.api import engine as engine_api
 from treadle.api import sampling as sampling_
+from treadle.api import trainer as trainer_api
 from treadle.policy import baselines, registry
 from treadle.policy.flexmarl import load_balance
 
@@ -131,8 +132,8 @@ class Task(_Model):
     a user environment ``py:<module>:<Class>`` under a module prefix the env pool allows."""
     reward: str = Field(min_length=1, max_length=253, pattern=REWARD_FN)
     """Reward function served by the reward gateway: a built-in (``math``, ``exact``, ``code-tests``,
-    ``llm-judge``, ``env``) or a user function ``py:<module>:<function>`` under a module prefix the
-    gateway allows."""
+    ``llm-judge``, ``env``, ``letter-fraction``) or a user function ``py:<module>:<function>`` under a
+    module prefix the gateway allows."""
     affinity: WorkAffinity = "auto"
     """Hardware affinity; ``auto`` lets the cost model decide from the measured task profile."""
     pools: list[Name] = Field(default_factory=list, max_length=16)
@@ -336,6 +337,8 @@ class RolloutJobSpec(_Model):
     """The pod feeding dataset tasks' rows (volumes, Hugging Face cache, memory)."""
     placement: Placement = Field(default_factory=Placement)
     """Node selection of the CPU pods."""
+    trainer: trainer_api.Trainer | None = None
+    """The job's own trainer (a batch/v1 Job); unset: a trainer outside the job drives it."""
     suspend: bool = False
     """Scale every child to zero while true; resuming restores the spec's replicas."""
     managed_by: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
@@ -375,7 +378,8 @@ class PoolStatus(_Model):
 
 
 class RolloutJobStatus(_Model):
-    """Observed state of a RolloutJob, written only by the operator."""
+    """Observed state of a RolloutJob: written by the operator, except ``policyVersion``, ``step`` and
+    ``meanReward``, which the job's scheduler writes when the trainer commits a version."""
 
     observed_generation: int = Field(default=0, ge=0)
     """The ``metadata.generation`` the status reflects."""
@@ -391,6 +395,8 @@ class RolloutJobStatus(_Model):
     """Latest committed policy (weights) version."""
     step: int = Field(default=0, ge=0)
     """Training steps completed."""
+    mean_reward: float | None = None
+    """Mean reward of the batch the latest committed version was trained on (printer column)."""
 
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")

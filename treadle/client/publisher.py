@@ -3,7 +3,7 @@
 Called by trainers (the reference GRPO trainer, user trainers) in their loop::
 
     published = await publisher.publish(model.state_dict())     # buckets, then manifest
-    await publisher.commit(published.version)                   # tell the control plane
+    await publisher.commit(published.version, step=step, mean_reward=reward)  # tell the control plane
 
 Publishing runs ``treadle.weights.publish.Publisher`` on a worker thread so the event loop (and
 the next ``get_batch``) keeps going; the state dict must not be modified until ``publish``
@@ -29,7 +29,9 @@ from treadle.weights import layout, publish
 
 
 class Committer(Protocol):
-    async def commit_version(self, version: int) -> Any: ...
+    async def commit_version(
+        self, version: int, *, step: int = 0, mean_reward: float | None = None
+    ) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +59,13 @@ class Publisher:
             target = self.next_version() if version is None else version
             return await asyncio.to_thread(self.weights.publish, state_dict, target)
 
-    async def commit(self, version: int) -> Committed:
-        """Announce a published ``version``; Conflict if it is not published or not newer."""
+    async def commit(self, version: int, *, step: int = 0, mean_reward: float | None = None) -> Committed:
+        """Announce a published ``version``; Conflict if it is not published or not newer.
+
+        ``step`` (the training step that produced it) and ``mean_reward`` (of the batch it was
+        trained on) go with it: in a cluster the job's scheduler shows them as the RolloutJob's
+        ``status.step`` and ``status.meanReward``.
+        """
         if version <= self.committed:
             raise errors.Conflict(
                 f"version {version} is not newer than the committed version {self.committed}"
@@ -68,7 +75,7 @@ class Publisher:
             raise errors.Conflict(f"version {version} has no manifest under {prefix!r}: publish it first")
         aborted: Sequence[str] = ()
         if self.committer is not None:
-            reply = await self.committer.commit_version(version)
+            reply = await self.committer.commit_version(version, step=step, mean_reward=mean_reward)
             aborted = tuple(getattr(reply, "aborted_trajectory_ids", ()))
         self.committed = version
         return Committed(version, tuple(aborted))

@@ -199,8 +199,9 @@ def _report_invalid(memo: runtime.Runtime, body: Mapping[str, Any], exc: errors.
 
 
 def _status_patch(st: v1alpha1.RolloutJobStatus) -> dict[str, Any]:
-    # policyVersion and step belong to the trainer side; the operator never overwrites them.
-    return st.model_dump(mode="json", by_alias=True, exclude={"policy_version", "step"})
+    # policyVersion, step and meanReward belong to the trainer side (the job's scheduler writes them
+    # on each commit); the operator never overwrites them.
+    return st.model_dump(mode="json", by_alias=True, exclude={"policy_version", "step", "mean_reward"})
 
 
 @kopf.on.resume(*JOBS, when=_ours, backoff=5, timeout=600)

@@ -26,6 +26,7 @@ COLLECTIONS: Mapping[str, str] = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
 }
 
 
@@ -78,14 +79,6 @@ class Kube(kubeapi.Client):
             if found := status.node_gpus(node, nodes.ACCELERATOR_LABEL, nodes.GPU_RESOURCE):
                 out[found[0]] = out.get(found[0], 0) + found[1]
         return out
-
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any], *, uid: str | None) -> None:
-        """Merge-patch the job's status; with ``uid``, a job re-created under the name gets 409."""
-        path = kubeapi.JOBS_PATH.format(ns=namespace) + f"/{name}/status"
-        body: dict[str, Any] = {"status": status}
-        if uid:
-            body["metadata"] = {"uid": uid}  # the API server treats it as a precondition
-        self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
 
     def job_uid(self, namespace: str, name: str) -> str | None:
         """The uid of the job now on the server, None if it is gone (a list call: the operator's

@@ -224,6 +224,7 @@ def compute(
         pools_ready=f"{full}/{len(pools)}",
         policy_version=prev.policy_version,
         step=prev.step,
+        mean_reward=prev.mean_reward,
     )
     return status, transitions
 

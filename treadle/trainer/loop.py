@@ -166,7 +166,7 @@ class Trainer:
 
     async def run(self) -> list[StepRecord]:
         """``config.steps`` iterations; the last published version is swapped in and committed too."""
-        pending: int | None = None
+        pending: StepRecord | None = None
         step = 0
         async for batch in self.batches:
             step += 1
@@ -174,8 +174,7 @@ class Trainer:
             swap_s, aborted = 0.0, 0
             if pending is not None:
                 swap_s, aborted = await self._fence(pending)
-            record = await self._train(step, version, batch, swap_s, aborted)
-            pending = record.published
+            pending = await self._train(step, version, batch, swap_s, aborted)
             if step >= self.config.steps:
                 break
         await self.batches.ack()
@@ -183,13 +182,17 @@ class Trainer:
             await self._fence(pending)
         return self.history
 
-    async def _fence(self, version: int) -> tuple[float, int]:
-        """Suspend -> swap -> commit -> resume; the scheduler resumes even if the swap fails."""
+    async def _fence(self, record: StepRecord) -> tuple[float, int]:
+        """Suspend -> swap -> commit -> resume the version ``record`` published; the scheduler resumes
+        even if the swap fails. The commit carries the step and its batch's mean reward (the job's
+        ``status.step`` and ``status.meanReward`` in a cluster)."""
         began = time.perf_counter()
         await self.gate.suspend()
         try:
-            await self.swapper.swap(version)
-            committed = await self.publisher.commit(version)
+            await self.swapper.swap(record.published)
+            committed = await self.publisher.commit(
+                record.published, step=record.step, mean_reward=record.mean_reward
+            )
         finally:
             await self.gate.resume()
         return time.perf_counter() - began, len(committed.aborted_trajectory_ids)

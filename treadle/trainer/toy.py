@@ -1,6 +1,7 @@
 """The toy verifiable task: write as many of one target character as possible.
 
-Used three ways: ``score`` is the reward gateway's user function
+A RolloutJob names the same scoring as the gateway's built-in ``letter-fraction`` with the target
+letter as each row's reference answer. Used three ways here: ``score`` is the reward gateway's user function
 (``py:treadle.trainer.toy:score``, gateway started with ``--allow-user-module treadle.trainer``),
 ``reward`` scores text in the in-process run, and ``PROMPT`` is what that run asks.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from treadle.services.reward import functions
+
 TARGET = "a"
 PROMPT = f"Answer with the letter {TARGET} as many times as you can."
 REWARD = "py:treadle.trainer.toy:score"
@@ -22,8 +25,8 @@ REWARD = "py:treadle.trainer.toy:score"
 
 
 def reward(text: str, target: str = TARGET) -> float:
-    """Fraction of the characters of ``text`` equal to ``target`` (0 for an empty answer)."""
-    return text.count(target) / len(text) if text else 0.0
+    """Fraction of the characters of ``text`` equal to ``target`` (the gateway's ``letter-fraction``)."""
+    return functions.letter_fraction(text, target)
 
 
 def score(

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atreadle/v1/scheduler.proto\x12\ntreadle.v1\"Q\n\x0bPromptGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12\x14\n\x0coptions_json\x18\x04 \x01(\t\"8\n\rSubmitRequest\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.treadle.v1.PromptGroup\"?\n\x0eSubmitResponse\x12\x17\n\x0f\x61\x63\x63\x65pted_groups\x18\x01 \x01(\x05\x12\x14\n\x0ctrajectories\x18\x02 \x01(\x05\"\x16\n\x14StreamResultsRequest\"\xf0\x01\n\x10TrajectoryResult\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x14\n\x0cinit_version\x18\x08 \x01(\x03\x12\x13\n\x0bmin_version\x18\t \x01(\x03\x12\x13\n\x0bmax_version\x18\n \x01(\x03\x12\x15\n\routput_tokens\x18\x0b \x01(\x05\x12\x0f\n\x07seconds\x18\x0c \x01(\x01\"\'\n\x14\x43ommitVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"H\n\x15\x43ommitVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x1e\n\x16\x61\x62orted_trajectory_ids\x18\x02 \x03(\t\"\x10\n\x0eSuspendRequest\"\x0f\n\rResumeRequest\"\x17\n\x15SchedulerStatsRequest\"u\n\tTaskStats\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x11\n\tsubmitted\x18\x02 \x01(\x03\x12\x11\n\tcompleted\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12\x0f\n\x07\x61\x62orted\x18\x05 \x01(\x03\x12\x13\n\x0bmean_reward\x18\x06 \x01(\x01\"\x85\x05\n\x0eSchedulerStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\tsuspended\x18\x02 \x01(\x08\x12\x11\n\tsubmitted\x18\x03 \x01(\x03\x12\x0f\n\x07pending\x18\x04 \x01(\x03\x12\x11\n\tin_flight\x18\x05 \x01(\x03\x12\x11\n\tcompleted\x18\x06 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x07 \x01(\x03\x12\x0f\n\x07\x61\x62orted\x18\x08 \x01(\x03\x12\x0f\n\x07unsaved\x18\t \x01(\x03\x12\r\n\x05turns\x18\n \x01(\x03\x12\x13\n\x0b\x65nv_retries\x18\x0b \x01(\x03\x12H\n\x10\x66\x61iled_by_reason\x18\x0c \x03(\x0b\x32..treadle.v1.SchedulerStats.FailedByReasonEntry\x12$\n\x05tasks\x18\r \x03(\x0b\x32\x15.treadle.v1.TaskStats\x12\x43\n\rstage_seconds\x18\x0e \x03(\x0b\x32,.treadle.v1.SchedulerStats.StageSecondsEntry\x12\x13\n\x0bpreemptions\x18\x0f \x01(\x03\x12\x44\n\x0eturns_by_agent\x18\x10 \x03(\x0b\x32,.treadle.v1.SchedulerStats.TurnsByAgentEntry\x1a\x35\n\x13\x46\x61iledByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11StageSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11TurnsByAgentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"(\n\x17ListTrajectoriesRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"\xd0\x01\n\x0fTrajectoryState\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x1b\n\x13predicted_remaining\x18\x05 \x01(\x01\x12\x15\n\rtokens_so_far\x18\x06 \x01(\x05\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x13\n\x0bpreemptions\x18\n \x01(\x05\"\\\n\x18ListTrajectoriesResponse\x12\x31\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1b.treadle.v1.TrajectoryState\x12\r\n\x05total\x18\x02 \x01(\x05\x32\xa0\x04\n\tScheduler\x12?\n\x06Submit\x12\x19.treadle.v1.SubmitRequest\x1a\x1a.treadle.v1.SubmitResponse\x12Q\n\rStreamResults\x12 .treadle.v1.StreamResultsRequest\x1a\x1c.treadle.v1.TrajectoryResult0\x01\x12T\n\rCommitVersion\x12 .treadle.v1.CommitVersionRequest\x1a!.treadle.v1.CommitVersionResponse\x12\x41\n\x07Suspend\x12\x1a.treadle.v1.SuspendRequest\x1a\x1a.treadle.v1.SchedulerStats\x12?\n\x06Resume\x12\x19.treadle.v1.ResumeRequest\x1a\x1a.treadle.v1.SchedulerStats\x12\x46\n\x05Stats\x12!.treadle.v1.SchedulerStatsRequest\x1a\x1a.treadle.v1.SchedulerStats\x12]\n\x10ListTrajectories\x12#.treadle.v1.ListTrajectoriesRequest\x1a$.treadle.v1.ListTrajectoriesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atreadle/v1/scheduler.proto\x12\ntreadle.v1\"Q\n\x0bPromptGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12\x14\n\x0coptions_json\x18\x04 \x01(\t\"8\n\rSubmitRequest\x12\'\n\x06groups\x18\x01 \x03(\x0b\x32\x17.treadle.v1.PromptGroup\"?\n\x0eSubmitResponse\x12\x17\n\x0f\x61\x63\x63\x65pted_groups\x18\x01 \x01(\x05\x12\x14\n\x0ctrajectories\x18\x02 \x01(\x05\"\x16\n\x14StreamResultsRequest\"\xf0\x01\n\x10TrajectoryResult\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x14\n\x0cinit_version\x18\x08 \x01(\x03\x12\x13\n\x0bmin_version\x18\t \x01(\x03\x12\x13\n\x0bmax_version\x18\n \x01(\x03\x12\x15\n\routput_tokens\x18\x0b \x01(\x05\x12\x0f\n\x07seconds\x18\x0c \x01(\x01\"_\n\x14\x43ommitVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x18\n\x0bmean_reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_mean_reward\"H\n\x15\x43ommitVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x1e\n\x16\x61\x62orted_trajectory_ids\x18\x02 \x03(\t\"\x10\n\x0eSuspendRequest\"\x0f\n\rResumeRequest\"\x17\n\x15SchedulerStatsRequest\"u\n\tTaskStats\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x11\n\tsubmitted\x18\x02 \x01(\x03\x12\x11\n\tcompleted\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12\x0f\n\x07\x61\x62orted\x18\x05 \x01(\x03\x12\x13\n\x0bmean_reward\x18\x06 \x01(\x01\"\x85\x05\n\x0eSchedulerStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\tsuspended\x18\x02 \x01(\x08\x12\x11\n\tsubmitted\x18\x03 \x01(\x03\x12\x0f\n\x07pending\x18\x04 \x01(\x03\x12\x11\n\tin_flight\x18\x05 \x01(\x03\x12\x11\n\tcompleted\x18\x06 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x07 \x01(\x03\x12\x0f\n\x07\x61\x62orted\x18\x08 \x01(\x03\x12\x0f\n\x07unsaved\x18\t \x01(\x03\x12\r\n\x05turns\x18\n \x01(\x03\x12\x13\n\x0b\x65nv_retries\x18\x0b \x01(\x03\x12H\n\x10\x66\x61iled_by_reason\x18\x0c \x03(\x0b\x32..treadle.v1.SchedulerStats.FailedByReasonEntry\x12$\n\x05tasks\x18\r \x03(\x0b\x32\x15.treadle.v1.TaskStats\x12\x43\n\rstage_seconds\x18\x0e \x03(\x0b\x32,.treadle.v1.SchedulerStats.StageSecondsEntry\x12\x13\n\x0bpreemptions\x18\x0f \x01(\x03\x12\x44\n\x0eturns_by_agent\x18\x10 \x03(\x0b\x32,.treadle.v1.SchedulerStats.TurnsByAgentEntry\x1a\x35\n\x13\x46\x61iledByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11StageSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11TurnsByAgentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"(\n\x17ListTrajectoriesRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"\xd0\x01\n\x0fTrajectoryState\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x1b\n\x13predicted_remaining\x18\x05 \x01(\x01\x12\x15\n\rtokens_so_far\x18\x06 \x01(\x05\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x13\n\x0bpreemptions\x18\n \x01(\x05\"\\\n\x18ListTrajectoriesResponse\x12\x31\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1b.treadle.v1.TrajectoryState\x12\r\n\x05total\x18\x02 \x01(\x05\x32\xa0\x04\n\tScheduler\x12?\n\x06Submit\x12\x19.treadle.v1.SubmitRequest\x1a\x1a.treadle.v1.SubmitResponse\x12Q\n\rStreamResults\x12 .treadle.v1.StreamResultsRequest\x1a\x1c.treadle.v1.TrajectoryResult0\x01\x12T\n\rCommitVersion\x12 .treadle.v1.CommitVersionRequest\x1a!.treadle.v1.CommitVersionResponse\x12\x41\n\x07Suspend\x12\x1a.treadle.v1.SuspendRequest\x1a\x1a.treadle.v1.SchedulerStats\x12?\n\x06Resume\x12\x19.treadle.v1.ResumeRequest\x1a\x1a.treadle.v1.SchedulerStats\x12\x46\n\x05Stats\x12!.treadle.v1.SchedulerStatsRequest\x1a\x1a.treadle.v1.SchedulerStats\x12]\n\x10ListTrajectories\x12#.treadle.v1.ListTrajectoriesRequest\x1a$.treadle.v1.ListTrajectoriesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,31 +48,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORYRESULT']._serialized_start=273
   _globals['_TRAJECTORYRESULT']._serialized_end=513
   _globals['_COMMITVERSIONREQUEST']._serialized_start=515
-  _globals['_COMMITVERSIONREQUEST']._serialized_end=554
-  _globals['_COMMITVERSIONRESPONSE']._serialized_start=556
-  _globals['_COMMITVERSIONRESPONSE']._serialized_end=628
-  _globals['_SUSPENDREQUEST']._serialized_start=630
-  _globals['_SUSPENDREQUEST']._serialized_end=646
-  _globals['_RESUMEREQUEST']._serialized_start=648
-  _globals['_RESUMEREQUEST']._serialized_end=663
-  _globals['_SCHEDULERSTATSREQUEST']._serialized_start=665
-  _globals['_SCHEDULERSTATSREQUEST']._serialized_end=688
-  _globals['_TASKSTATS']._serialized_start=690
-  _globals['_TASKSTATS']._serialized_end=807
-  _globals['_SCHEDULERSTATS']._serialized_start=810
-  _globals['_SCHEDULERSTATS']._serialized_end=1455
-  _globals['_SCHEDULERSTATS_FAILEDBYREASONENTRY']._serialized_start=1296
-  _globals['_SCHEDULERSTATS_FAILEDBYREASONENTRY']._serialized_end=1349
-  _globals['_SCHEDULERSTATS_STAGESECONDSENTRY']._serialized_start=1351
-  _globals['_SCHEDULERSTATS_STAGESECONDSENTRY']._serialized_end=1402
-  _globals['_SCHEDULERSTATS_TURNSBYAGENTENTRY']._serialized_start=1404
-  _globals['_SCHEDULERSTATS_TURNSBYAGENTENTRY']._serialized_end=1455
-  _globals['_LISTTRAJECTORIESREQUEST']._serialized_start=1457
-  _globals['_LISTTRAJECTORIESREQUEST']._serialized_end=1497
-  _globals['_TRAJECTORYSTATE']._serialized_start=1500
-  _globals['_TRAJECTORYSTATE']._serialized_end=1708
-  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_start=1710
-  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_end=1802
-  _globals['_SCHEDULER']._serialized_start=1805
-  _globals['_SCHEDULER']._serialized_end=2349
+  _globals['_COMMITVERSIONREQUEST']._serialized_end=610
+  _globals['_COMMITVERSIONRESPONSE']._serialized_start=612
+  _globals['_COMMITVERSIONRESPONSE']._serialized_end=684
+  _globals['_SUSPENDREQUEST']._serialized_start=686
+  _globals['_SUSPENDREQUEST']._serialized_end=702
+  _globals['_RESUMEREQUEST']._serialized_start=704
+  _globals['_RESUMEREQUEST']._serialized_end=719
+  _globals['_SCHEDULERSTATSREQUEST']._serialized_start=721
+  _globals['_SCHEDULERSTATSREQUEST']._serialized_end=744
+  _globals['_TASKSTATS']._serialized_start=746
+  _globals['_TASKSTATS']._serialized_end=863
+  _globals['_SCHEDULERSTATS']._serialized_start=866
+  _globals['_SCHEDULERSTATS']._serialized_end=1511
+  _globals['_SCHEDULERSTATS_FAILEDBYREASONENTRY']._serialized_start=1352
+  _globals['_SCHEDULERSTATS_FAILEDBYREASONENTRY']._serialized_end=1405
+  _globals['_SCHEDULERSTATS_STAGESECONDSENTRY']._serialized_start=1407
+  _globals['_SCHEDULERSTATS_STAGESECONDSENTRY']._serialized_end=1458
+  _globals['_SCHEDULERSTATS_TURNSBYAGENTENTRY']._serialized_start=1460
+  _globals['_SCHEDULERSTATS_TURNSBYAGENTENTRY']._serialized_end=1511
+  _globals['_LISTTRAJECTORIESREQUEST']._serialized_start=1513
+  _globals['_LISTTRAJECTORIESREQUEST']._serialized_end=1553
+  _globals['_TRAJECTORYSTATE']._serialized_start=1556
+  _globals['_TRAJECTORYSTATE']._serialized_end=1764
+  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_start=1766
+  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_end=1858
+  _globals['_SCHEDULER']._serialized_start=1861
+  _globals['_SCHEDULER']._serialized_end=2405
 # @@protoc_insertion_point(module_scope)

@@ -164,17 +164,29 @@ class CommitVersionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    MEAN_REWARD_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    step: _builtins.int
+    """The training step that produced this version (0: not said). With mean_reward, what the job's
+    status shows (status.step, status.meanReward); the scheduler writes them on its RolloutJob.
+    """
+    mean_reward: _builtins.float
+    """Mean reward of the batch the version was trained on; unset: not said."""
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
+        step: _builtins.int = ...,
+        mean_reward: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_mean_reward", b"_mean_reward", "mean_reward", b"mean_reward"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_mean_reward", b"_mean_reward", "mean_reward", b"mean_reward", "step", b"step", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__mean_reward: _TypeAlias = _typing.Literal["mean_reward"]  # noqa: Y015
+    _WhichOneofArgType__mean_reward: _TypeAlias = _typing.Literal["_mean_reward", b"_mean_reward"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mean_reward) -> _WhichOneofReturnType__mean_reward | None: ...
 
 Global___CommitVersionRequest: _TypeAlias = CommitVersionRequest  # noqa: Y015
 

@@ -83,11 +83,13 @@ def checkpoint_spec(model_dir: str | os.PathLike[str]) -> dict[str, tuple[str, t
     return spec
 
 
-def store_from_env(env: Mapping[str, str]) -> tuple[objects.ObjectStore, str]:
-    """The store and prefix an engine reads from: TREADLE_WEIGHTS_PREFIX (the job's; with
-    TREADLE_WEIGHTS_AGENT, a multi-agent job, that agent's ``layout.agent_prefix``) plus either
-    TREADLE_WEIGHTS_DIR (local FileStore) or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA
-    (Mooncake; TREADLE_WEIGHTS_REPLICAS, default 2, only matters to writers)."""
+def store_from_env(env: Mapping[str, str], *, replicas: int | None = None) -> tuple[objects.ObjectStore, str]:
+    """The store and prefix an engine reads from (and the job's trainer writes to, through
+    ``treadle.client.connect``): TREADLE_WEIGHTS_PREFIX (the job's; with TREADLE_WEIGHTS_AGENT, a
+    multi-agent job, that agent's ``layout.agent_prefix``) plus either TREADLE_WEIGHTS_DIR (local
+    FileStore) or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA (Mooncake). ``replicas``, the
+    copies a writer makes (the job's ``spec.weights.replicas``), only matters to writers; unset:
+    TREADLE_WEIGHTS_REPLICAS, default 2."""
     prefix = env.get(env_vars.WEIGHTS_PREFIX)
     if not prefix:
         raise errors.SpecError("is required", field=env_vars.WEIGHTS_PREFIX)
@@ -102,9 +104,9 @@ def store_from_env(env: Mapping[str, str]) -> tuple[objects.ObjectStore, str]:
             "set TREADLE_WEIGHTS_DIR, or TREADLE_WEIGHTS_MASTER and TREADLE_WEIGHTS_METADATA",
             field=env_vars.WEIGHTS_MASTER,
         )
-    replicas = int(env.get(env_vars.WEIGHTS_REPLICAS, "2"))
+    copies = int(env.get(env_vars.WEIGHTS_REPLICAS, "2")) if replicas is None else replicas
     return mooncake_client.MooncakeStore(
-        mooncake_client.MooncakeConfig(master, metadata, replicas=replicas)
+        mooncake_client.MooncakeConfig(master, metadata, replicas=copies)
     ), prefix
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+import rendered_pods
 import yaml
 
 from treadle.api import dataset as dataset_api
@@ -52,107 +53,19 @@ def rendered() -> tuple[v1alpha1.RolloutJob, list[dict[str, Any]]]:
     return job, render.render_children(job, config.OperatorConfig(redis_url="redis://placeholder"))
 
 
-def containers(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Container by name across the Deployments (component names are unique in one job)."""
-    out: dict[str, dict[str, Any]] = {}
-    for child in children:
-        if child["kind"] == "Deployment":
-            for c in child["spec"]["template"]["spec"]["containers"]:
-                out[c["name"]] = c
-    return out
-
-
-def mount_configmap(children: list[dict[str, Any]], tmp_path: Path) -> Path:
-    """The job's ConfigMap written as files, where the pods would see it mounted."""
-    config_dir = tmp_path / "etc-treadle"
-    config_dir.mkdir()
-    configmap = next(c for c in children if c["kind"] == "ConfigMap")
-    for filename, text in configmap["data"].items():
-        (config_dir / filename).write_text(text)
-    return config_dir
-
-
-class Rewriter:
-    """In-cluster address -> 127.0.0.1 with a free port, the same for every reference to it."""
-
-    def __init__(self, job: v1alpha1.RolloutJob, *, config_dir: Path, redis_url: str) -> None:
-        ep = render_common.endpoints(job)
-        self.ports = {name: procs.free_port() for name in config.PORTS}
-        self.subs: dict[str, str] = {
-            render_common.CONFIG_MOUNT: str(config_dir),
-            "redis://placeholder": redis_url,
-        }
-        for name in (*render_common.COORDINATION, "weights"):
-            self.subs[ep[name]] = f"127.0.0.1:{self.ports[name]}"
-        for name in ("env", "reward"):
-            self.subs[ep[name]] = f"http://127.0.0.1:{self.ports[name]}"
-        self.subs[f"127.0.0.1:{config.PORTS['vllm']}"] = f"127.0.0.1:{self.ports['vllm']}"
-
-    def value(self, text: str) -> str:
-        for old, new in self.subs.items():
-            text = text.replace(old, new)
-        return text
-
-    def command(self, container: dict[str, Any]) -> tuple[list[str], int]:
-        argv = [*container["command"], *container.get("args", [])]
-        assert argv[0] == "python" and argv[argv.index("--host") + 1] == "0.0.0.0"
-        port = int(argv[argv.index("--port") + 1])
-        component = next(name for name, p in config.PORTS.items() if p == port)
-        argv[0] = sys.executable
-        argv[argv.index("--host") + 1] = "127.0.0.1"
-        argv[argv.index("--port") + 1] = str(self.ports[component])
-        return argv, self.ports[component]
-
-    def env(self, container: dict[str, Any]) -> dict[str, str]:
-        assert all("value" in e for e in container["env"]), "only literal values are rewritable"
-        return {e["name"]: self.value(e["value"]) for e in container["env"]}
-
-
-async def launch_rendered(
-    stack: stack_mod.Stack, rw: Rewriter, by_name: dict[str, dict[str, Any]], tmp_path: Path
-) -> tuple[int, int]:
-    """Every rendered service container of a one-pool job but the feeder, the vLLM one replaced by the
-    SIMULATED engine; returns the agent's and the scheduler's ports."""
-    # The order a cluster converges to; each process is started from its rendered container.
-    for name in ("buffer", "placement", "env", "reward"):
-        c = by_name[name]
-        argv, port = rw.command(c)
-        kind = "grpc" if name in render_common.COORDINATION else "http"
-        await stack.launch(name, argv, port=port, kind=kind, env=rw.env(c))
-    vllm = by_name["vllm"]
-    assert vllm["command"] == ["python", "-m", config.VLLM_MODULE]  # replaced by the simulated engine
-    max_len = vllm["args"][vllm["args"].index("--max-model-len") + 1]
-    engine_port = rw.ports["vllm"]
-    await stack.launch(
-        "engine", [sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1",
-                   "--port", str(engine_port), "--max-model-len", max_len],
-        port=engine_port, kind="http", health_path="/health",
-    )  # fmt: skip
-    agent_argv, agent_port = rw.command(by_name["agent"])
-    agent_env = rw.env(by_name["agent"])
-    assert agent_env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{engine_port}"
-    agent_env["TREADLE_AGENT_STATE"] = str(tmp_path / "agent.json")  # the pod's emptyDir
-    await stack.launch("agent", agent_argv, port=agent_port, kind="http", env=agent_env)
-    sched_argv, sched_port = rw.command(by_name["scheduler"])
-    await stack.launch(
-        "scheduler", sched_argv, port=sched_port, kind="grpc", env=rw.env(by_name["scheduler"])
-    )
-    return agent_port, sched_port
-
-
 async def test_rendered_children_run_and_fill_the_buffer(
     tmp_path: Path, redis_server: redis_server_mod.RedisServer
 ) -> None:
     job, children = rendered()
-    config_dir = mount_configmap(children, tmp_path)
-    rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
-    by_name = containers(children)
+    config_dir = rendered_pods.mount_configmap(children, tmp_path)
+    rw = rendered_pods.Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
+    by_name = rendered_pods.containers(children)
     prefix = f"{NAMESPACE}/{job.name}"
     redis = aioredis.Redis.from_url(redis_server.url, protocol=2)
     await redis.delete(*[k async for k in redis.scan_iter(f"treadle:buf:{{{prefix}}}:*")] or ["-"])
 
     with stack_mod.Stack(tmp_path / "run") as stack:
-        agent_port, sched_port = await launch_rendered(stack, rw, by_name, tmp_path)
+        agent_port, sched_port = await rendered_pods.launch_rendered(stack, rw, by_name, tmp_path)
 
         placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}")
         scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
@@ -221,9 +134,9 @@ async def test_rendered_feeder_feeds_each_row_once_to_a_user_environment(
     ``py:`` environment (allowed because the job names it). Each row's group lands in the buffer once."""
     job = dataset_job()
     children = render.render_children(job, config.OperatorConfig(redis_url="redis://placeholder"))
-    config_dir = mount_configmap(children, tmp_path)
-    rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
-    by_name = containers(children)
+    config_dir = rendered_pods.mount_configmap(children, tmp_path)
+    rw = rendered_pods.Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
+    by_name = rendered_pods.containers(children)
     feeder = by_name["feeder"]
     # The ConfigMap's volume as the kubelet would mount it: one file per key, under the rendered mount.
     mounted = tmp_path / "datasets"
@@ -238,7 +151,7 @@ async def test_rendered_feeder_feeds_each_row_once_to_a_user_environment(
     await redis.delete(*stale or ["-"])
 
     with stack_mod.Stack(tmp_path / "run") as stack:
-        _, sched_port = await launch_rendered(stack, rw, by_name, tmp_path)
+        _, sched_port = await rendered_pods.launch_rendered(stack, rw, by_name, tmp_path)
         argv, port = rw.command(feeder)
         argv += ["--config-map-mount", str(mounted), "--interval-s", "0.1"]  # where the kubelet mounts
         await stack.launch("feeder", argv, port=port, kind="http", env=rw.env(feeder))
@@ -274,9 +187,9 @@ async def test_rendered_feeder_feeds_each_row_once_to_a_user_environment(
 )
 async def test_scheduler_without_its_config_fails_at_startup(tmp_path: Path, drop: str, field: str) -> None:
     job, children = rendered()
-    config_dir = mount_configmap(children, tmp_path)
-    rw = Rewriter(job, config_dir=config_dir, redis_url="redis://127.0.0.1:1/0")
-    c = containers(children)["scheduler"]
+    config_dir = rendered_pods.mount_configmap(children, tmp_path)
+    rw = rendered_pods.Rewriter(job, config_dir=config_dir, redis_url="redis://127.0.0.1:1/0")
+    c = rendered_pods.containers(children)["scheduler"]
     argv, _ = rw.command(c)
     env = {k: v for k, v in rw.env(c).items() if k != drop}
     proc = await asyncio.create_subprocess_exec(
@@ -320,8 +233,8 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
     alone, moves an executor worker to the planner, whose one worker holds the longer queue."""
     job = two_agent_job()
     children = render.render_children(job, config.OperatorConfig(redis_url="redis://placeholder"))
-    config_dir = mount_configmap(children, tmp_path)
-    rw = Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
+    config_dir = rendered_pods.mount_configmap(children, tmp_path)
+    rw = rendered_pods.Rewriter(job, config_dir=config_dir, redis_url=redis_server.url)
     by_name: dict[str, dict[str, Any]] = {}
     pods: dict[str, dict[str, dict[str, Any]]] = {}
     for child in children:
@@ -461,8 +374,10 @@ async def test_rendered_weights_store_joins_the_mooncake_pool(
         mooncake_metadata_url=mooncake_master.metadata_url,
     )  # fmt: skip
     children = render.render_children(job, cfg)
-    rw = Rewriter(job, config_dir=mount_configmap(children, tmp_path), redis_url="redis://127.0.0.1:1/0")
-    weights = containers(children)["weights"]
+    rw = rendered_pods.Rewriter(
+        job, config_dir=rendered_pods.mount_configmap(children, tmp_path), redis_url="redis://127.0.0.1:1/0"
+    )
+    weights = rendered_pods.containers(children)["weights"]
     argv, port = rw.command(weights)
     env = rw.env(weights) | {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}  # tests listen on loopback only
     with stack_mod.Stack(tmp_path / "run") as stack:

@@ -81,7 +81,7 @@ def test_printer_columns_and_status_subresource() -> None:
     version = crd.render_crd()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Phase", "Pools", "Policy", "Step", "Reason", "Age"]
+    assert names == ["Phase", "Pools", "Policy", "Step", "Reward", "Reason", "Age"]
 
 
 def test_chart_copy_is_guarded_and_kept() -> None:
@@ -89,3 +89,12 @@ def test_chart_copy_is_guarded_and_kept() -> None:
     assert text.splitlines()[1] == crd.CHART_GUARD_OPEN.strip()
     body = yaml.safe_load("\n".join(text.splitlines()[2:-1]))
     assert body["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_the_chart_copy_keeps_literal_braces_out_of_helms_way() -> None:
+    """``spec.tasks[].dataset.promptTemplate``'s description shows ``{{``: Helm must not read it."""
+    plain, chart = crd.render_yaml(), crd.render_yaml(chart=True)
+    assert "``{{`` and ``}}``" in plain
+    assert '``{{"{{"}}`` and ``{{"}}"}}``' in chart  # each renders to itself
+    inner = chart.removeprefix(crd.HEADER + crd.CHART_GUARD_OPEN).removesuffix(crd.CHART_GUARD_CLOSE)
+    assert "{{-" not in inner and "{{ " not in inner  # no other action is left in the body

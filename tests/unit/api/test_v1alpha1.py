@@ -123,8 +123,18 @@ def test_wrong_kind_is_rejected_naming_api_version() -> None:
         ),
         # duplicate task names
         (lambda s: s["tasks"].append(dict(s["tasks"][0])), "spec.tasks"),
+        # with two agents the trainer must say which it trains
+        (lambda s: s.update(trainer={"steps": 5}), "spec.trainer.agent"),
     ],
-    ids=["judge-model", "agent-without-pool", "task-pool-of-other-agent", "warm-pool", "min-max", "dup-task"],
+    ids=[
+        "judge-model",
+        "agent-without-pool",
+        "task-pool-of-other-agent",
+        "warm-pool",
+        "min-max",
+        "dup-task",
+        "trainer-agent",
+    ],
 )
 def test_cross_field_rules(mutate: Any, field: str) -> None:
     spec: dict[str, Any] = {
@@ -155,3 +165,28 @@ def test_the_simulators_baseline_policies_are_accepted_only_in_a_simulation() ->
     with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_job(doc, simulation=True)
     assert info.value.field == "spec.rollout.schedulingPolicy"
+
+
+def test_a_trainer_names_its_agent_or_the_job_has_one() -> None:
+    spec: dict[str, Any] = {
+        "agents": [{"name": "a", "model": "/models/tiny-llama-seed0"}],
+        "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
+        "tasks": [{"name": "t", "agents": ["a"], "environment": "math-tool", "reward": "letter-fraction"}],
+        "trainer": {
+            "gpus": 1,
+            "accelerator": "H800",
+            "steps": 5,
+            "env": [{"name": "HF_HOME", "value": "/c"}],
+        },
+    }
+    trainer = v1alpha1.parse_spec(spec).trainer
+    assert trainer is not None and trainer.agent is None and trainer.steps == 5 and trainer.command == []
+    assert v1alpha1.parse_spec({**spec, "trainer": {"agent": "a"}}).trainer is not None
+    assert v1alpha1.parse_spec({k: v for k, v in spec.items() if k != "trainer"}).trainer is None
+    with pytest.raises(errors.SpecError) as info:
+        v1alpha1.parse_spec({**spec, "trainer": {"learningRate": 0}})
+    assert info.value.field == "spec.trainer.learningRate"
+    for env in ([{"name": "TREADLE_CONFIG", "value": "/x"}], [{"name": "A"}, {"name": "A", "value": "2"}]):
+        with pytest.raises(errors.SpecError) as info:
+            v1alpha1.parse_spec({**spec, "trainer": {"env": env}})
+        assert info.value.field == "spec.trainer.env"

@@ -23,6 +23,7 @@ from treadle.services.env import __main__ as env_main
 from treadle.services.placement import __main__ as placement_main
 from treadle.services.reward import __main__ as reward_main
 from treadle.services.scheduler import __main__ as scheduler_main
+from treadle.services.scheduler import protocol as scheduler_protocol
 
 MANIFESTS = Path(__file__).parents[3] / "manifests"
 EXAMPLES = MANIFESTS / "examples"
@@ -227,30 +228,37 @@ class Backlog:
     def reward_backlog(self) -> int:
         return self.values.pop(0) if len(self.values) > 1 else self.values[0]
 
+    progress = scheduler_protocol.Progress(version=3, step=3, mean_reward=0.5)
+
 
 class Reporter:
     namespace, job = "team-a", "math-tool"
 
     def __init__(self, want: int) -> None:
         self.reported: list[int] = []
+        self.progress: list[scheduler_protocol.Progress] = []
         self.want = want
         self.enough = asyncio.Event()
 
-    async def report(self, pending: int) -> None:
+    async def report_demand(self, pending: int) -> None:
         self.reported.append(pending)
         if len(self.reported) >= self.want:
             self.enough.set()
+
+    async def report_progress(self, progress: scheduler_protocol.Progress) -> None:
+        self.progress.append(progress)
 
 
 async def test_the_scheduler_reports_its_reward_backlog_until_stopped() -> None:
     reporter = Reporter(want=3)
     task = asyncio.create_task(
-        scheduler_main.report_demand(Backlog([5, 2, 0]), reporter, interval_s=0)  # type: ignore[arg-type]
+        scheduler_main.report(Backlog([5, 2, 0]), reporter, interval_s=0)  # type: ignore[arg-type]
     )
     await reporter.enough.wait()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert reporter.reported[:3] == [5, 2, 0]
+    assert reporter.progress[:2] == [Backlog.progress] * 2  # the trainer's commit, on every tick
 
 
 def test_env_pod_serves_the_user_environments_its_job_names() -> None:

@@ -25,8 +25,8 @@ from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
-from treadle.services.scheduler import protocol, service
-from treadle.v1 import common_pb2, placement_pb2
+from treadle.services.scheduler import grpc_server, protocol, service
+from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
 TASK = jobconfig.TaskConfig(name="math", env="math-tool", group_size=4, max_turns=3)
@@ -122,6 +122,24 @@ async def test_admission_waits_for_the_version_and_commit_aborts_stale() -> None
     assert adds_up(st.svc.stats())
     with pytest.raises(errors.Conflict):
         await st.svc.commit_version(0)
+    await st.svc.aclose()
+
+
+async def test_a_commit_records_the_trainers_step_and_reward_for_the_jobs_status() -> None:
+    st = Stack()
+    servicer = grpc_server.SchedulerServicer(st.svc)
+    assert st.svc.progress == protocol.Progress(version=0, step=0, mean_reward=None)
+    request = scheduler_pb2.CommitVersionRequest(version=1, step=1, mean_reward=0.25)
+    await servicer.CommitVersion(request, None)
+    assert st.svc.progress == protocol.Progress(version=1, step=1, mean_reward=0.25)
+    # A trainer that says no reward (the field unset, not 0.0) leaves the reward unknown.
+    await servicer.CommitVersion(scheduler_pb2.CommitVersionRequest(version=2, step=2), None)
+    assert st.svc.progress == protocol.Progress(version=2, step=2, mean_reward=None)
+    for bad, field in (({"step": -1}, "step"), ({"mean_reward": float("nan")}, "mean_reward")):
+        with pytest.raises(errors.SpecError) as info:
+            await st.svc.commit_version(3, **bad)  # type: ignore[arg-type]
+        assert info.value.field == field
+    assert (st.svc.version, st.svc.progress.version) == (2, 2)  # a refused commit changes nothing
     await st.svc.aclose()
 
 

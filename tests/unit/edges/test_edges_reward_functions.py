@@ -65,6 +65,28 @@ async def test_exact_and_env_rewards() -> None:
         await functions.score_env(req(reward_fn="env", metadata={"env_reward": True}), RES)
 
 
+@pytest.mark.parametrize(
+    ("response", "reference", "reward"),
+    [("aaab", "a", 0.75), ("", "a", 0.0), ("bbb", " a\n", 0.0), ("aa", "a", 1.0)],
+    ids=["three-of-four", "empty", "reference-stripped", "all"],
+)
+async def test_letter_fraction_scores_the_rows_target_letter(
+    response: str, reference: str, reward: float
+) -> None:
+    fn = functions.resolve("letter-fraction", RES)  # a built-in: a RolloutJob can name it
+    got, details = await fn(req(reward_fn="letter-fraction", response=response, reference=reference), RES)
+    assert got == reward and details["target"] == "a"
+
+
+@pytest.mark.parametrize("reference", [None, "ab", ""], ids=["none", "two-letters", "empty"])
+async def test_letter_fraction_needs_one_letter(reference: str | None) -> None:
+    with pytest.raises(errors.SpecError) as exc:
+        await functions.score_letter_fraction(
+            req(reward_fn="letter-fraction", response="a", reference=reference), RES
+        )
+    assert exc.value.field == "reference"
+
+
 async def test_user_functions_sync_and_async() -> None:
     fn = functions.resolve("py:treadle.services.reward.examples:length_penalty", RES)
     assert (await fn(req(response="x" * 250, metadata={"max_chars": 1000}), RES))[0] == 0.75

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from treadle.api import trainer as trainer_api
 from treadle.api import v1alpha1
 from treadle.operator import config
 
@@ -75,6 +76,11 @@ def test_operator_image_runs_the_cli_command_the_chart_uses() -> None:
     assert 'ENTRYPOINT ["treadle"]' in text
     chart = (ROOT / "charts" / "treadle" / "templates" / "operator.yaml").read_text()
     assert 'command: ["treadle", "operator", "run"]' in chart
+
+
+def test_the_default_trainer_image_ships_the_reference_trainer() -> None:
+    """A job's trainer defaults to its agent's inference image (``render.trainer``)."""
+    assert trainer_api.REFERENCE_MODULE in _entrypoints(ROOT / "images" / "inference" / "Dockerfile")
 
 
 def test_the_inference_image_runs_the_vllm_the_tests_run() -> None:

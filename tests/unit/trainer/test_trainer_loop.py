@@ -41,6 +41,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
+        self.progress: list[tuple[int, int, float | None]] = []
+        """(version, step, mean reward) as each commit said them."""
         self.served = 0
 
     async def get_batch(
@@ -68,8 +70,11 @@ class Recorder:
         self.events.append(("resume", None))
         return None
 
-    async def commit_version(self, version: int) -> object:
+    async def commit_version(
+        self, version: int, *, step: int = 0, mean_reward: float | None = None
+    ) -> object:
         self.events.append(("commit", version))
+        self.progress.append((version, step, mean_reward))
         return None
 
     async def prefetch(self, version: int) -> None:
@@ -112,6 +117,8 @@ async def test_iteration_order_versions_and_publication(
     assert store.exists(layout.manifest_key(PREFIX, 3))
     after = pol.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the optimizer never stepped"
+    # Each commit says which step made the version and its batch's mean reward (rewards 1 and 0).
+    assert rec.progress == [(1, 1, 0.5), (2, 2, 0.5), (3, 3, 0.5)]
 
 
 async def test_a_refused_swap_resumes_the_scheduler_and_commits_nothing(

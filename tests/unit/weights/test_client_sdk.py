@@ -97,7 +97,7 @@ class RecordingCommitter:
     def __init__(self) -> None:
         self.versions: list[int] = []
 
-    async def commit_version(self, version: int) -> Any:
+    async def commit_version(self, version: int, *, step: int = 0, mean_reward: float | None = None) -> Any:
         self.versions.append(version)
         return type("Reply", (), {"aborted_trajectory_ids": [f"stale-{version}"]})()
 

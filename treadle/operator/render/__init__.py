@@ -16,7 +16,8 @@ the garbage collector deletes them with J even while the operator is down):
   ``TREADLE_*`` variable repeats a spec field (``treadle.api.env_vars.RENDERED``).
 - ``J-scheduler``, ``J-placement``, ``J-buffer`` Deployments + Services: per-job coordination.
 - ``J-scheduler`` ServiceAccount + Role + RoleBinding: the scheduler reports reward demand on the
-  job, allowed to ``patch`` this one RolloutJob and nothing else. Every pod but the scheduler and
+  job and the trainer's progress on its status, allowed to ``patch`` this one RolloutJob (and its
+  status) and nothing else. Every pod but the scheduler and
   the feeder runs without a ServiceAccount token.
 - ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
 - ``J-env`` Deployment + Service: CPU environment pods.
@@ -27,6 +28,8 @@ the garbage collector deletes them with J even while the operator is down):
   It is the only ClusterIP Service (stateless, idempotent scoring behind a balancer); the others
   are headless: singletons, stateful env sessions and per-replica inference/store addresses.
 - ``J-pool-P`` Deployment + headless Service per inference pool: vLLM + the agent sidecar.
+- ``J-trainer-H`` batch/v1 Job (only with ``spec.trainer``): the job's trainer, run to the end of its
+  steps; ``H`` hashes its immutable pod template (``trainer``).
 
 Per-job coordination services, not shared ones: the scheduler, placement and buffer hold per-job
 state (staleness window, policy version, sticky worker map, group bookkeeping) and per-job policy
@@ -43,7 +46,7 @@ from typing import Any
 
 from treadle.api import v1alpha1
 from treadle.operator import config
-from treadle.operator.render import backends, common, coordination, feeder, pool
+from treadle.operator.render import backends, common, coordination, feeder, pool, trainer
 
 
 def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
@@ -61,9 +64,12 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
 
 
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
-    """Every child of the job, in apply order (config first, inference pools last)."""
+    """Every child of the job, in apply order (config first, then services and pools, the trainer last)."""
     # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused.
-    out = [coordination.render_config(job, cfg), *coordination.render_identity(job, cfg, "scheduler")]
+    out = [
+        coordination.render_config(job, cfg),
+        *coordination.render_identity(job, cfg, "scheduler", status=True),
+    ]
     for component in common.COORDINATION:
         out += coordination.render_coordination(job, cfg, component)
     out += backends.render_weights(job, cfg)
@@ -72,4 +78,5 @@ def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> lis
     out += feeder.render_feeder(job, cfg)
     for p in job.spec.pools:
         out += pool.render_pool(job, cfg, p)
+    out += trainer.render_trainer(job, cfg)
     return out

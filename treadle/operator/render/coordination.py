@@ -26,10 +26,12 @@ def render_config(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[
 
 
 def render_identity(
-    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
+    job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str, *, status: bool = False
 ) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding of a component allowed to patch its own job and nothing
-    else: the scheduler (the reward-demand annotation) and the feeder (the feeder-problem one)."""
+    else: the scheduler (the reward-demand annotation) and the feeder (the feeder-problem one).
+    ``status``: also the job's status (the scheduler writes the trainer's progress there:
+    ``policyVersion``, ``step``, ``meanReward``)."""
     name = common.child_name(job, component)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.meta(job, cfg, component)}
     role = {
@@ -39,7 +41,7 @@ def render_identity(
         "rules": [
             {
                 "apiGroups": [v1alpha1.GROUP],
-                "resources": [v1alpha1.PLURAL],
+                "resources": [v1alpha1.PLURAL, *([f"{v1alpha1.PLURAL}/status"] if status else [])],
                 "resourceNames": [job.name],
                 "verbs": ["patch"],
             }

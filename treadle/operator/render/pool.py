@@ -14,10 +14,11 @@ AGENT_STATE_DIR = "/var/run/treadle"
 """The inference pod's ``emptyDir`` where its agent keeps what it serves (lives as long as the pod)."""
 
 
-def _weights_env(
+def weights_env(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, agent: v1alpha1.Agent
 ) -> list[dict[str, Any]]:
-    """Where the engine's weights extension pulls published versions (``weights.loader.store_from_env``).
+    """Where the engine's weights extension pulls published versions (``weights.loader.store_from_env``),
+    and where the job's trainer publishes them (``treadle.operator.render.trainer``).
 
     The prefix is the job's; a multi-agent job's agents publish under ``<prefix>/<agent>``
     (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
@@ -69,7 +70,7 @@ def render_pool(
             *(e.model_dump() for e in pool.engine.env),
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
             *common.pod_env(job, cfg),
-            *_weights_env(job, cfg, agent),
+            *weights_env(job, cfg, agent),
         ],
         "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
         "resources": {

@@ -4,6 +4,8 @@ Each function takes the request and the gateway's shared resources and returns (
 Names: ``math`` (answer extraction + exact or numeric comparison), ``exact``, ``code-tests`` (the
 reference is test code, run with the response's code in ``treadle.sandbox``), ``llm-judge`` (any
 OpenAI-compatible endpoint), ``env`` (the environment's own reward from ``metadata.env_reward``), and
+``letter-fraction`` (the fraction of the response's characters equal to the one-letter reference: the
+toy learning task, shaped so that a tiny model learns within a few steps), and
 ``py:<module>:<function>`` for a user function importable under an allowed module prefix.
 
 A gateway started for a job whose ``spec.reward.type`` is ``external`` forwards every request,
@@ -110,6 +112,25 @@ async def score_exact(req: protocol.ScoreRequest, res: Resources) -> Scored:
     return (1.0 if normalize(req.response) == normalize(reference) else 0.0), {"reference": reference}
 
 
+def letter_fraction(text: str, target: str) -> float:
+    """Fraction of the characters of ``text`` equal to ``target`` (0 for an empty answer)."""
+    return text.count(target) / len(text) if text else 0.0
+
+
+async def score_letter_fraction(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    # Shaped, so that a tiny model's first answers already differ within a group (the toy learning
+    # task of ``treadle.trainer.toy``, named from a RolloutJob, whose rewards are DNS labels).
+    target = _need_reference(req).strip()
+    if len(target) != 1:
+        raise errors.SpecError(
+            f"letter-fraction needs a one-character reference (the target letter), got {target!r}",
+            field="reference",
+            value=req.reference,
+        )
+    value = letter_fraction(req.response, target)
+    return value, {"target": target, "chars": len(req.response), "hits": req.response.count(target)}
+
+
 async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored:
     tests = _need_reference(req)
     if res.sandbox is None:
@@ -208,6 +229,10 @@ BUILTIN: dict[str, tuple[Fn, str]] = {
     "code-tests": (score_code_tests, "response code + reference tests, run in the sandbox"),
     "llm-judge": (score_llm_judge, "an OpenAI-compatible judge model grades 0-10, scaled to [0, 1]"),
     "env": (score_env, "the environment's own reward, passed as metadata.env_reward"),
+    "letter-fraction": (
+        score_letter_fraction,
+        "fraction of the response's characters equal to the reference (one letter)",
+    ),
 }
 
 

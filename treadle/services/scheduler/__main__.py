@@ -4,10 +4,10 @@ A pod started by the operator (and local mode, the same way) takes its tasks and
 job file and the addresses from ``TREADLE_*`` (``treadle.services.podenv``); a process started by
 hand (tests, benchmarks, ``treadle train``) writes a job file too (``podenv.job_env``). Flags give
 only what the RolloutJob has no field for: addresses, counts and a few scheduling knobs. Agents
-are reached at the addresses placement hands out. In a cluster
-(``demand.RewardDemandReporter.from_env``) the scheduler also reports every ``DEMAND_INTERVAL_S``
-how many trajectories wait for or are in reward scoring, which the operator turns into reward
-gateway replicas.
+are reached at the addresses placement hands out. In a cluster (``jobreport.JobReporter.from_env``)
+the scheduler also reports on its RolloutJob every ``REPORT_INTERVAL_S`` how many trajectories wait
+for or are in reward scoring, which the operator turns into reward gateway replicas, and the
+trainer's latest commit (version, step, mean reward), which the job's status shows.
 
 Env servers: each ``--env-url`` (the env headless Service) is resolved to one URL per pod address,
 at start and again every ``--env-resolve-interval-s`` (``refresh_envs``): a new pod gets new
@@ -37,10 +37,10 @@ from treadle.services.env import client as env_client
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import client as placement_client
 from treadle.services.reward import client as reward_client
-from treadle.services.scheduler import darts_store, demand, grpc_server, service
+from treadle.services.scheduler import darts_store, grpc_server, jobreport, service
 
 PROG = "python -m treadle.services.scheduler"
-DEMAND_INTERVAL_S = 2.0
+REPORT_INTERVAL_S = 2.0
 ENV_RESOLVE_INTERVAL_S = 10.0
 KNOBS = ("worker_slots", "preemption_margin", "preemption_max_progress")
 """``jobconfig.Settings`` fields given as flags: the job has no field for them."""
@@ -216,9 +216,9 @@ async def main(cfg: Config) -> None:
         await placement.aclose()
         await buffer.aclose()
 
-    reporter = demand.RewardDemandReporter.from_env(os.environ)
+    reporter = jobreport.JobReporter.from_env(os.environ)
     reporting = (
-        asyncio.create_task(report_demand(svc, reporter, interval_s=DEMAND_INTERVAL_S), name="reward demand")
+        asyncio.create_task(report(svc, reporter, interval_s=REPORT_INTERVAL_S), name="job reporter")
         if reporter is not None
         else None
     )
@@ -250,13 +250,14 @@ async def main(cfg: Config) -> None:
     await grpcutil_server.serve_forever(served, on_stop=stop)
 
 
-async def report_demand(
-    svc: service.SchedulerService, reporter: demand.RewardDemandReporter, *, interval_s: float
+async def report(
+    svc: service.SchedulerService, reporter: jobreport.JobReporter, *, interval_s: float
 ) -> None:
-    """Report the reward backlog until cancelled (the reporter only patches on change)."""
-    log.info("reporting reward demand on %s/%s every %.1fs", reporter.namespace, reporter.job, interval_s)
+    """Report the reward backlog and the training progress until cancelled (each patched on change)."""
+    log.info("reporting on %s/%s every %.1fs", reporter.namespace, reporter.job, interval_s)
     while True:
-        await reporter.report(svc.reward_backlog())
+        await reporter.report_demand(svc.reward_backlog())
+        await reporter.report_progress(svc.progress)
         await asyncio.sleep(interval_s)
 
 

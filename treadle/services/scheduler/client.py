@@ -35,11 +35,12 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as exc:
             raise status.from_rpc_error(exc, what="scheduler.StreamResults") from exc
 
-    async def commit_version(self, version: int) -> scheduler_pb2.CommitVersionResponse:
-        return await status.unary(
-            self._stub.CommitVersion(scheduler_pb2.CommitVersionRequest(version=version)),
-            what="scheduler.CommitVersion",
-        )
+    async def commit_version(
+        self, version: int, *, step: int = 0, mean_reward: float | None = None
+    ) -> scheduler_pb2.CommitVersionResponse:
+        """Commit ``version``; ``step`` and ``mean_reward`` (when given) reach the job's status."""
+        request = scheduler_pb2.CommitVersionRequest(version=version, step=step, mean_reward=mean_reward)
+        return await status.unary(self._stub.CommitVersion(request), what="scheduler.CommitVersion")
 
     async def suspend(self) -> scheduler_pb2.SchedulerStats:
         return await status.unary(

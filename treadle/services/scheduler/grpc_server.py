@@ -35,7 +35,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def CommitVersion(
         self, request: scheduler_pb2.CommitVersionRequest, context: Any
     ) -> scheduler_pb2.CommitVersionResponse:
-        committed = await self.svc.commit_version(request.version)
+        committed = await self.svc.commit_version(
+            request.version,
+            step=request.step,
+            mean_reward=request.mean_reward if request.HasField("mean_reward") else None,
+        )
         return convert.to_pb(committed, scheduler_pb2.CommitVersionResponse)
 
     async def Suspend(

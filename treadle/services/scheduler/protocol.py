@@ -87,6 +87,18 @@ class CommitResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Progress:
+    """What the trainer said with its latest commit: the job's ``status.policyVersion``, ``step`` and
+    ``meanReward`` (``jobreport.JobReporter.report_progress`` writes them on the RolloutJob)."""
+
+    version: int
+    step: int
+    """Training step that produced ``version`` (0: the trainer did not say)."""
+    mean_reward: float | None
+    """Mean reward of the batch ``version`` was trained on (None: not said)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TrajectoryResult:
     """A stored trajectory, as ``SchedulerService.results`` streams it."""
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
@@ -109,6 +110,8 @@ class SchedulerService:
         self.metrics.env_servers.set(len(envs))
         self.tally = stats.Tally(tasks, self.metrics)
         self.version = 0
+        self.progress = protocol.Progress(version=0, step=0, mean_reward=None)
+        """The latest commit as the trainer described it (what the job's status shows)."""
         self.admission = admission.Admission(self.tasks, settings)
         self.predictions = prediction.Predictions(tasks, self.metrics)
         retrier = retry.Retrier(settings, self.tally, clock)
@@ -151,10 +154,19 @@ class SchedulerService:
         self._admit()
         return protocol.SubmitResult(accepted_groups=len(fresh), trajectories=sum(w.members for w in fresh))
 
-    async def commit_version(self, version: int) -> protocol.CommitResult:
+    async def commit_version(
+        self, version: int, *, step: int = 0, mean_reward: float | None = None
+    ) -> protocol.CommitResult:
+        """Make ``version`` the committed one and abort what became too stale; ``step`` and
+        ``mean_reward`` (the trainer's account of it) become ``progress``."""
         if version < self.version:
             raise errors.Conflict(f"version {version} is older than the committed version {self.version}")
+        if step < 0:
+            raise errors.SpecError("must be >= 0", field="step", value=step)
+        if mean_reward is not None and not math.isfinite(mean_reward):
+            raise errors.SpecError("must be a finite number", field="mean_reward", value=mean_reward)
         self.version = version
+        self.progress = protocol.Progress(version=version, step=step, mean_reward=mean_reward)
         self.metrics.version.set(version)
         init = {tid: t.init_version for tid, t in self.loop.inflight.items() if not t.abort_reason}
         stale = admission_policy.stale_in_flight(init, version=version, alpha=self.settings.alpha)

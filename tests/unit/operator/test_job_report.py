@@ -1,4 +1,5 @@
-"""RewardDemandReporter: when it exists, what it writes, and that API failures never escape.
+"""JobReporter: when it exists, what it writes (reward demand, training progress), and that API
+failures never escape.
 
 The real API server path (RBAC of the scheduler's ServiceAccount, the operator scaling the
 gateway) is covered by ``e2e/operator/test_operator.py::test_reward_demand_scales_the_gateway``.
@@ -15,16 +16,25 @@ import pytest
 
 from treadle import errors
 from treadle.api import v1alpha1
-from treadle.services.scheduler import demand
+from treadle.operator import handlers
+from treadle.services.scheduler import jobreport, protocol
 
 
 class RecordingKube:
-    """Stands in for ``kubeapi.Client`` where only ``annotate_job`` and ``close`` are called."""
+    """Stands in for ``kubeapi.Client`` where only ``annotate_job``, ``patch_status`` and ``close``
+    are called."""
 
     def __init__(self, fail: int = 0) -> None:
         self.calls: list[tuple[str, str, dict[str, str]]] = []
+        self.statuses: list[tuple[str, str, dict[str, Any]]] = []
         self.fail = fail
         self.closed = False
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise kubernetes.client.ApiException(status=403, reason="Forbidden")
+        self.statuses.append((namespace, name, dict(status)))
 
     def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         if self.fail:
@@ -36,9 +46,9 @@ class RecordingKube:
         self.closed = True
 
 
-def _reporter(kube: RecordingKube) -> demand.RewardDemandReporter:
+def _reporter(kube: RecordingKube) -> jobreport.JobReporter:
     client: Any = kube
-    return demand.RewardDemandReporter(client, namespace="team-a", job="math")
+    return jobreport.JobReporter(client, namespace="team-a", job="math")
 
 
 @pytest.mark.parametrize(
@@ -54,7 +64,7 @@ def _reporter(kube: RecordingKube) -> demand.RewardDemandReporter:
     ids=["no-job", "no-namespace", "no-kubeconfig", "no-token"],
 )  # fmt: skip
 def test_no_reporter_outside_a_cluster(environ: dict[str, str]) -> None:
-    assert demand.RewardDemandReporter.from_env(environ) is None
+    assert jobreport.JobReporter.from_env(environ) is None
 
 
 def test_reporter_from_a_kubeconfig(tmp_path: Path) -> None:
@@ -65,7 +75,7 @@ def test_reporter_from_a_kubeconfig(tmp_path: Path) -> None:
         "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
     environ = {"TREADLE_JOB": "math", "TREADLE_NAMESPACE": "team-a", "KUBECONFIG": str(config)}
-    reporter = demand.RewardDemandReporter.from_env(environ)
+    reporter = jobreport.JobReporter.from_env(environ)
     assert reporter is not None and (reporter.namespace, reporter.job) == ("team-a", "math")
 
 
@@ -73,7 +83,7 @@ async def test_patches_only_when_the_value_changes() -> None:
     kube = RecordingKube()
     reporter = _reporter(kube)
     for pending in (40, 40, 0, 0, 3):
-        await reporter.report(pending)
+        await reporter.report_demand(pending)
     assert [c[2][v1alpha1.REWARD_DEMAND_ANNOTATION] for c in kube.calls] == ["40", "0", "3"]
     assert {c[:2] for c in kube.calls} == {("team-a", "math")}
     assert reporter.patches == 3 and reporter.errors == 0
@@ -84,13 +94,48 @@ async def test_patches_only_when_the_value_changes() -> None:
 async def test_api_errors_are_counted_and_the_value_retried() -> None:
     kube = RecordingKube(fail=1)
     reporter = _reporter(kube)
-    await reporter.report(7)  # 403: logged and counted, not raised
+    await reporter.report_demand(7)  # 403: logged and counted, not raised
     assert reporter.errors == 1 and kube.calls == []
-    await reporter.report(7)  # not recorded as written, so the same value is tried again
+    await reporter.report_demand(7)  # not recorded as written, so the same value is tried again
     assert [c[2][v1alpha1.REWARD_DEMAND_ANNOTATION] for c in kube.calls] == ["7"]
 
 
 async def test_negative_demand_names_the_field() -> None:
     with pytest.raises(errors.SpecError) as info:
-        await _reporter(RecordingKube()).report(-1)
+        await _reporter(RecordingKube()).report_demand(-1)
     assert info.value.field == "pending"
+
+
+def _progress(version: int, step: int, reward: float | None) -> protocol.Progress:
+    return protocol.Progress(version=version, step=step, mean_reward=reward)
+
+
+async def test_progress_reaches_the_status_only_when_it_changes() -> None:
+    kube = RecordingKube()
+    reporter = _reporter(kube)
+    await reporter.report_progress(_progress(0, 0, None))  # nothing committed yet: nothing written
+    for version in (1, 1, 2):
+        await reporter.report_progress(_progress(version, version, 0.25 * version))
+    await reporter.report_progress(_progress(3, 3, None))  # a trainer that does not say its reward
+    assert kube.statuses == [
+        ("team-a", "math", {"policyVersion": 1, "step": 1, "meanReward": 0.25}),
+        ("team-a", "math", {"policyVersion": 2, "step": 2, "meanReward": 0.5}),
+        ("team-a", "math", {"policyVersion": 3, "step": 3}),
+    ]
+    assert kube.calls == [] and reporter.patches == 3
+
+
+async def test_a_failed_progress_patch_is_retried() -> None:
+    kube = RecordingKube(fail=1)
+    reporter = _reporter(kube)
+    await reporter.report_progress(_progress(4, 4, 0.5))
+    assert reporter.errors == 1 and kube.statuses == []
+    await reporter.report_progress(_progress(4, 4, 0.5))
+    assert [s[2]["step"] for s in kube.statuses] == [4]
+
+
+def test_the_operator_never_writes_the_trainers_status_fields() -> None:
+    status = v1alpha1.RolloutJobStatus(policy_version=7, step=7, mean_reward=0.9, phase="Ready")
+    patch = handlers._status_patch(status)
+    assert patch["phase"] == "Ready"
+    assert not {"policyVersion", "step", "meanReward"} & set(patch)

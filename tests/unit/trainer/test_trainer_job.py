@@ -1,0 +1,169 @@
+"""The reference trainer in the job: its config from the job file, its model, its workers, its SDK.
+
+``treadle.trainer.job`` against the real services is ``tests/integration/dataplane/
+test_trainer_job_rendered.py``; here the parts that need no process: ``jobconfig.trainer_config``,
+``job.model_path`` (the tiny Llama generated from its folder's name), the swapper's choice of
+workers, and ``treadle.client.connect`` finding every endpoint in the pod's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import pytest
+
+from treadle import errors
+from treadle.api import env_vars, jobconfig, v1alpha1
+from treadle.client import connect
+from treadle.trainer import job as trainer_job
+from treadle.v1 import placement_pb2
+from treadle.weights import objects
+
+SPEC: dict[str, Any] = {
+    "agents": [{"name": "planner", "model": "/models/p"}, {"name": "coder", "model": "/models/c"}],
+    "pools": [
+        {"name": "plan", "agent": "planner", "accelerator": "H20"},
+        {"name": "code", "agent": "coder", "accelerator": "H800", "replicas": 2},
+    ],
+    "tasks": [{"name": "t", "agents": ["planner", "coder"], "environment": "math-tool", "reward": "math"}],
+    "rollout": {"batchSize": 32, "staleness": 2},
+    "weights": {"replicas": 3},
+    "trainer": {"agent": "coder", "steps": 7, "learningRate": 1e-4, "clipHigh": 0.28},
+}
+
+
+def config(spec: dict[str, Any] = SPEC) -> jobconfig.JobConfig:
+    job = v1alpha1.RolloutJob(metadata={"name": "j", "namespace": "ns"}, spec=v1alpha1.parse_spec(spec))
+    return jobconfig.job_config(job, max_tokens=64, max_in_flight=64, max_concurrent_generations=8)
+
+
+def test_the_trainer_config_takes_the_rollout_settings_from_the_job() -> None:
+    cfg = config().trainer
+    assert cfg == jobconfig.TrainerConfig(
+        agent="coder", model="/models/c", steps=7, batch_size=32, alpha=2, lr=1e-4, clip_low=0.2,
+        clip_high=0.28, temperature=1.0, threads=None, batch_timeout_s=600.0, weights_replicas=3,
+    )  # fmt: skip
+    loop_cfg = trainer_job.loop_config(cfg)
+    assert (loop_cfg.steps, loop_cfg.batch_size, loop_cfg.lr, loop_cfg.loss.clip_high) == (7, 32, 1e-4, 0.28)
+    assert config({k: v for k, v in SPEC.items() if k != "trainer"}).trainer is None
+
+
+def test_a_tiny_llama_path_is_generated_deterministically(
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+) -> None:
+    made = trainer_job.model_path(str(tmp_path / "tiny-llama-seed0"))
+    assert made == tmp_path / "tiny-llama-seed0"
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (made / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+    assert trainer_job.model_path(str(tiny_model_dir)) == tiny_model_dir  # an existing folder as is
+
+
+def test_a_model_neither_here_nor_cached_is_not_found(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(errors.NotFound):
+        trainer_job.model_path(str(tmp_path / "no-such-model"))
+
+
+async def test_a_job_without_a_trainer_names_the_field(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({k: v for k, v in SPEC.items() if k != "trainer"}))
+    with pytest.raises(errors.SpecError) as info:
+        await trainer_job.run({env_vars.CONFIG: str(path), env_vars.JOB: "j"})
+    assert info.value.field == f"{env_vars.CONFIG}:spec.trainer"
+
+
+class Placement:
+    """Placement's ``pool_state`` with one worker per pool, and one not registered with its engine."""
+
+    async def pool_state(self) -> placement_pb2.PoolStateResponse:
+        def state(worker: str, pool: str, engine: str) -> placement_pb2.WorkerState:
+            w = placement_pb2.Worker(worker_id=worker, pool=pool, address=f"http://{worker}:8002",
+                                     engine_address=engine)  # fmt: skip
+            return placement_pb2.WorkerState(worker=w)
+
+        return placement_pb2.PoolStateResponse(
+            workers=[
+                state("plan-0", "plan", "http://plan-0:8080"),
+                state("code-0", "code", "http://code-0:8080"),
+                state("code-1", "code", ""),
+            ]
+        )
+
+
+async def test_the_swapper_takes_the_trained_agents_registered_workers() -> None:
+    placement: Any = Placement()
+    swapper = trainer_job.PlacementSwapper(placement, pools={"code"}, agent="coder", apply_weights=True)
+    engines = await swapper._engines()
+    assert [(r.worker_id, r.engine_url) for r in engines.replicas] == [("code-0", "http://code-0:8080")]
+    assert (engines.agent, engines.extension) == ("coder", True)
+    nobody = trainer_job.PlacementSwapper(placement, pools={"other"}, agent="", apply_weights=False)
+    with pytest.raises(errors.Unavailable, match="other"):
+        await nobody.swap(1)
+
+
+def pod_env(tmp_path: pathlib.Path) -> dict[str, str]:
+    return {
+        env_vars.SCHEDULER_ADDR: "j-scheduler.ns.svc:50051",
+        env_vars.BUFFER_ADDR: "j-buffer.ns.svc:50053",
+        env_vars.PLACEMENT_ADDR: "j-placement.ns.svc:50052",
+        env_vars.WEIGHTS_PREFIX: "ns/j",
+        env_vars.WEIGHTS_AGENT: "coder",
+        env_vars.WEIGHTS_DIR: str(tmp_path / "node"),
+        env_vars.REDIS_URL: "redis://x",  # not the SDK's
+    }
+
+
+async def test_connect_finds_every_endpoint_in_the_pod(tmp_path: pathlib.Path) -> None:
+    conn = connect.connect(environ=pod_env(tmp_path), keep_versions=3)
+    try:
+        assert conn.endpoints.scheduler == "j-scheduler.ns.svc:50051"
+        assert (conn.endpoints.buffer, conn.endpoints.placement) == (
+            "j-buffer.ns.svc:50053",
+            "j-placement.ns.svc:50052",
+        )
+        # The trained agent's versions, in the store the engines of its pools read.
+        assert conn.weights.prefix == "ns/j/coder" and conn.weights.staleness_window == 2
+        assert (
+            isinstance(conn.weights.store, objects.FileStore) and conn.weights.store.root == tmp_path / "node"
+        )
+        assert conn.publisher.committer is conn.scheduler
+        assert conn.batches(batch_size=4).batch_size == 4
+    finally:
+        await conn.aclose()
+
+
+async def test_a_trainer_outside_the_job_passes_addresses(tmp_path: pathlib.Path) -> None:
+    endpoints = connect.Endpoints.from_env(
+        pod_env(tmp_path), scheduler="10.0.0.1:1", buffer="10.0.0.2:2", placement="10.0.0.3:3",
+        weights_dir=str(tmp_path / "mine"), weights_prefix="ns/other",
+    )  # fmt: skip
+    # The pod's store is replaced whole, not merged: no Mooncake variable survives beside a directory.
+    mine = {env_vars.WEIGHTS_DIR: str(tmp_path / "mine"), env_vars.WEIGHTS_PREFIX: "ns/other"}
+    assert endpoints.weights == {env_vars.WEIGHTS_AGENT: "coder", **mine}
+    alone = connect.Endpoints.from_env(
+        {}, scheduler="10.0.0.1:1", buffer="10.0.0.2:2", placement="10.0.0.3:3",
+        weights_dir=str(tmp_path / "mine"), weights_prefix="ns/other",
+    )  # fmt: skip
+    assert alone.weights == {
+        "TREADLE_WEIGHTS_DIR": str(tmp_path / "mine"),
+        "TREADLE_WEIGHTS_PREFIX": "ns/other",
+    }
+    conn = connect.connect(endpoints)
+    try:
+        assert (conn.endpoints.scheduler, conn.endpoints.buffer, conn.endpoints.placement) == (
+            "10.0.0.1:1", "10.0.0.2:2", "10.0.0.3:3",
+        )  # fmt: skip
+        assert (
+            isinstance(conn.weights.store, objects.FileStore) and conn.weights.store.root == tmp_path / "mine"
+        )
+    finally:
+        await conn.aclose()
+
+
+@pytest.mark.parametrize("drop", [env_vars.BUFFER_ADDR, env_vars.WEIGHTS_PREFIX], ids=["buffer", "prefix"])
+async def test_connect_names_what_is_missing(tmp_path: pathlib.Path, drop: str) -> None:
+    environ = {k: v for k, v in pod_env(tmp_path).items() if k != drop}
+    with pytest.raises(errors.SpecError) as info:
+        connect.connect(environ=environ)
+    assert info.value.field == drop
