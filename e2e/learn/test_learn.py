@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from treadle.devcluster import binaries, kwok
+from treadle.operator.render import pool as render_pool
 from treadle.services.agent import service as agent_service
 from treadle.trainer import policy
 
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "manifests" / "dev"
 DATASETS = Path("/var/lib/treadle/datasets")
 """The host directory ``learn.yaml``'s feeder mounts (hostPath): process nodes' pods see the host."""
+WEIGHTS = Path(render_pool.LOCAL_WEIGHTS_DIR)
 STEPS = 20
 TRAIN_TIMEOUT_S = 1500.0
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+v(\d+)\s+mean reward\s+([0-9.]+)", re.MULTILINE)
@@ -61,6 +63,9 @@ def cluster() -> Iterator[kwok.DevCluster]:
     """The dev cluster with the chart installed, the tiny model generated and the dataset in place."""
     job = yaml.safe_load((DEV / "learn.yaml").read_text())
     policy.ensure_model(Path(job["spec"]["agents"][0]["model"]), seed=0)
+    # The node's local weight store outlives jobs: a trainer would continue an earlier run's versions.
+    for old in WEIGHTS.glob("default/learn*"):
+        shutil.rmtree(old)
     DATASETS.mkdir(parents=True, exist_ok=True)
     shutil.copy(DEV / "data" / "letters.jsonl", DATASETS / "letters.jsonl")
     c = kwok.session_cluster(
