@@ -179,3 +179,16 @@ def test_pool_engine_overrides_extend_vllm_and_keep_treadles_variables(math_job:
     }
     default = _pools(render.render_children(math_job, CFG))[0]["spec"]["template"]["spec"]["containers"][0]
     assert default["resources"]["requests"]["memory"] == "64Gi" and "--enforce-eager" not in default["args"]
+
+
+def test_the_dev_clusters_learning_job_renders_vllm_for_its_cpu_build() -> None:
+    """``manifests/dev/learn.yaml`` (e2e/learn runs it): float32, eager, the CPU KV cache, a trainer Job,
+    a feeder, and small requests that fit the dev cluster's process nodes."""
+    job = operator_examples.load_example(operator_examples.ROOT / "manifests" / "dev" / "learn.yaml")
+    children = render.render_children(job, CFG)
+    vllm = _pools(children)[0]["spec"]["template"]["spec"]["containers"][0]
+    assert vllm["args"][vllm["args"].index("--dtype") + 1] == "float32" and "--enforce-eager" in vllm["args"]
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in vllm["env"]
+    assert vllm["resources"]["requests"]["cpu"] == "1"
+    assert {"Job", "Deployment"} <= {c["kind"] for c in children}
+    assert any(c["metadata"]["name"] == "learn-feeder" for c in children)
