@@ -86,6 +86,13 @@ def cluster() -> Iterator[kwok.DevCluster]:
         c.down()
 
 
+@pytest.fixture(autouse=True)
+def no_job_left(cluster: kwok.DevCluster) -> Iterator[None]:
+    """A test that failed before deleting its job must not leave it training beside the next one."""
+    yield
+    cluster.kubectl("delete", "rolloutjobs", "--all", "--wait=false")
+
+
 def get(c: kwok.DevCluster, *what: str) -> Any:
     return json.loads(c.kubectl("get", *what, "-o", "json"))
 
