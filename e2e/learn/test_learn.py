@@ -305,6 +305,13 @@ def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, A
     return [p for p in pods if ready(p)]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the replacement pod served 'default' (version 0) with version 5 committed, and the trainer "
+    "pod failed twice on the vanished engine: the reference trainer swaps through the agents itself "
+    "(treadle.trainer.job.PlacementSwapper), so placement never learns the version its agents repair to; "
+    "treadle.client.swapper.ClusterSwapper is the seam (trainer.job.swapper)",
+)
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
 def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_committed_one(
     cluster: kwok.DevCluster,
