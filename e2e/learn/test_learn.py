@@ -290,8 +290,8 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
     cluster.kubectl("delete", "pod", "-l", f"treadle.dev/job={name},treadle.dev/component=scheduler")
     train(cluster, name, steps=STEPS)
     rows = [json.loads(line)["id"] for line in (DEV / "data" / "letters.jsonl").read_text().splitlines()]
-    # The last groups of the epoch may still be generating when STEP reaches 20: wait (bounded).
-    deadline = time.monotonic() + 300
+    # Epoch 0 ends near step 16: its last groups may still be landing when STEP reaches 20.
+    deadline = time.monotonic() + 60
     found = epoch_rows(cluster, name, 0)
     while set(found) < set(rows) and time.monotonic() < deadline:
         time.sleep(2)
@@ -334,7 +334,8 @@ def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_com
         served = agent_service.parse_version(info.get("weight_version"))
         return (served, committed) if served == committed else None
 
-    served, committed = poll(serving, "the new inference pod serving the committed version", 600)
+    # vLLM's CPU build restarts in 60-100 s; the agent repairs to the committed version right after.
+    served, committed = poll(serving, "the new inference pod serving the committed version", 240)
     assert served == committed >= 4
     train(cluster, name, steps=STEPS)
     staleness = [int(s) for s in re.findall(r"\bstaleness (\d+)", trainer_log(cluster, name))]
