@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "treadle.devcluster.cli",
     "treadle.api.cli",
     "treadle.operator.cli",
+    "treadle.operator.jobcli",
     "treadle.weights.cli",
     "treadle.localmode.cli",
     "treadle.sim.cli",

@@ -92,6 +92,16 @@ FEEDER_EPOCH = f"{PREFIX}_feeder_epoch"
 FEEDER_POSITION = f"{PREFIX}_feeder_position_rows"
 FEEDER_ROWS = f"{PREFIX}_feeder_dataset_rows"
 
+# --- tangram: the action manager (ARL-Tangram, live; owner: tangramlive) ---------------------------
+# Label ``resource``: ``cpu`` (the pod's cores, treadle.sandbox.cores) or ``api:<tool>`` (a quota of
+# spec.externalResources.apiQuotas, at most 32); ``phase``: queue / execution / overhead (Table 1).
+TANGRAM_ACTION_SECONDS = f"{PREFIX}_tangram_action_seconds"
+TANGRAM_QUEUED = f"{PREFIX}_tangram_queued_actions"
+TANGRAM_GRANTED_UNITS_TOTAL = f"{PREFIX}_tangram_granted_units_total"
+# API quotas across the job's env pods, as this pod last read them from Redis (label ``tool``).
+TANGRAM_QUOTA_IN_FLIGHT = f"{PREFIX}_tangram_quota_in_flight"
+TANGRAM_QUOTA_WINDOW_REQUESTS = f"{PREFIX}_tangram_quota_window_requests"
+
 # --- operator (owner: operator) ---------------------------------------------------------------------
 # Controller health, shaped like controller-runtime's so KubeRay-style operator dashboards apply.
 OPERATOR_RECONCILE_TOTAL = f"{PREFIX}_operator_reconcile_total"  # label result: success|error|invalid

@@ -1,4 +1,5 @@
-"""``treadle crd``: print, write or check the generated RolloutJob CRD; ``treadle validate FILE``."""
+"""``treadle crd``: print, write or check the generated RolloutJob CRD and its field reference;
+``treadle validate FILE``."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from typing import Any
 import yaml
 
 from treadle import errors
-from treadle.api import crd, v1alpha1
+from treadle.api import crd, reference, v1alpha1
 
 
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser("crd", help="print, write or check the RolloutJob CRD")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the committed copies under --root")
+    mode.add_argument("--docs", action="store_true", help="print the field reference (Markdown) instead")
+    mode.add_argument(
+        "--write", action="store_true", help="rewrite the committed copies and the reference under --root"
+    )
     mode.add_argument("--check", action="store_true", help="exit 1 if a committed copy drifted")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: .)")
     parser.set_defaults(func=_crd)
@@ -26,11 +30,14 @@ def register(sub: Any) -> None:
 
 
 def _crd(args: argparse.Namespace) -> int:
+    if args.docs:
+        sys.stdout.write(reference.render_markdown())
+        return 0
     if not (args.write or args.check):
         sys.stdout.write(crd.render_yaml())
         return 0
     drifted = []
-    for path, text in crd.expected_files(args.root).items():
+    for path, text in (crd.expected_files(args.root) | reference.expected_files(args.root)).items():
         current = path.read_text() if path.is_file() else None
         if current == text:
             continue
@@ -41,7 +48,7 @@ def _crd(args: argparse.Namespace) -> int:
         else:
             drifted.append(path)
     for path in drifted:
-        print(f"{path}: differs from the CRD generated from treadle/api; run `treadle crd --write`",
+        print(f"{path}: differs from what treadle/api generates; run `treadle crd --write`",
               file=sys.stderr)  # fmt: skip
     return 1 if drifted else 0
 

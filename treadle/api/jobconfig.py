@@ -20,6 +20,7 @@ from treadle.api.sampling import Length
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
 from treadle.policy.flexmarl import load_balance
+from treadle.policy.tangram import quota
 
 REWARD_COLD_START_S = 180.0
 """How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
@@ -63,6 +64,8 @@ class TaskConfig:
     max_turns: int = 8
     max_tokens: int = 256
     temperature: float = 1.0
+    stop: tuple[str, ...] = ()
+    """Stop sequences every generation request carries (vLLM's ``stop``)."""
     system_prompt: str = ""
 
     def __post_init__(self) -> None:
@@ -198,7 +201,10 @@ class EnvConfig:
     warm_pool: int
     """``spec.environment.warmPool`` (the env service keeps none when no task runs python-code)."""
     cpu_per_action: str
-    """``spec.externalResources.cpuCoresPerAction``, a Kubernetes CPU quantity."""
+    """``spec.externalResources.cpuCoresPerAction``, a Kubernetes CPU quantity: the most cores the
+    pod's action manager grants one action (``treadle.sandbox.cores``)."""
+    api_quotas: dict[str, quota.Limit] = dataclasses.field(default_factory=dict)
+    """``spec.externalResources.apiQuotas`` by tool, as enforced across the env pods (``quota.limit``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +217,9 @@ class RewardConfig:
     user_modules: tuple[str, ...]
     """Modules of the job's user reward functions (``py:<module>:<function>``), allowed as the env
     service allows its user environments' (``EnvConfig.user_modules``)."""
+    cpu_per_action: str = "1"
+    """``spec.externalResources.cpuCoresPerAction``: the most cores a sandboxed reward run
+    (``code-tests``) is granted by the gateway pod's action manager, as in the env pods."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +323,7 @@ def _task(t: v1alpha1.Task, *, max_tokens: int) -> TaskConfig:
         agents=tuple(t.agents) if len(t.agents) > 1 else (), reward_fn=t.reward, group_size=t.group_size,
         redundancy=t.redundancy, sampling=mode, m_up=darts.m_up, long_end=darts.long_end, lam=darts.lam,
         ema_decay=darts.ema_decay, keep_unselected=darts.keep_unselected, length=darts.length,
-        max_turns=t.max_turns, max_tokens=max_tokens,
+        max_turns=t.max_turns, max_tokens=max_tokens, stop=tuple(t.stop),
     )  # fmt: skip
 
 
@@ -369,8 +378,15 @@ def job_config(
             user_modules=user_modules(t.environment for t in spec.tasks),
             warm_pool=spec.environment.warm_pool,
             cpu_per_action=spec.external_resources.cpu_cores_per_action,
+            api_quotas=quota.limits(
+                (q.tool, q.requests_per_minute, q.max_concurrent) for q in spec.external_resources.api_quotas
+            ),
         ),
-        reward=reward_config(spec.reward, user_modules(t.reward for t in spec.tasks)),
+        reward=reward_config(
+            spec.reward,
+            user_modules(t.reward for t in spec.tasks),
+            spec.external_resources.cpu_cores_per_action,
+        ),
         feeder=feeder_config(spec),
         trainer=trainer_config(job, tasks),
     )
@@ -403,11 +419,14 @@ def user_modules(names: Iterable[str]) -> tuple[str, ...]:
                          for n in names if n.startswith(v1alpha1.USER_CODE)}))  # fmt: skip
 
 
-def reward_config(reward: v1alpha1.Reward, modules: tuple[str, ...] = ()) -> RewardConfig:
+def reward_config(
+    reward: v1alpha1.Reward, modules: tuple[str, ...] = (), cpu_per_action: str = "1"
+) -> RewardConfig:
     """``spec.reward.url`` goes to the endpoint its type uses (a rule job's is ignored)."""
     return RewardConfig(
         judge_url=reward.url if reward.type == "llm-judge" else None,
         external_url=reward.url if reward.type == "external" else None,
         judge_model=reward.judge_model,
         user_modules=modules,
+        cpu_per_action=cpu_per_action,
     )

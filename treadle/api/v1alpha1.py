@@ -146,6 +146,11 @@ class Task(_Model):
     """How each prompt's group is sampled: ``standard``, ``redundant`` or ``darts`` (docs/DARTS.md)."""
     max_turns: int = Field(default=16, ge=1, le=1024)
     """Turn limit per trajectory."""
+    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """Stop sequences of every generation (the engine's ``stop``): a turn ends at the first one, which
+    is left out of the text (a finished completion, ``finish_reason`` ``stop``, not a truncated one)."""
     weight: float = Field(default=1.0, gt=0.0, le=1000.0)
     """Relative share of this task in a training batch."""
     dataset: dataset_api.Dataset | None = None

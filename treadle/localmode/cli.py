@@ -38,7 +38,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "spec.rollout.rebalance",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--redis", default="", help="Redis URL for the buffer (default: embedded memory store)")
+    p.add_argument(
+        "--redis",
+        default="",
+        help="Redis URL for the buffer and the job's API quotas (default: embedded memory store, no quotas)",
+    )
     p.add_argument(
         "--run-dir", type=Path, default=None, help="logs and summary.json (default: under the cache)"
     )

@@ -81,6 +81,11 @@ async def start_services(
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
     env = job_env(stack, plan)
+    if plan.config.env.api_quotas and not redis_url:
+        raise errors.SpecError(
+            f"the job's API quotas ({sorted(plan.config.env.api_quotas)}) are kept in Redis for all env"
+            " servers: pass --redis", field="--redis",
+        )  # fmt: skip
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
     gateway = await stack.start("reward", "treadle.services.reward", [], kind="http", env=env)
     reward = gateway.url
@@ -103,8 +108,10 @@ async def start_services(
             env={**env, env_vars.AGENT: plan.config.placement.pool_agents[w.pool]},
         )  # fmt: skip
         agents[w.worker_id] = agent.url
+    # API quotas are shared by all env servers of the job through Redis, as in a cluster.
+    shared = {env_vars.REDIS_URL: redis_url, env_vars.KEY_PREFIX: plan.job.name} if redis_url else {}
     envs = [
-        (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http", env=env)).url
+        (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http", env={**env, **shared})).url
         for i in range(options.env_servers)
     ]
     metrics: dict[str, str] = {}

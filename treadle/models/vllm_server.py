@@ -59,13 +59,17 @@ def healthy(port: int) -> bool:
 
 @contextlib.contextmanager
 def running(
-    model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0
+    model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0, max_model_len: int = 256
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Serve ``model_dir`` until the block exits; yields (base URL, process). Startup takes 40-130 s."""
     port = procs.free_port()
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = {**environment(cache_dir), "PATH": os.environ.get("PATH", "")}
     with procs.running(
-        "vllm", argv(model_dir, port=port), lambda: healthy(port), env=env, timeout=timeout_s
+        "vllm",
+        argv(model_dir, port=port, max_model_len=max_model_len),
+        lambda: healthy(port),
+        env=env,
+        timeout=timeout_s,
     ) as p:
         yield f"http://127.0.0.1:{port}", p

@@ -11,26 +11,29 @@ Containment, when the service runs as root (the env/reward pods, and this dev ma
   catches processes that left the process group;
 - rlimits: CPU seconds, address space (memory), processes, file size, open files, no core dumps;
 - a wall-clock timeout and an output cap enforced by the parent;
-- with ``cpus``, a **CPU cap** per run: the run is pinned (``sched_setaffinity``) to that many of the
-  CPUs this process may use, the least used by runs in flight first so concurrent runs spread, and
-  ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` say the same to thread pools.
-  Affinity rather than a cgroup quota: a pod's container may not write its own cgroup, and pinning
-  bounds parallelism exactly (a quota would let N threads burst on N cores and then throttle).
+- with a core manager (``cores.CoreManager``; ``cpus=N`` makes one with ``upper = N``), **cores
+  granted per action**: the run waits for its grant (ARL-Tangram's elastic scheduler over the pod's
+  FCFS queue of runs), is pinned (``sched_setaffinity``) to exactly the granted cores, which no
+  other run holds meanwhile, and reads the count in ``TREADLE_GRANTED_CORES`` and
+  ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``. Affinity rather than a cgroup
+  quota: a pod's container may not write its own cgroup, and pinning bounds parallelism exactly (a
+  quota would let N threads burst on N cores and then throttle).
 
 Each run is started in two halves: **start** (working directory, uid, namespaces, rlimits, the
-interpreter itself, which then blocks reading one line from stdin) and **go** (write ``main.py``, pin
-the CPUs, send the line and the run's stdin; the wall clock starts here). Start is what a run pays
-before any user code: fork, namespaces and the interpreter's boot, tens of milliseconds on the dev
-machine, against some 35 us for the directory. With ``warm=N`` the sandbox keeps N started
-processes ready (their own uids, beyond the ``concurrency`` slots) and refills in the background
-once a run that took one has ended (a start beside it would take CPU from it); a run under other
-limits than the sandbox's starts its own. A warm process is indistinguishable to the code it runs:
-the same bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
+interpreter itself, which then blocks reading one line from stdin) and **go** (write ``main.py``, wait
+for the grant, pin the cores, send the line with the grant's variables (a warm process started before
+its grant was known) and the run's stdin; the wall clock starts here). Start is what a run pays before
+any user code: fork, namespaces and the interpreter's boot, tens of milliseconds on the dev machine,
+against some 35 us for the directory. With ``warm=N`` the sandbox keeps N started processes ready
+(their own uids, beyond the ``concurrency`` slots) and refills in the background once a run that took
+one has ended (a start beside it would take CPU from it); a run under other limits than the
+sandbox's starts its own. A warm process is indistinguishable to the code it runs: the same
+bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
 
 Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
-replaces the ``socket`` module's constructors inside the child before user code runs (which code
-using ``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which
-mode ran, so callers and tests can tell.
+replaces the ``socket`` module's constructors inside the child before user code runs (which code using
+``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which mode ran, so
+callers and tests can tell.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import json
 import logging
 import os
 import resource
@@ -50,8 +54,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Literal
+
+from treadle.sandbox import cores as cores_mod
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +68,30 @@ Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_
 Isolation = Literal["namespaces", "socket-block"]
 
 UID_BASE = 1_800_000
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
 
-GO = b"go\n"
-"""The line a started process waits for before it runs ``main.py``; the run's stdin follows it."""
+GO = b"go "
+"""The start of the line a started process waits for; the run's variables (JSON), newline, stdin follow."""
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+GRANTED_CORES = "TREADLE_GRANTED_CORES"
+"""The cores granted to the run (the thread variables say the same to thread pools)."""
 
-# Runs in the child before the user's file: wait for the go line, the fallback socket block, then the
-# user code as __main__. The line is read from fd 0 itself, exactly its bytes: a buffered read would
-# take the run's stdin along into sys.stdin's buffer, out of reach of code that reads fd 0.
+# Runs in the child before the user's file: wait for the go line, set its variables, the fallback socket
+# block, then the user code as __main__. The line is read from fd 0 a byte at a time: a buffered read
+# would take the run's stdin into sys.stdin's buffer, out of reach of code that reads fd 0.
 _BOOTSTRAP = """
-import os, runpy, sys
+import json, os, runpy, sys
 go = b""
-while len(go) < 3:
-    chunk = os.read(0, 3 - len(go))
-    if not chunk:
+while not go.endswith(b"\\n"):
+    chunk = os.read(0, 1)
+    if not chunk or len(go) > 4096:  # the variables are a few dozen bytes
         sys.exit(0)
     go += chunk
-if go != b"go\\n":
+if not go.startswith(b"go "):
     sys.exit(0)
+os.environ.update(json.loads(go[3:]))
 if os.environ.get("TREADLE_SANDBOX_BLOCK_SOCKETS") == "1":
     import socket, _socket
     def _blocked(*a, **k):
@@ -137,8 +145,9 @@ class _Started:
 class Sandbox:
     """Runs code under ``limits``; at most ``concurrency`` runs at once, each under a uid of its own.
 
-    ``cpus``: CPUs each run may use (None: every CPU of this process, and no thread variables set).
-    ``warm``: started processes kept ready (see the module docstring); ``start_warm`` begins filling.
+    ``cores``: the pod's core manager; ``cpus``: make one granting at most that many cores per run
+    (neither: every CPU of this process, and no thread variables set). ``warm``: started processes
+    kept ready (see the module docstring); ``start_warm`` begins filling.
     """
 
     def __init__(
@@ -148,6 +157,7 @@ class Sandbox:
         concurrency: int = 8,
         python: str | None = None,
         cpus: int | None = None,
+        cores: cores_mod.CoreManager | None = None,
         warm: int = 0,
     ) -> None:
         self.limits = limits or Limits()
@@ -161,10 +171,7 @@ class Sandbox:
         self._ready: collections.deque[_Started] = collections.deque()
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
-        allowed = sorted(os.sched_getaffinity(0))
-        self.cpus = None if cpus is None else max(1, min(cpus, len(allowed)))
-        self._cpu_load = dict.fromkeys(allowed, 0)
-        self._turn = 0
+        self.cores = cores if cores is not None or cpus is None else cores_mod.CoreManager(upper=cpus)
         self.isolation: Isolation = (
             "namespaces" if os.geteuid() == 0 and _libc() is not None else "socket-block"
         )
@@ -203,20 +210,35 @@ class Sandbox:
         while self._ready:
             await self._end(self._ready.popleft())
 
-    async def run(self, code: str, *, stdin: str = "", limits: Limits | None = None) -> Result:
+    async def run(
+        self, code: str, *, stdin: str = "", limits: Limits | None = None, kind: str = "run"
+    ) -> Result:
+        """Run ``code``; ``kind`` names the action for the core manager's profiles (e.g. ``python-code``)."""
         limits = limits or self.limits
+        asked = time.monotonic()
         async with self._running:
+            waited = time.monotonic() - asked
             # Taken only once running: a run that waits holds no uid, so uids never run out.
             warm = self._ready.popleft() if self._ready and limits == self.limits else None
             if warm is not None and warm.proc.returncode is not None:  # it died waiting: start afresh
                 await self._end(warm)
                 warm = None
             started = warm or await self._start(limits)
+            manager = self.cores
             try:
-                return await self._go(started, code, stdin, limits)
+                if manager is None:
+                    return await self._go(started, code, stdin, limits, None)
+                async with manager.cores(kind) as grant:
+                    result = await self._go(started, code, stdin, limits, grant)
             finally:
                 await self._end(started)
                 self.start_warm()
+        # Queue: the wait for a sandbox slot and for the grant; the rest beside the run is overhead.
+        manager.metrics.phases(
+            cores_mod.CPU, queue_s=waited + grant.queued_s, execution_s=result.wall_s,
+            total_s=time.monotonic() - asked,
+        )  # fmt: skip
+        return result
 
     async def _fill(self) -> None:
         while len(self._ready) < self.warm and not self._closed:
@@ -244,8 +266,6 @@ class Sandbox:
                 "PYTHONDONTWRITEBYTECODE": "1",
                 "LANG": "C.UTF-8",
             }
-            if self.cpus is not None:
-                env.update(dict.fromkeys(THREAD_VARS, str(self.cpus)))
             if not isolated:
                 env["TREADLE_SANDBOX_BLOCK_SOCKETS"] = "1"
             proc = await asyncio.create_subprocess_exec(
@@ -260,7 +280,9 @@ class Sandbox:
             raise
         return _Started(proc, workdir, slot)
 
-    async def _go(self, started: _Started, code: str, stdin: str, limits: Limits) -> Result:
+    async def _go(
+        self, started: _Started, code: str, stdin: str, limits: Limits, grant: cores_mod.Grant | None
+    ) -> Result:
         begun = time.monotonic()
         main = os.path.join(started.workdir, "main.py")
         # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
@@ -268,15 +290,13 @@ class Sandbox:
             f.write(code)
         if self.isolation == "namespaces":
             os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
-        cpus = self._take_cpus()
-        try:
-            if cpus:
-                with contextlib.suppress(ProcessLookupError):  # it died starting: its status says why
-                    os.sched_setaffinity(started.proc.pid, cpus)
-            status, out, err = await self._collect(started.proc, GO + stdin.encode(), limits)
-        finally:
-            for cpu in cpus:
-                self._cpu_load[cpu] -= 1
+        variables: dict[str, str] = {}
+        if grant is not None:
+            variables = dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units))
+            with contextlib.suppress(ProcessLookupError):  # it died starting: its status says why
+                os.sched_setaffinity(started.proc.pid, grant.cores)
+        line = GO + json.dumps(variables).encode() + b"\n"
+        status, out, err = await self._collect(started.proc, line + stdin.encode(), limits)
         code_ = started.proc.returncode
         if status is None:
             status = _classify(code_, err)
@@ -285,15 +305,6 @@ class Sandbox:
             stderr=err.decode(errors="replace"), wall_s=time.monotonic() - begun,
             isolation=self.isolation,
         )  # fmt: skip
-
-    def _take_cpus(self) -> list[int]:
-        if self.cpus is None:
-            return []
-        self._turn += 1
-        cpus = least_used(self._cpu_load, self.cpus, turn=self._turn)
-        for cpu in cpus:
-            self._cpu_load[cpu] += 1
-        return cpus
 
     async def _end(self, started: _Started) -> None:
         """Kill every process of the run, remove its directory, free its uid."""
@@ -347,13 +358,6 @@ class Sandbox:
         overflowed.cancel()
         cap = limits.max_output_bytes
         return status, bytes(out[:cap]), bytes(err[:cap])
-
-
-def least_used(load: Mapping[int, int], n: int, *, turn: int) -> list[int]:
-    """The ``n`` CPUs with the fewest runs on them; ties go round-robin from ``turn``."""
-    ring = sorted(load)
-    order = sorted(ring, key=lambda cpu: (load[cpu], (ring.index(cpu) - turn) % len(ring)))
-    return sorted(order[:n])
 
 
 def _interpreter(*, needs_world_access: bool) -> str:

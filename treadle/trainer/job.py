@@ -13,11 +13,11 @@ against). A path whose folder is named ``tiny-llama-seed<N>`` (``treadle.trainer
 and holds no model yet is generated there first, deterministically from N
 (``treadle.models.tiny``): the dev cluster's tiny Llama needs no download.
 
-The swapper (``PlacementSwapper``) reads the job's inference workers from placement before every
-prefetch and swap (a restarted worker registers again under a new address) and swaps them through
-their agents, as ``treadle train``'s local stack does (``engines.EngineSwapper``). Seam: when
-placement drives swaps itself (its ``SwapWeights`` RPC and ``treadle.client.swapper.ClusterSwapper``,
-another branch), ``swapper()`` below is the one place that changes.
+Weights are swapped by the job's own services: the trainer asks placement to prefetch and then swap
+a published version (``treadle.client.swapper.ClusterSwapper`` over placement's ``PrefetchWeights``
+/ ``SwapWeights``), and placement fans it out to every registered worker of the trained agent through
+their agents (RollArt's suspend, pull, apply under pause, resume; ``docs/WEIGHT_SYNC.md``). Whether
+the engines load real weights is placement's setting (``--[no-]apply-weights``), not the trainer's.
 
 A restarted trainer continues the version numbers (it starts at the scheduler's committed version
 and publishes after the newest version in the store) but trains again from the base checkpoint:
@@ -40,9 +40,9 @@ from pathlib import Path
 from treadle import errors
 from treadle.api import env_vars, jobconfig
 from treadle.client import connect
+from treadle.client import swapper as swapper_mod
 from treadle.services import podenv
-from treadle.services.placement import client as placement_client
-from treadle.trainer import engines, grpo, loop, policy
+from treadle.trainer import grpo, loop, policy
 from treadle.weights import loader
 
 PROG = "python -m treadle.trainer.job"
@@ -67,57 +67,13 @@ def loop_config(cfg: jobconfig.TrainerConfig) -> loop.Config:
     )  # fmt: skip
 
 
-class PlacementSwapper:
-    """``loop.Swapper`` over the job's workers as placement lists them, at every call."""
-
-    def __init__(
-        self, placement: placement_client.PlacementClient, *, pools: set[str], agent: str, apply_weights: bool
-    ) -> None:
-        self.placement = placement
-        self.pools = pools
-        """The trained agent's pools (a multi-agent job's other agents keep their own weights)."""
-        self.agent = agent
-        """The agent to name in each swap: set for a multi-agent job only (``EngineSwapper``)."""
-        self.apply_weights = apply_weights
-        self.served: dict[str, int] = {}
-        """Version each worker serves, as of its last successful swap."""
-
-    async def _engines(self) -> engines.EngineSwapper:
-        state = await self.placement.pool_state()
-        replicas = [
-            engines.Replica(w.worker.worker_id, w.worker.engine_address, w.worker.address)
-            for w in state.workers
-            if w.worker.pool in self.pools and w.worker.engine_address
-        ]
-        if not replicas:
-            raise errors.Unavailable(f"no inference worker of pools {sorted(self.pools)} is registered")
-        return engines.EngineSwapper(replicas, extension=self.apply_weights, agent=self.agent)
-
-    async def prefetch(self, version: int) -> None:
-        await (await self._engines()).prefetch(version)
-
-    async def swap(self, version: int) -> None:
-        swapper = await self._engines()
-        try:
-            await swapper.swap(version)
-        finally:
-            self.served |= {w: v for w, v in swapper.served.items() if v == version}
-
-
-def swapper(
-    conn: connect.Connection, job: jobconfig.JobConfig, agent: str, *, apply_weights: bool
-) -> loop.Swapper:
-    """The trainer's swapper in the job (the seam for placement-driven swaps, see the module doc)."""
-    pools = {pool for pool, a in job.placement.pool_agents.items() if a == agent}
+def swapper(conn: connect.Connection, job: jobconfig.JobConfig, agent: str) -> loop.Swapper:
+    """Placement's weight sync for the trained agent's workers ("" names a single-agent job's)."""
     multi = len(set(job.placement.pool_agents.values())) > 1
-    return PlacementSwapper(
-        conn.placement, pools=pools, agent=agent if multi else "", apply_weights=apply_weights
-    )
+    return swapper_mod.ClusterSwapper(conn.placement, agent=agent if multi else "")
 
 
-async def run(
-    environ: Mapping[str, str], *, apply_weights: bool = True, echo: Callable[[str], None] = print
-) -> list[loop.StepRecord]:
+async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print) -> list[loop.StepRecord]:
     """Train the job's ``spec.trainer`` to its last step; returns one record per step."""
     job = podenv.job_config(environ)
     cfg = job.trainer
@@ -145,7 +101,7 @@ async def run(
             batches=batches,
             publisher=conn.publisher,
             gate=conn.scheduler,
-            swapper=swapper(conn, job, cfg.agent, apply_weights=apply_weights),
+            swapper=swapper(conn, job, cfg.agent),
             config=loop_config(cfg),
             echo=echo,
         )
@@ -164,18 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument(
-        "--no-apply-weights", action="store_true",
-        help="swap only the engines' version labels (SIMULATED engines, which cannot load weights)",
-    )  # fmt: skip
-    args = p.parse_args(argv)
+    p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     began = time.monotonic()
     try:
         # Flushed per line: stdout to a pod's log file is block-buffered, and `kubectl logs -f` showed
         # no step until the trainer exited (found on the dev cluster).
-        echo = functools.partial(print, flush=True)
-        asyncio.run(run(os.environ, apply_weights=not args.no_apply_weights, echo=echo))
+        asyncio.run(run(os.environ, echo=functools.partial(print, flush=True)))
     except errors.SpecError as exc:
         print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -92,6 +92,9 @@ async def launch_rendered(
     for name in ("buffer", "placement", "env", "reward"):
         c = by_name[name]
         argv, port = rw.command(c)
+        if name == "placement":
+            # Its swaps reach the SIMULATED engine below, which takes version labels but no weights.
+            argv = [*argv, "--no-apply-weights"]
         kind = "grpc" if name in render_common.COORDINATION else "http"
         await stack.launch(name, argv, port=port, kind=kind, env=rw.env(c))
     vllm = by_name["vllm"]

@@ -3,7 +3,7 @@
 A job with ``spec.trainer`` is rendered by the pure renderers and its pods started as processes on
 127.0.0.1 (``rendered_pods``): buffer, placement, env, reward, one inference replica (its agent as
 rendered, its vLLM container replaced by the SIMULATED engine, which takes version labels but no
-weights: the trainer runs with ``--no-apply-weights``), the scheduler, and the trainer's container
+weights: placement swaps with ``--no-apply-weights``), the scheduler, and the trainer's container
 (``python -m treadle.trainer.job``, its environment verbatim but for addresses). The test stands in
 for the feeder and submits prompt groups. The scheduler's ``KUBECONFIG`` points at a FAKE API server
 (an HTTP server on 127.0.0.1 that records requests): the real reporter and Kubernetes client write
@@ -155,7 +155,7 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
         try:
             with log.open("wb") as out:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, *trainer["command"][1:], "--no-apply-weights",
+                    sys.executable, *trainer["command"][1:],
                     env={**os.environ, **rw.env(trainer)}, stdout=out, stderr=out,
                 )  # fmt: skip
                 try:

@@ -10,7 +10,8 @@ from typing import Any
 import dataplane_fakes as fakes
 import prometheus_client as prom
 
-from treadle.api import jobconfig
+from treadle.api import jobconfig, v1alpha1
+from treadle.services.agent import protocol as agent_protocol
 from treadle.services.placement import protocol as placement_protocol
 from treadle.services.scheduler import prediction, protocol, retry, scoring, stats, trajectory, turns
 
@@ -36,7 +37,9 @@ class Placement:
         return len(req.trajectories)
 
 
-async def run_one(env: fakes.Env, agent: fakes.Agent) -> tuple[dict[str, Any], trajectory.Traj, Placement]:
+async def run_one(
+    env: fakes.Env, agent: fakes.Agent, task: jobconfig.TaskConfig = TASK
+) -> tuple[dict[str, Any], trajectory.Traj, Placement]:
     settings = jobconfig.Settings(backoff_s=0.0)
     metrics = stats.SchedulerMetrics(prom.CollectorRegistry())
     tally = stats.Tally(["math"], metrics)
@@ -54,7 +57,7 @@ async def run_one(env: fakes.Env, agent: fakes.Agent) -> tuple[dict[str, Any], t
         rewards=scoring.RewardStage(fakes.Reward(), retrier),
         predictions=prediction.Predictions(["math"], metrics), finish=finish, clock=lambda: 0.0,
     )  # fmt: skip
-    t = trajectory.Traj(tid="g-0", work=protocol.Work("g", TASK, 7, None), init_version=0)
+    t = trajectory.Traj(tid="g-0", work=protocol.Work("g", task, 7, None), init_version=0)
     loop.start([t])
     async with asyncio.timeout(5):
         await done.wait()
@@ -87,3 +90,36 @@ async def test_an_aborted_generation_is_issued_again_and_a_failed_step_fails_the
         "assign 0", "release turn predicted=False out=0", "assign 0", "release turn predicted=True out=2",
     ]  # fmt: skip
     assert agent.started == 2 and len(t.turns) == 1 and env.closed == ["g-0"]
+
+
+class RecordingAgent(fakes.Agent):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[agent_protocol.GenerateRequest] = []
+
+    async def generate(self, req: agent_protocol.GenerateRequest) -> agent_protocol.GenerateResult:
+        self.requests.append(req)
+        return await super().generate(req)
+
+
+async def test_the_tasks_stop_sequences_reach_every_generate_request() -> None:
+    spec = {
+        "agents": [{"name": "a", "model": "m"}],
+        "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
+        "tasks": [{"name": "math", "agents": ["a"], "environment": "e", "reward": "r", "maxTurns": 5,
+                   "stop": ["</answer>", "\n\n"]}],
+    }  # fmt: skip
+    job = v1alpha1.parse_job(
+        {"apiVersion": v1alpha1.API_VERSION, "kind": v1alpha1.KIND, "metadata": {"name": "j"}, "spec": spec}
+    )
+    (task,) = jobconfig.job_config(
+        job, max_tokens=64, max_in_flight=8, max_concurrent_generations=4
+    ).scheduler.tasks
+    assert task.stop == ("</answer>", "\n\n")
+    agent = RecordingAgent()
+    finished, _, _ = await run_one(fakes.Env(steps=2), agent, task)
+    assert finished["status"] == "completed"
+    assert [r.stop for r in agent.requests] == [["</answer>", "\n\n"]] * 2
+    plain = RecordingAgent()
+    await run_one(fakes.Env(steps=1), plain)
+    assert [r.stop for r in plain.requests] == [[]]  # none by default: the agent sends no ``stop``

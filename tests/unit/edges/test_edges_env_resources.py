@@ -1,4 +1,4 @@
-"""The env pod's two resource settings (warm pool, CPUs per action) and the sandbox's CPU choice."""
+"""The env pod's two resource settings (warm pool, CPUs per action)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from treadle import errors
 from treadle.api import jobconfig, v1alpha1
-from treadle.sandbox import runner
+from treadle.sandbox import cores
 from treadle.services.env import __main__ as env_main
 
 
@@ -25,13 +25,13 @@ from treadle.services.env import __main__ as env_main
     ],
 )
 def test_cpu_quantity_rounds_up_to_whole_cpus(raw: str, cpus: int) -> None:
-    assert env_main.cpus_per_action(raw) == cpus
+    assert cores.cpus_per_action(raw) == cpus
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "-1", "1 core", "0", "0m", "1x"])
 def test_bad_cpu_quantity_names_the_field(raw: str) -> None:
     with pytest.raises(errors.SpecError) as info:
-        env_main.cpus_per_action(raw)
+        cores.cpus_per_action(raw)
     assert info.value.field == "spec.externalResources.cpuCoresPerAction"
 
 
@@ -64,11 +64,3 @@ def test_bad_warm_pool_names_the_field(size: int) -> None:
     with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_spec({**SPEC, "environment": {"warmPool": size}})
     assert info.value.field == "spec.environment.warmPool"
-
-
-def test_least_used_cpus_first_ties_round_robin() -> None:
-    assert runner.least_used({0: 1, 1: 0, 2: 0, 3: 2}, 2, turn=0) == [1, 2]
-    assert runner.least_used({0: 0, 1: 0}, 1, turn=0) == [0]
-    assert runner.least_used({0: 0, 1: 0}, 1, turn=1) == [1]
-    assert runner.least_used({0: 0, 1: 0, 2: 0}, 2, turn=2) == [0, 2]
-    assert runner.least_used({0: 3, 1: 3}, 2, turn=7) == [0, 1]

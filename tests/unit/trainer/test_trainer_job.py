@@ -17,8 +17,8 @@ import pytest
 from treadle import errors
 from treadle.api import env_vars, jobconfig, v1alpha1
 from treadle.client import connect
+from treadle.services.placement import protocol as placement_protocol
 from treadle.trainer import job as trainer_job
-from treadle.v1 import placement_pb2
 from treadle.weights import objects
 
 SPEC: dict[str, Any] = {
@@ -31,6 +31,14 @@ SPEC: dict[str, Any] = {
     "rollout": {"batchSize": 32, "staleness": 2},
     "weights": {"replicas": 3},
     "trainer": {"agent": "coder", "steps": 7, "learningRate": 1e-4, "clipHigh": 0.28},
+}
+
+
+SINGLE: dict[str, Any] = {
+    **{k: v for k, v in SPEC.items() if k not in ("agents", "pools", "tasks", "trainer")},
+    "agents": [{"name": "default", "model": "/models/p"}],
+    "pools": [{"name": "plan", "agent": "default", "accelerator": "H20"}],
+    "tasks": [{"name": "t", "agents": ["default"], "environment": "math-tool", "reward": "math"}],
 }
 
 
@@ -74,32 +82,31 @@ async def test_a_job_without_a_trainer_names_the_field(tmp_path: pathlib.Path) -
 
 
 class Placement:
-    """Placement's ``pool_state`` with one worker per pool, and one not registered with its engine."""
+    """Placement's weight-sync RPCs, recording what the trainer asked of them."""
 
-    async def pool_state(self) -> placement_pb2.PoolStateResponse:
-        def state(worker: str, pool: str, engine: str) -> placement_pb2.WorkerState:
-            w = placement_pb2.Worker(worker_id=worker, pool=pool, address=f"http://{worker}:8002",
-                                     engine_address=engine)  # fmt: skip
-            return placement_pb2.WorkerState(worker=w)
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, str]] = []
 
-        return placement_pb2.PoolStateResponse(
-            workers=[
-                state("plan-0", "plan", "http://plan-0:8080"),
-                state("code-0", "code", "http://code-0:8080"),
-                state("code-1", "code", ""),
-            ]
-        )
+    async def prefetch_weights(self, version: int, *, agent: str = "") -> Any:
+        self.calls.append(("prefetch", version, agent))
+        return placement_protocol.SwapResult(version=version, agent=agent, workers=())
+
+    async def swap_weights(self, version: int, *, agent: str = "", timeout_s: float = 0.0) -> Any:
+        self.calls.append(("swap", version, agent))
+        done = placement_protocol.WorkerSwap(worker_id="code-0", pool="code", outcome="swapped")
+        return placement_protocol.SwapResult(version=version, agent=agent, workers=(done,))
 
 
-async def test_the_swapper_takes_the_trained_agents_registered_workers() -> None:
-    placement: Any = Placement()
-    swapper = trainer_job.PlacementSwapper(placement, pools={"code"}, agent="coder", apply_weights=True)
-    engines = await swapper._engines()
-    assert [(r.worker_id, r.engine_url) for r in engines.replicas] == [("code-0", "http://code-0:8080")]
-    assert (engines.agent, engines.extension) == ("coder", True)
-    nobody = trainer_job.PlacementSwapper(placement, pools={"other"}, agent="", apply_weights=False)
-    with pytest.raises(errors.Unavailable, match="other"):
-        await nobody.swap(1)
+@pytest.mark.parametrize(("spec", "agent"), [(SPEC, "coder"), (SINGLE, "")])
+async def test_the_swapper_asks_placement_for_the_trained_agents_workers(
+    spec: dict[str, Any], agent: str
+) -> None:
+    """Placement, not the trainer, swaps the workers; a multi-agent job names the trained agent."""
+    conn: Any = type("Conn", (), {"placement": Placement()})()
+    swapper = trainer_job.swapper(conn, config(spec), "coder" if agent else "default")
+    await swapper.prefetch(3)
+    await swapper.swap(3)
+    assert conn.placement.calls == [("prefetch", 3, agent), ("swap", 3, agent)]
 
 
 def pod_env(tmp_path: pathlib.Path) -> dict[str, str]:

@@ -5,28 +5,27 @@ A pod started by the operator (and local mode, the same way) reads its job file
 serve is a startup error, not a failure on the first trajectory. User environments
 (``py:<module>:<Class>``) are imported from the modules the job names and from the
 ``--allow-user-module`` prefixes, as the reward gateway's user functions;
-``spec.environment.warmPool`` and ``spec.externalResources.cpuCoresPerAction`` size the sandbox. An
-env server without a job file keeps no warm sandbox and pins an action to 1 CPU.
+``spec.environment.warmPool`` and ``spec.externalResources.cpuCoresPerAction`` size the sandbox
+(``cpuCoresPerAction``: the most cores the pod's action manager grants one action).
+``spec.externalResources.apiQuotas`` are kept in Redis (``TREADLE_REDIS_URL``, keys under
+``TREADLE_KEY_PREFIX``) and shared by every env server of the job. An env server without a job file
+keeps no warm sandbox, grants an action 1 CPU and limits no tool.
 """
 
 from __future__ import annotations
 
 import argparse
-import decimal
-import math
 import os
 from collections.abc import Collection, Mapping
 
-from kubernetes.utils import quantity
-
 from treadle import errors
 from treadle.api import env_vars, jobconfig
+from treadle.sandbox import cores
 from treadle.services import plugin, podenv
 from treadle.services.env import http_app, pythoncode, service
 from treadle.services.httputil import serve
 
 PROG = "python -m treadle.services.env"
-CPU_PER_ACTION_FIELD = "spec.externalResources.cpuCoresPerAction"
 
 
 def check_environments(wanted: Collection[str], user_prefixes: tuple[str, ...] = ()) -> None:
@@ -41,20 +40,6 @@ def check_environments(wanted: Collection[str], user_prefixes: tuple[str, ...] =
         )  # fmt: skip
     for name in user:
         plugin.load(name, user_prefixes, what="user environment", field=field)
-
-
-def cpus_per_action(raw: str) -> int:
-    """CPUs one action is pinned to: the Kubernetes quantity rounded up (``500m`` is 1 CPU)."""
-    try:
-        cores: decimal.Decimal = quantity.parse_quantity(raw.strip())  # type: ignore[no-untyped-call]
-    except ValueError as exc:
-        raise errors.SpecError(
-            f"must be a Kubernetes CPU quantity such as 1, 2 or 500m, got {raw!r}",
-            field=CPU_PER_ACTION_FIELD, value=raw,
-        ) from exc  # fmt: skip
-    if cores <= 0:
-        raise errors.SpecError("must be more than 0 cores", field=CPU_PER_ACTION_FIELD, value=raw)
-    return math.ceil(cores)
 
 
 def warm_pool(job: jobconfig.EnvConfig | None) -> int:
@@ -80,11 +65,16 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     prefixes = (*a.allow_user_module, *(env.user_modules if env else ()))
     if env is not None:
         podenv.or_exit(lambda: check_environments(env.environments, prefixes), prog=PROG)
-    cpus = podenv.or_exit(lambda: cpus_per_action(env.cpu_per_action if env else "1"), prog=PROG)
-    app = http_app.build_app(
-        max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
-        sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
-        user_prefixes=prefixes,
+    cpus = podenv.or_exit(lambda: cores.cpus_per_action(env.cpu_per_action if env else "1"), prog=PROG)
+    app = podenv.or_exit(
+        lambda: http_app.build_app(
+            max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
+            sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
+            user_prefixes=prefixes, api_quotas=env.api_quotas if env else None,
+            redis_url=environ.get(env_vars.REDIS_URL, ""),
+            namespace=environ.get(env_vars.KEY_PREFIX) or (job.config.job if env else "default"),
+        ),
+        prog=PROG,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

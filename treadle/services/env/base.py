@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from treadle import errors
 
@@ -30,6 +30,20 @@ class Environment(Protocol):
     async def step(self, action: str) -> Outcome: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class UsesTools(Protocol):
+    """An environment whose actions call external tools declares which, before the step runs.
+
+    ``tools_for(action)``: the tools the step will call, a tool once per call made at the same
+    time (``["web-search"]``). The env service holds the job's quota for each
+    (``spec.externalResources.apiQuotas``, enforced across all env pods) before the step starts and
+    releases it after, so the step itself never sees a rate limit. A tool with no quota is not
+    limited. Environments without the method call no quota'd tool.
+    """
+
+    def tools_for(self, action: str) -> list[str]: ...
 
 
 @dataclasses.dataclass(frozen=True)

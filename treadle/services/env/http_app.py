@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import fastapi
 import prometheus_client
+import redis.asyncio as aioredis
 
-from treadle import metrics
-from treadle.sandbox import runner
-from treadle.services.env import base, protocol, pythoncode, service
+from treadle import errors, metrics
+from treadle.api import env_vars
+from treadle.policy.tangram import quota
+from treadle.sandbox import cores, runner
+from treadle.services.env import base, protocol, pythoncode, quotas, service
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
 
@@ -26,20 +29,42 @@ def build_app(
     warm_pool: int = 0,
     cpus_per_action: int | None = None,
     user_prefixes: tuple[str, ...] = (),
+    api_quotas: Mapping[str, quota.Limit] | None = None,
+    redis_url: str = "",
+    namespace: str = "default",
     svc: service.EnvService | None = None,
 ) -> fastapi.FastAPI:
     """``warm_pool``: started sandbox processes kept ready for python-code's runs (``runner.Sandbox``
     ``warm``); math-tool and frozenlake open in some 20 us from the seed alone, so nothing of theirs
-    is pre-started. ``cpus_per_action``: CPUs each sandboxed run is pinned to. ``user_prefixes``:
-    module prefixes user environments (``py:<module>:<Class>``) may come from."""
+    is pre-started. ``cpus_per_action``: the most cores the pod's action manager
+    (``treadle.sandbox.cores``) grants one sandboxed run. ``user_prefixes``:
+    module prefixes user environments (``py:<module>:<Class>``) may come from. ``api_quotas``: the
+    job's quotas by tool, kept in Redis at ``redis_url`` under ``namespace`` (``quotas``), shared
+    with every env server of the job."""
     registry = registry or http_app.registry()
+    actions = cores.ActionMetrics(registry)
+    limits = dict(api_quotas or {})
+    if limits and not redis_url:
+        raise errors.SpecError(
+            f"the job has API quotas ({sorted(limits)}), kept in Redis for all env pods: set the address",
+            field=env_vars.REDIS_URL,
+        )
+    redis = aioredis.Redis.from_url(redis_url, protocol=2) if limits else None
+    shared = (
+        None if redis is None else quotas.Quotas(
+            client=redis, namespace=namespace, limits=limits, registry=registry, action_metrics=actions
+        )
+    )  # fmt: skip
+    manager = (
+        None if cpus_per_action is None else cores.CoreManager(upper=cpus_per_action, action_metrics=actions)
+    )
     svc = svc or service.EnvService(
         registry=registry,
         context=base.Context(
-            sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cpus=cpus_per_action, warm=warm_pool)
+            sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cores=manager, warm=warm_pool)
         ),
         max_sessions=max_sessions, step_timeout_s=step_timeout_s, idle_ttl_s=idle_ttl_s,
-        user_prefixes=user_prefixes,
+        user_prefixes=user_prefixes, quotas=shared,
     )  # fmt: skip
     box = svc.context.sandbox
     if isinstance(box, runner.Sandbox):
@@ -62,6 +87,8 @@ def build_app(
             await svc.close_all()
             if isinstance(box, runner.Sandbox):
                 await box.close()
+            if redis is not None:
+                await redis.aclose()
 
     app = http_app.new_app(title="treadle-env", registry=registry, lifespan=lifespan)
     app.state.svc = svc

@@ -9,7 +9,8 @@ Opening a session costs some 2 us (the task is picked by the seed); what costs i
 sandbox process (fork, namespaces, interpreter boot: tens of ms on the dev machine). The pod's warm pool
 (``spec.environment.warmPool``) keeps that many started processes ready in the sandbox, so an
 attempt, the first one included, skips the start while one is ready. Each attempt is pinned to
-``spec.externalResources.cpuCoresPerAction`` CPUs (``runner.Sandbox`` ``cpus``).
+the cores the pod's action manager grants it (``treadle.sandbox.cores``: at most
+``spec.externalResources.cpuCoresPerAction``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ TASKS: list[tuple[str, str]] = [
 ]  # fmt: skip
 
 
+SPEC_NAME = "python-code"
+
+
 class PythonCode:
     def __init__(self, seed: int, *, max_turns: int, sandbox: runner.Sandbox) -> None:
         self.task, self.tests = TASKS[seed % len(TASKS)]
@@ -47,7 +51,9 @@ class PythonCode:
 
     async def step(self, action: str) -> base.Outcome:
         self.turns += 1
-        result = await self.sandbox.run(codetests.program(codetests.extract_code(action), self.tests))
+        result = await self.sandbox.run(
+            codetests.program(codetests.extract_code(action), self.tests), kind=SPEC_NAME
+        )
         passed = codetests.passed(result.ok, result.stdout)
         info: dict[str, Any] = {"status": result.status, "passed": passed, "turns": self.turns}
         if passed:
@@ -70,4 +76,4 @@ def _factory(seed: int, options: Mapping[str, Any], ctx: base.Context) -> Python
     )
 
 
-SPEC = base.Spec("python-code", "write code that passes tests, run in a sandboxed subprocess", _factory)
+SPEC = base.Spec(SPEC_NAME, "write code that passes tests, run in a sandboxed subprocess", _factory)

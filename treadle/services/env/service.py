@@ -11,12 +11,16 @@ flight (the caller timed out, or its connection dropped) joins it; a retry of th
 (its reply was lost) gets the cached result; any other index, or a known index with another
 action, is a ``Conflict`` that names the expected index. A step keeps running when its caller
 goes away, so the retry finds its result instead of applying the action twice.
+
+A step whose environment declares tools (``base.UsesTools``) first holds the job's API quotas for
+them (``quotas``), outside the step's timeout: it waits its turn instead of failing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -28,6 +32,7 @@ import prometheus_client
 from treadle import errors, metrics
 from treadle.services import plugin
 from treadle.services.env import base, frozenlake, mathtool, protocol, pythoncode
+from treadle.services.env import quotas as quotas_mod
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +71,11 @@ class EnvService:
         step_timeout_s: float = 30.0,
         idle_ttl_s: float = 900.0,
         clock: Callable[[], float] = time.monotonic,
+        quotas: quotas_mod.Quotas | None = None,
     ) -> None:
         self.specs = dict(specs)
+        self.quotas = quotas
+        """The job's API quotas (None: the job has none, and no tool is limited)."""
         self.user_prefixes = user_prefixes
         """Module prefixes user environments (``py:<module>:<Class>``) may be imported from."""
         self.context = context
@@ -169,9 +177,12 @@ class EnvService:
         return await asyncio.shield(task)
 
     async def _apply(self, session_id: str, session: Session, action: str) -> protocol.StepResult:
-        started = self.clock()
+        tools = session.env.tools_for(action) if isinstance(session.env, base.UsesTools) else []
         try:
-            outcome = await asyncio.wait_for(session.env.step(action), self.step_timeout_s)
+            # The quota is held for the whole step, outside its timeout: waiting in the queue is no fault.
+            async with self._quota(tools):
+                started = self.clock()
+                outcome = await asyncio.wait_for(session.env.step(action), self.step_timeout_s)
         except Exception as exc:
             await self._drop(session_id)
             raise self._failure(session.env_name, "step", session_id, exc) from exc
@@ -186,6 +197,11 @@ class EnvService:
         session.last = (action, result)
         session.last_used = now
         return result
+
+    def _quota(self, tools: list[str]) -> contextlib.AbstractAsyncContextManager[object]:
+        if self.quotas is None or not tools:
+            return contextlib.nullcontext()
+        return self.quotas.hold(tools)
 
     async def close(self, session_id: str) -> None:
         self._get(session_id)

@@ -5,7 +5,9 @@ an ``llm-judge`` job, and the scoring endpoint of an ``external`` job (every req
 the job file's ``spec.reward`` (``treadle.api.jobconfig.RewardConfig``). User functions
 (``py:<module>:<function>``) are imported from the modules the job's tasks name and from the
 ``--allow-user-module`` prefixes; a gateway without a job file serves the built-in functions and
-those under ``--allow-user-module`` only.
+those under ``--allow-user-module`` only. Sandboxed ``code-tests`` runs get their cores from the
+pod's action manager, at most ``spec.externalResources.cpuCoresPerAction`` each (unpinned without
+a job file).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 from collections.abc import Mapping
 
 from treadle.api import jobconfig
+from treadle.sandbox import cores
 from treadle.services import podenv
 from treadle.services.httputil import serve
 from treadle.services.reward import http_app
@@ -43,10 +46,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     reward = podenv.or_exit(lambda: job.config.reward if job.present else None, prog=PROG)
     judge_url, external_url = endpoints(reward)
     judge_model = reward.judge_model if reward else None
+    cpus = podenv.or_exit(lambda: cores.cpus_per_action(reward.cpu_per_action) if reward else None, prog=PROG)
     app = http_app.build_app(
         judge_url=judge_url, judge_model=judge_model, external_url=external_url,
         user_prefixes=(*a.allow_user_module, *(reward.user_modules if reward else ())),
         max_concurrency=a.max_concurrency, timeout_s=a.timeout_s, sandbox_concurrency=a.sandbox_concurrency,
+        cpus_per_action=cpus,
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

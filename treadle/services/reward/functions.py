@@ -135,7 +135,9 @@ async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored
     tests = _need_reference(req)
     if res.sandbox is None:
         raise errors.Unavailable("code-tests needs the sandbox, which this gateway was started without")
-    result = await res.sandbox.run(codetests.program(codetests.extract_code(req.response), tests))
+    result = await res.sandbox.run(
+        codetests.program(codetests.extract_code(req.response), tests), kind="code-tests"
+    )
     passed = codetests.passed(result.ok, result.stdout)
     details = {
         "status": result.status,

@@ -9,7 +9,7 @@ import fastapi
 import httpx
 import prometheus_client
 
-from treadle.sandbox import runner
+from treadle.sandbox import cores, runner
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
 from treadle.services.reward import functions, protocol, service
@@ -25,15 +25,22 @@ def build_app(
     max_concurrency: int = 64,
     timeout_s: float = 30.0,
     sandbox_concurrency: int = 4,
+    cpus_per_action: int | None = None,
 ) -> fastapi.FastAPI:
+    """``cpus_per_action``: the most cores the pod's action manager (``treadle.sandbox.cores``) grants
+    one ``code-tests`` run (None: runs are not pinned)."""
     registry = registry or http_app.registry()
+    manager = (
+        None if cpus_per_action is None
+        else cores.CoreManager(upper=cpus_per_action, action_metrics=cores.ActionMetrics(registry))
+    )  # fmt: skip
     judge = httpx.AsyncClient(base_url=judge_url, timeout=timeout_s) if judge_url else None
     external = (
         functions.External(httpx.AsyncClient(timeout=timeout_s), external_url) if external_url else None
     )
     resources = functions.Resources(
-        sandbox=runner.Sandbox(concurrency=sandbox_concurrency), judge=judge, judge_model=judge_model,
-        user_prefixes=user_prefixes, external=external,
+        sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cores=manager), judge=judge,
+        judge_model=judge_model, user_prefixes=user_prefixes, external=external,
     )  # fmt: skip
     svc = service.RewardService(
         registry=registry, resources=resources, max_concurrency=max_concurrency, timeout_s=timeout_s

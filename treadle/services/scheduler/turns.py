@@ -264,7 +264,7 @@ class TurnLoop:
             t.worker = early or await self._assign(t, turn)
             req = agent_protocol.GenerateRequest(
                 trajectory_id=t.tid, turn=turn, messages=messages, max_tokens=task.max_tokens,
-                temperature=task.temperature,
+                temperature=task.temperature, stop=list(task.stop),
             )  # fmt: skip
             result: agent_protocol.GenerateResult | None = None
             agent = self.agent_for(t.worker.address)
