@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: Treadle's vertical slice, in three parts.
-#   1. Kubernetes: the operator reconciles RolloutJobs onto fake H800/H20 GPU pools of a real control
-#      plane (etcd, kube-apiserver, controller-manager, scheduler; KWOK plays the kubelets).
+#   1. Kubernetes: a real control plane (etcd, kube-apiserver, controller-manager, scheduler) whose
+#      process nodes run every pod; helm install, then manifests/dev/learn.yaml trains a tiny model
+#      with real vLLM (CPU) and the reference GRPO trainer as pods (needs root: pod network namespaces).
 #   2. Local rollout: a RolloutJob run end to end with every service a process on 127.0.0.1
 #      (simulated engine, labelled so).
 #   3. The learning loop: GRPO on a tiny model with real vLLM on CPU; rollout, reward, buffer,
@@ -16,30 +17,35 @@ KUBECONFIG="$CACHE/demo.kubeconfig"
 export KUBECONFIG
 kubectl() { "$BIN/kubectl" "$@"; }
 section() { printf '\n\033[1m== %s ==\033[0m\n' "$*"; }
-OPERATOR_PID=""
 cleanup() {
-  [ -n "$OPERATOR_PID" ] && kill "$OPERATOR_PID" 2>/dev/null && wait "$OPERATOR_PID" 2>/dev/null
   "$TREADLE" cluster --name treadle-demo --kubeconfig "$KUBECONFIG" down
 }
 trap cleanup EXIT
 
-section "1/3 Kubernetes: RolloutJobs reconciled onto H800 (prefill-heavy) and H20 (decode-heavy) pools"
-"$TREADLE" cluster --name treadle-demo --kubeconfig "$KUBECONFIG" up
+section "1/3 Kubernetes: helm install, then a RolloutJob that really trains (every pod runs as processes)"
+echo "One CPU process node and one with SIMULATED H20 GPUs (no device: vLLM runs its CPU build there)."
+"$TREADLE" cluster --name treadle-demo --kubeconfig "$KUBECONFIG" up --nodes 0 --run-nodes 1 --run-gpu-nodes 1
 kubectl get nodes -L treadle.dev/accelerator -L nvidia.com/gpu.product
-"$BIN/helm" upgrade --install treadle charts/treadle --namespace treadle-system --create-namespace --wait=false
-until [ "$(kubectl get crd rolloutjobs.treadle.dev -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}')" = True ]; do sleep 0.5; done
-echo "KWOK nodes run no containers, so the operator runs here as a process against the real API server."
-"$TREADLE" operator run --kubeconfig "$KUBECONFIG" --metrics-port 0 --liveness-port 0 >"$CACHE/demo-operator.log" 2>&1 &
-OPERATOR_PID=$!
-kubectl apply -f manifests/examples/math-tool-h20.yaml -f manifests/examples/swe-h800.yaml
-kubectl wait rolloutjob --all --for=condition=Ready --timeout=180s
-kubectl get rolloutjobs
-kubectl get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,GPUS:.spec.containers[*].resources.limits.nvidia\.com/gpu,PHASE:.status.phase'
-kubectl delete rolloutjob --all --wait=true
-children() { kubectl get deploy,rs,pod,svc,cm -l app.kubernetes.io/managed-by=treadle-operator -o name | wc -l; }
-echo "children right after delete: $(children); the garbage collector removes them through ownerReferences"
+"$BIN/helm" upgrade --install treadle charts/treadle --namespace treadle-system --create-namespace --wait --timeout 120s
+kubectl get pods -n treadle-system -o wide
+install -D manifests/dev/data/letters.jsonl /var/lib/treadle/datasets/letters.jsonl
+"$VENV/bin/python" -c 'from treadle.trainer import policy; policy.ensure_model(policy.model_dir(0))'
+kubectl apply -f manifests/dev/learn.yaml
+echo "kubectl get rolloutjobs, on every change (vLLM on CPU needs 1-2 min before the first step):"
+last=""
+for _ in $(seq 1800); do
+  row="$(kubectl get rolloutjobs learn --no-headers 2>/dev/null || true)"
+  [ "$row" != "$last" ] && echo "  $row" && last="$row"
+  [ "$(kubectl get rolloutjob learn -o 'jsonpath={.status.step}' 2>/dev/null)" = 20 ] && break
+  sleep 1
+done
+kubectl get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase'
+echo "the trainer pod's log (mean reward per step):"
+kubectl logs -l treadle.dev/job=learn,treadle.dev/component=trainer --tail=-1 | grep '^step'
+kubectl delete rolloutjob learn --wait=true
+children() { kubectl get deploy,rs,pod,svc,cm,job -l app.kubernetes.io/instance=learn -o name | wc -l; }
 for _ in $(seq 120); do [ "$(children)" -eq 0 ] && break; sleep 0.5; done
-echo "children left: $(children)"
+echo "children left after deleting the job: $(children)"
 
 section "2/3 Local rollout: math-tool job, every service a process on 127.0.0.1"
 "$TREADLE" run manifests/examples/math-tool-h20.yaml --interval 5

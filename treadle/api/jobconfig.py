@@ -25,6 +25,13 @@ from treadle.policy.tangram import quota
 REWARD_COLD_START_S = 180.0
 """How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
 scheduling, image pull and start, with margin) before failing a trajectory."""
+WORKER_START_S = 900.0
+"""How long a turn waits for a ready inference worker: the inference pods' startup probe allows
+vLLM 900 s to load a model (found on the dev cluster: the feeder's first groups failed while vLLM
+was loading)."""
+ENV_START_S = 120.0
+"""How long a session's open waits for the job's env pool to have a ready pod (found on the dev
+cluster: the feeder's first groups failed while the env pod was still starting)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +120,14 @@ class Settings:
     until then ``Unavailable`` is retried with backoff capped at ``max_backoff_s`` beyond
     ``reward_attempts``. Timeouts and other errors still count against ``reward_attempts``. Set by
     ``job_config`` when the job's reward gateway can scale to zero."""
+    env_open_unavailable_s: float = 0.0
+    """If > 0: opening an environment session waits out ``Unavailable`` (no env pod ready yet: a
+    job's pods start together, and the scheduler takes prompts before its env pool is ready) this
+    long, as ``reward_unavailable_s`` does; steps still fail after ``env_attempts``. Set by
+    ``job_config``."""
+    worker_unavailable_s: float = 0.0
+    """If > 0: a turn waits this long for placement to have a ready inference worker (``Unavailable``:
+    engines still loading, or all restarting) before its trajectory fails. Set by ``job_config``."""
     buffer_put_max: int = 256
     """Finished trajectories put to the buffer in one call at most."""
 
@@ -327,6 +342,8 @@ def job_config(
         scheduling_policy=spec.rollout.scheduling_policy,
         # A gateway scaled to zero answers Unavailable until its first pod is ready: wait that out.
         reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else 0.0,
+        env_open_unavailable_s=ENV_START_S,
+        worker_unavailable_s=WORKER_START_S,
     )
     pool_shapes = {
         p.name: f"{models[p.agent]}/tp{p.tensor_parallel_size}/{p.accelerator}" for p in spec.pools

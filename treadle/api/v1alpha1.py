@@ -21,6 +21,7 @@ from pydantic import Field
 from treadle import errors
 from treadle.api import base, spec_rules
 from treadle.api import dataset as dataset_api
+from treadle.api import engine as engine_api
 from treadle.api import sampling as sampling_
 from treadle.api import trainer as trainer_api
 from treadle.policy import baselines, registry
@@ -61,7 +62,7 @@ PreferredWork = Literal["prefill-heavy", "decode-heavy", "any"]
 RewardType = Literal["rule", "code", "llm-judge", "external"]
 WeightStore = Literal["mooncake", "local"]
 RebalanceRule = Literal["per-instance", "literal"]
-Dtype = Literal["auto", "bfloat16", "float16"]
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
 
@@ -93,7 +94,7 @@ class Agent(_Model):
     max_model_len: int = Field(default=32768, ge=256, le=1048576)
     """Maximum context length (prompt plus response) in tokens, passed to vLLM."""
     dtype: Dtype = "bfloat16"
-    """Weight and activation dtype, passed to vLLM."""
+    """Weight and activation dtype, passed to vLLM (``float32`` for vLLM's CPU build)."""
 
 
 class Pool(_Model):
@@ -115,6 +116,8 @@ class Pool(_Model):
     """GPUs per replica (tensor parallelism); each pod asks this many ``nvidia.com/gpu``."""
     preferred_work: PreferredWork = "any"
     """Work this pool is tuned for (RollArt: H800 prefill-heavy, H20 decode-heavy)."""
+    engine: engine_api.Engine = Field(default_factory=engine_api.Engine)
+    """Overrides of the engine container (arguments, environment, resources)."""
 
 
 class Task(_Model):

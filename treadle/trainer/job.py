@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -123,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     began = time.monotonic()
     try:
-        asyncio.run(run(os.environ))
+        # Flushed per line: stdout to a pod's log file is block-buffered, and `kubectl logs -f` showed
+        # no step until the trainer exited (found on the dev cluster).
+        asyncio.run(run(os.environ, echo=functools.partial(print, flush=True)))
     except errors.SpecError as exc:
         print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -112,6 +112,35 @@ async def test_retry_waits_out_an_unavailable_reward_gateway_for_its_budget() ->
     assert forever.calls < 100
 
 
+async def test_retry_waits_out_an_env_pool_not_ready_on_open_but_not_on_step() -> None:
+    """Found on the dev cluster: the feeder's first groups failed while the env pod was starting."""
+    ticks = itertools.count()
+    settings = jobconfig.Settings(backoff_s=0.0, env_attempts=2, env_open_unavailable_s=10.0)
+    retrier = retry.Retrier(settings, _tally(), clock=lambda: float(next(ticks)))
+    starting = _Flaky([errors.Unavailable("no address")] * 3)  # more than env_attempts
+    assert await retrier.call(_traj(), "environment", "open", starting) == "ok"
+    with pytest.raises(trajectory.Failed, match="more than env_open_unavailable_s=10"):
+        await retrier.call(_traj(), "environment", "open", _Flaky([errors.Unavailable("gone")] * 100))
+    with pytest.raises(trajectory.Failed, match="environment: step failed after 2 attempts"):
+        await retrier.call(_traj(), "environment", "step", _Flaky([errors.Unavailable("pod gone")] * 3))
+
+
+async def test_retry_waits_out_placement_without_a_ready_worker_for_its_budget() -> None:
+    """Found on the dev cluster: every turn failed while the one vLLM engine was still loading."""
+    ticks = itertools.count()
+    settings = jobconfig.Settings(backoff_s=0.0, worker_unavailable_s=10.0)
+    retrier = retry.Retrier(settings, _tally(), clock=lambda: float(next(ticks)))
+    loading = _Flaky([errors.Unavailable("no healthy worker")] * 3)
+    assert await retrier.call(_traj(), "placement", "assign", loading, account=False) == "ok"
+    with pytest.raises(trajectory.Failed, match="more than worker_unavailable_s=10"):
+        await retrier.call(
+            _traj(), "placement", "assign", _Flaky([errors.Unavailable("none")] * 100), account=False
+        )
+    unset = retry.Retrier(jobconfig.Settings(backoff_s=0.0), _tally(), clock=lambda: 0.0)
+    with pytest.raises(trajectory.Failed, match="placement: assign failed after 1 attempts"):
+        await unset.call(_traj(), "placement", "assign", _Flaky([errors.Unavailable("none")]), account=False)
+
+
 # --- reward stage -----------------------------------------------------------------------------------
 
 

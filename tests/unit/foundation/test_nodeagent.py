@@ -35,8 +35,17 @@ def test_command_replaces_entrypoint_and_cmd_and_args_replace_cmd() -> None:
 
 def test_treadle_images_run_the_virtualenv_and_this_checkout() -> None:
     env = images.resolve("vllm/vllm-openai:v0.11.0", None, ["--port", "8080"], HOST).env
+    env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}  # vLLM's own (the test below)
     assert env == {"PATH": "/venv/bin:/usr/bin:/bin", "PYTHONPATH": "/src"}
     assert images.resolve("redis@sha256:abc", None, None, HOST).env == {"PATH": "/usr/bin:/bin"}
+
+
+def test_vllm_images_preload_the_virtualenvs_openmp_runtime() -> None:
+    """As vLLM's CPU image does (``LD_PRELOAD``); Treadle's other images do not."""
+    env = images.resolve("ghcr.io/treadle-dev/treadle-vllm:0.1.0", None, None, HOST).env
+    assert env["LD_PRELOAD"] == "/venv/lib/libiomp5.so"
+    services = images.resolve("ghcr.io/treadle-dev/treadle-services:0.1.0", None, None, HOST)
+    assert "LD_PRELOAD" not in services.env
 
 
 def test_unknown_image_is_refused_with_the_image_named() -> None:

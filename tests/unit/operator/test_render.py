@@ -10,6 +10,7 @@ import operator_examples
 import pytest
 import yaml
 
+from treadle.api import engine as engine_api
 from treadle.api import nodes, v1alpha1
 from treadle.operator import config, render
 from treadle.operator.render import backends as render_backends
@@ -154,3 +155,40 @@ def test_only_the_reward_gateway_takes_a_cluster_ip(math_job: v1alpha1.RolloutJo
     services = [c for c in render.render_children(math_job, CFG) if c["kind"] == "Service"]
     with_ip = [s["metadata"]["name"] for s in services if s["spec"].get("clusterIP") != "None"]
     assert with_ip == ["math-tool-reward"]
+
+
+def test_pool_engine_overrides_extend_vllm_and_keep_treadles_variables(math_job: v1alpha1.RolloutJob) -> None:
+    """``spec.pools[].engine``: vLLM's CPU build on the dev cluster takes flags, variables and requests
+    the GPU defaults lack; a variable Treadle sets keeps Treadle's value (the last of a name wins)."""
+    engine = engine_api.Engine(
+        args=["--enforce-eager", "--dtype", "float32"],
+        env=[engine_api.EnvVar(name="VLLM_CPU_KVCACHE_SPACE", value="1"),
+             engine_api.EnvVar(name="VLLM_SERVER_DEV_MODE", value="0")],
+        cpu="1", memory="4Gi",
+    )  # fmt: skip
+    pools = [math_job.spec.pools[0].model_copy(update={"engine": engine})]
+    job = math_job.model_copy(update={"spec": math_job.spec.model_copy(update={"pools": pools})})
+    vllm = _pools(render.render_children(job, CFG))[0]["spec"]["template"]["spec"]["containers"][0]
+    assert vllm["args"][-3:] == ["--enforce-eager", "--dtype", "float32"]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}  # the last of a repeated name, as the kubelet
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert vllm["resources"]["requests"] | vllm["resources"]["limits"] == {
+        "cpu": "1",
+        "memory": "4Gi",
+        nodes.GPU_RESOURCE: "2",
+    }
+    default = _pools(render.render_children(math_job, CFG))[0]["spec"]["template"]["spec"]["containers"][0]
+    assert default["resources"]["requests"]["memory"] == "64Gi" and "--enforce-eager" not in default["args"]
+
+
+def test_the_dev_clusters_learning_job_renders_vllm_for_its_cpu_build() -> None:
+    """``manifests/dev/learn.yaml`` (e2e/learn runs it): float32, eager, the CPU KV cache, a trainer Job,
+    a feeder, and small requests that fit the dev cluster's process nodes."""
+    job = operator_examples.load_example(operator_examples.ROOT / "manifests" / "dev" / "learn.yaml")
+    children = render.render_children(job, CFG)
+    vllm = _pools(children)[0]["spec"]["template"]["spec"]["containers"][0]
+    assert vllm["args"][vllm["args"].index("--dtype") + 1] == "float32" and "--enforce-eager" in vllm["args"]
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in vllm["env"]
+    assert vllm["resources"]["requests"]["cpu"] == "1"
+    assert {"Job", "Deployment"} <= {c["kind"] for c in children}
+    assert any(c["metadata"]["name"] == "learn-feeder" for c in children)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,13 @@ class Image:
     cmd: tuple[str, ...] = ()
     treadle_venv: bool = True
     """Whether the image's Python is Treadle's virtualenv (else only the system PATH)."""
+    preload_openmp: bool = False
+    """vLLM's CPU build: the image preloads the virtualenv's Intel OpenMP runtime (``LD_PRELOAD``), as
+    vLLM's own CPU image does; without it torch and vLLM's kernels load two OpenMP runtimes."""
 
 
 _SERVICES = Image(cmd=("python", "-m", "treadle.services.scheduler", "--host", "0.0.0.0", "--port", "50051"))
-_VLLM = Image(entrypoint=("python", "-m", "vllm.entrypoints.openai.api_server"))
+_VLLM = Image(entrypoint=("python", "-m", "vllm.entrypoints.openai.api_server"), preload_openmp=True)
 # Keyed by repository (the image name without tag or digest).
 IMAGES: Mapping[str, Image] = {
     "ghcr.io/treadle-dev/treadle-operator": Image(("treadle",), ("operator", "run", "--all-namespaces")),
@@ -84,6 +88,7 @@ def resolve(image: str, command: Sequence[str] | None, args: Sequence[str] | Non
     )
     if not known.treadle_venv:
         return Runtime(argv=argv, env={"PATH": host.system_path})
-    return Runtime(
-        argv=argv, env={"PATH": f"{host.venv_bin}:{host.system_path}", "PYTHONPATH": host.source_root}
-    )
+    env = {"PATH": f"{host.venv_bin}:{host.system_path}", "PYTHONPATH": host.source_root}
+    if known.preload_openmp:
+        env["LD_PRELOAD"] = str(PurePosixPath(host.venv_bin).parent / "lib" / "libiomp5.so")
+    return Runtime(argv=argv, env=env)

@@ -63,16 +63,23 @@ def render_pool(
             agent.dtype,
             "--worker-extension-cls",
             config.VLLM_WORKER_EXTENSION,
+            *pool.engine.args,
         ],
+        # The pool's own variables first: of a repeated name the last wins, so Treadle's stay.
         "env": [
+            *(e.model_dump() for e in pool.engine.env),
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
             *common.pod_env(job, cfg),
             *weights_env(job, cfg, agent),
         ],
         "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
         "resources": {
-            "requests": {"cpu": str(4 * tp), "memory": f"{32 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
-            "limits": {"memory": f"{64 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
+            "requests": {
+                "cpu": pool.engine.cpu or str(4 * tp),
+                "memory": pool.engine.memory or f"{32 * tp}Gi",
+                nodes.GPU_RESOURCE: str(tp),
+            },
+            "limits": {"memory": pool.engine.memory or f"{64 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
         },
         # Loading a large model takes minutes: the startup probe covers it, not liveness.
         "startupProbe": {

@@ -28,9 +28,27 @@ class Retrier:
             "environment": settings.env_attempts,
             "reward": settings.reward_attempts,
             "generation": settings.generation_attempts,
+            # Placement is asked once; only its ``Unavailable`` (no worker ready) is waited out.
+            "placement": 1,
         }
         """Calls per stage before a trajectory fails; built once, not in every ``call`` frame (held
         across each awaited call, so young GC collections walked one per trajectory)."""
+
+    def _unavailable_budget(self, stage: str, call: str) -> float:
+        """Seconds ``Unavailable`` is waited out: the reward gateway's cold start, an environment
+        session's open (no env pod ready yet) and placement with no inference worker ready (engines
+        loading). Not an env step: its session lives in one pod, and a step to a pod that went away
+        can never succeed."""
+        name = self._budget_name(stage, call)
+        return float(getattr(self.settings, name)) if name else 0.0
+
+    @staticmethod
+    def _budget_name(stage: str, call: str) -> str:
+        return {
+            ("reward", call): "reward_unavailable_s",
+            ("environment", "open"): "env_open_unavailable_s",
+            ("placement", call): "worker_unavailable_s",
+        }.get((stage, call), "")
 
     async def call(
         self,
@@ -47,7 +65,7 @@ class Retrier:
         """
         attempts = self._attempts[stage]
         delay = self.settings.backoff_s
-        budget = self.settings.reward_unavailable_s if stage == "reward" else 0.0
+        budget = self._unavailable_budget(stage, call)
         unavailable_since: float | None = None
         attempt = 0  # calls that count against ``attempts`` (not those waited out under ``budget``)
         while True:
@@ -58,14 +76,15 @@ class Retrier:
                 if stage == "environment":
                     self.metrics.env_failures.labels(call).inc()
                 if budget > 0 and isinstance(exc, errors.Unavailable):
-                    # A gateway scaled to zero has no endpoint until its first pod is ready (tens of
-                    # seconds): wait for it up to the budget rather than for a count of attempts.
+                    # A gateway scaled to zero, or an env pool still starting, has no endpoint until
+                    # its first pod is ready (tens of seconds): wait for it up to the budget rather
+                    # than for a count of attempts.
                     now = self.clock()
                     unavailable_since = began if unavailable_since is None else unavailable_since
                     if now - unavailable_since >= budget:
                         raise trajectory.Failed(
                             f"{stage}: {call}: unavailable for {now - unavailable_since:.1f}s, more than "
-                            f"reward_unavailable_s={budget:g}: {exc}"
+                            f"{self._budget_name(stage, call)}={budget:g}: {exc}"
                         ) from exc
                 else:
                     attempt += 1

@@ -313,14 +313,11 @@ class TurnLoop:
 
     async def _assign(self, t: trajectory.Traj, turn: int) -> placement_protocol.Assignment:
         agent = t.work.task.agent_of(turn)
-        try:
-            assigned = await self.placement.assign(
-                placement_protocol.AssignRequest(
-                    trajectory_id=t.tid, task=t.work.task.name, turn=turn, agent=agent
-                )
-            )
-        except errors.TreadleError as exc:
-            raise trajectory.Failed(f"placement: assign: {exc}") from exc
+        request = placement_protocol.AssignRequest(
+            trajectory_id=t.tid, task=t.work.task.name, turn=turn, agent=agent
+        )
+        assign = functools.partial(self.placement.assign, request)
+        assigned = await self.retrier.call(t, "placement", "assign", assign, account=False)
         if agent and assigned.agent != agent:
             # Its tokens would come from another policy's weights and poison both tables: stop here.
             release = placement_protocol.ReleaseRequest(

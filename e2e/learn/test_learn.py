@@ -1,0 +1,344 @@
+"""Issue 14's must-show on the dev cluster: ``helm install``, ``kubectl apply -f manifests/dev/learn.yaml``,
+and a policy that learns, every pod the operator rendered running as processes on process nodes.
+
+The cluster (private to the module): one CPU process node and one process node with SIMULATED H20
+GPUs (capacity and labels only), no KWOK node, so every pod that schedules really runs. The chart
+runs Redis, the Mooncake master and the operator; the job runs REAL vLLM (its CPU build) serving
+the tiny random Llama of ``treadle.models.tiny`` on the GPU node, the agent sidecar, the math-tool
+environment, the reward gateway (built-in ``letter-fraction``), scheduler, placement, buffer, the
+feeder reading ``manifests/dev/data/letters.jsonl`` and Treadle's reference GRPO trainer as the job's
+own pod. Nothing is simulated but the GPUs' existence (vLLM runs on the CPU).
+
+Times (this machine: 2 cores shared with other work): vLLM on CPU is ready 60-100 s after its pod
+starts; see the README's "on the dev cluster" for the measured totals.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import yaml
+
+from treadle.devcluster import binaries, kwok
+from treadle.operator.render import pool as render_pool
+from treadle.services.agent import service as agent_service
+from treadle.trainer import policy
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = ROOT / "manifests" / "dev"
+DATASETS = Path("/var/lib/treadle/datasets")
+"""The host directory ``learn.yaml``'s feeder mounts (hostPath): process nodes' pods see the host."""
+WEIGHTS = Path(render_pool.LOCAL_WEIGHTS_DIR)
+STEPS = 20
+TRAIN_TIMEOUT_S = 1500.0
+STEP_LINE = re.compile(r"^step\s+(\d+)\s+v(\d+)\s+mean reward\s+([0-9.]+)", re.MULTILINE)
+T = TypeVar("T")
+
+
+def poll(probe: Callable[[], T | None], what: str, timeout: float) -> T:
+    """``probe()`` every 2 s until it is truthy; a kubectl failure counts as 'not yet'."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if value := probe():
+                return value
+        except kwok.ClusterError as exc:
+            last = exc
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[kwok.DevCluster]:
+    """The dev cluster with the chart installed, the tiny model generated and the dataset in place."""
+    job = yaml.safe_load((DEV / "learn.yaml").read_text())
+    policy.ensure_model(Path(job["spec"]["agents"][0]["model"]), seed=0)
+    # The node's local weight store outlives jobs: a trainer would continue an earlier run's versions.
+    for old in WEIGHTS.glob("default/learn*"):
+        shutil.rmtree(old)
+    DATASETS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DEV / "data" / "letters.jsonl", DATASETS / "letters.jsonl")
+    c = kwok.session_cluster(
+        "treadle-learn", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1, run_gpu_nodes=1
+    )
+    c.up()
+    try:
+        subprocess.run(
+            [str(binaries.bin_dir() / "helm"), "install", "treadle", str(ROOT / "charts" / "treadle"),
+             "--namespace", "treadle-system", "--create-namespace", "--wait", "--timeout", "90s",
+             "--kubeconfig", str(c.kubeconfig)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        c.kubectl("create", "configmap", "letters", f"--from-file={DEV / 'data' / 'letters.jsonl'}")
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture(autouse=True)
+def no_job_left(cluster: kwok.DevCluster) -> Iterator[None]:
+    """A test that failed before deleting its job must not leave it training beside the next one."""
+    yield
+    cluster.kubectl("delete", "rolloutjobs", "--all", "--wait=false")
+
+
+def get(c: kwok.DevCluster, *what: str) -> Any:
+    return json.loads(c.kubectl("get", *what, "-o", "json"))
+
+
+def variant(name: str, source: dict[str, Any], *, pools: int | None = None) -> dict[str, Any]:
+    """``learn.yaml`` under another name reading its rows from ``source``; ``pools``: replicas instead."""
+    job = yaml.safe_load((DEV / "learn.yaml").read_text())
+    job["metadata"]["name"] = name
+    job["spec"]["tasks"][0]["dataset"]["source"] = source
+    if pools is not None:
+        job["spec"]["pools"][0]["replicas"] = pools
+        del job["spec"]["trainer"]
+    return job
+
+
+def apply(c: kwok.DevCluster, *objects: dict[str, Any]) -> None:
+    c.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    """Every container ready; a pod with no container status yet is not."""
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and all(s["ready"] for s in statuses)
+
+
+def children(c: kwok.DevCluster, job: str) -> list[str]:
+    """Every object the operator made for ``job`` (it labels them all with the job's instance)."""
+    out = c.kubectl(
+        "get", "deploy,rs,pod,svc,cm,job", "-l", f"app.kubernetes.io/instance={job}", "-o", "name"
+    )
+    return out.split()
+
+
+def trainer_log(c: kwok.DevCluster, job: str) -> str:
+    return c.kubectl("logs", "-l", f"treadle.dev/job={job},treadle.dev/component=trainer", "--tail=-1")
+
+
+TRANSIENT = ("PodsNotReady", "Unschedulable")
+"""Degraded reasons a starting job passes through (pods not ready yet, nodes being found)."""
+
+
+def problem(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's Degraded condition when it is not one of the ``TRANSIENT`` ones."""
+    conditions = status.get("conditions", [])
+    found = next((x for x in conditions if x["type"] == "Degraded" and x["status"] == "True"), None)
+    return found if found and found["reason"] not in TRANSIENT else None
+
+
+def train(c: kwok.DevCluster, name: str, *, steps: int) -> tuple[list[tuple[int, int]], list[float]]:
+    """Watch the applied job ``name`` until STEP reaches ``steps``.
+
+    Returns the distinct (STEP, POLICY) pairs ``kubectl get rolloutjobs`` showed, in order, and the
+    trainer's mean reward per step from its log.
+    """
+    seen: list[tuple[int, int]] = []
+
+    def progressed() -> bool:
+        status = get(c, "rolloutjob", name).get("status", {})
+        assert problem(status) is None, status
+        pair = (int(status.get("step", 0)), int(status.get("policyVersion", 0)))
+        if not seen or seen[-1] != pair:
+            seen.append(pair)
+        return pair[0] >= steps
+
+    poll(progressed, f"{name} at step {steps}", TRAIN_TIMEOUT_S)
+    # The printer columns show the same numbers, or later ones: training goes on meanwhile.
+    table = c.kubectl("get", "rolloutjobs", name)
+    row = re.search(rf"^{name}\s+\S+\s+\S+\s+(\d+)\s+(\d+)\b", table, re.MULTILINE)
+    assert row and int(row[1]) >= seen[-1][1] and int(row[2]) >= seen[-1][0], (table, seen[-1])
+    rewards = [float(m.group(3)) for m in STEP_LINE.finditer(trainer_log(c, name))]
+    return seen, rewards
+
+
+def delete(c: kwok.DevCluster, name: str) -> None:
+    c.kubectl("delete", "rolloutjob", name, "--wait=true", timeout=120)
+    poll(lambda: not children(c, name), f"every child of {name} gone", 120)
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 300)
+def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
+    began = time.monotonic()
+    cluster.kubectl("apply", "-f", str(DEV / "learn.yaml"))
+    seen, rewards = train(cluster, "learn", steps=STEPS)
+    steps = [s for s, _ in seen]
+    policies = [p for _, p in seen]
+    assert steps == sorted(steps) and policies == sorted(policies), seen
+    assert len(set(steps)) >= 5 and policies[-1] >= STEPS, seen
+    assert len(rewards) >= STEPS, rewards
+    first, last = rewards[0], sum(rewards[-3:]) / 3
+    took = time.monotonic() - began
+    print(f"learn.yaml: {STEPS} steps in {took:.0f}s; mean reward {first:.3f} -> {last:.3f} (last 3)")
+    assert last >= 2 * first, rewards
+    delete(cluster, "learn")
+
+
+CONFIG_MAP = {"configMap": {"name": "letters", "key": "letters.jsonl"}}
+URL = {"url": "http://datasets:8000/letters.jsonl"}
+"""Served by a pod of the job's namespace (the search list resolves ``datasets``): a pod cannot reach
+the host's 127.0.0.1, its loopback is its own."""
+
+
+def serve_datasets(c: kwok.DevCluster) -> None:
+    """``python -m http.server`` over the ``letters`` ConfigMap, as the Service ``datasets``."""
+    apply(c, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "datasets", "labels": {"app": "datasets"}},
+        "spec": {
+            "containers": [{
+                "name": "http", "image": "ghcr.io/treadle-dev/treadle-services:0.1.0",
+                "command": ["python", "-m", "http.server", "8000", "--directory", "/srv"],
+                "readinessProbe": {"httpGet": {"path": "/letters.jsonl", "port": 8000}, "periodSeconds": 1},
+                "volumeMounts": [{"name": "letters", "mountPath": "/srv"}],
+            }],
+            "volumes": [{"name": "letters", "configMap": {"name": "letters"}}],
+        },
+    }, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "datasets"},
+        "spec": {"selector": {"app": "datasets"}, "ports": [{"port": 8000}]},
+    })  # fmt: skip
+
+
+@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S)
+@pytest.mark.parametrize("source", [CONFIG_MAP, URL], ids=["configmap", "url"])
+def test_the_same_job_trains_from_a_configmap_and_a_url(
+    cluster: kwok.DevCluster, source: dict[str, Any]
+) -> None:
+    """Fewer steps than learn.yaml's: the point is that rows reach the trainer from this source."""
+    name = f"learn-{next(iter(source)).lower()}"
+    if source is URL:
+        serve_datasets(cluster)
+        # Ready before the job: the feeder reads the URL at start (and would report it unreachable).
+        poll(lambda: ready(get(cluster, "pod", "datasets")), "the datasets pod ready", 60)
+    apply(cluster, variant(name, source))
+    seen, rewards = train(cluster, name, steps=3)
+    assert seen[-1][0] >= 3 and len(rewards) >= 3, (seen, rewards)
+    delete(cluster, name)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("source", "answer_column", "says"),
+    [
+        ({"path": "/var/lib/treadle/datasets/letters.jsonl"}, "reference", "reference"),
+        ({"path": "/var/lib/treadle/datasets/missing.jsonl"}, "answer", "missing.jsonl"),
+        ({"url": "http://nowhere.invalid:8000/letters.jsonl"}, "answer", "nowhere.invalid"),
+    ],
+    ids=["missing-column", "unreadable-file", "unreachable-url"],
+)
+def test_an_unusable_dataset_degrades_the_job_naming_the_field(
+    cluster: kwok.DevCluster, source: dict[str, Any], answer_column: str, says: str
+) -> None:
+    """No inference replica and no trainer: only the feeder's verdict matters here."""
+    name = "bad-dataset"
+    job = variant(name, source, pools=0)
+    job["spec"]["tasks"][0]["dataset"]["answerColumn"] = answer_column
+    apply(cluster, job)
+
+    condition = poll(lambda: problem(get(cluster, "rolloutjob", name).get("status", {})), "Degraded", 180)
+    assert "spec.tasks[0].dataset" in condition["message"] and says in condition["message"], condition
+    feeder = get(cluster, "pod", "-l", f"treadle.dev/job={name},treadle.dev/component=feeder")["items"]
+    assert feeder and all(s["restartCount"] == 0 for p in feeder for s in p["status"]["containerStatuses"])
+    delete(cluster, name)
+
+
+def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
+    """Trajectories per row of ``epoch`` that reached the job's buffer: its ``seen`` set in the chart's
+    Redis (``redis_store``; trained groups leave their other keys), trajectory ids ``<group>-<i>``
+    with group ids ``<task>:e<epoch>:<row id>`` (``feeder.service.group_id``)."""
+    import redis  # the test's own client of the chart's Redis, reached on its pod IP over the bridge
+
+    pod = get(c, "pod", "-n", "treadle-system", "-l", "app.kubernetes.io/component=redis")["items"][0]
+    client = redis.Redis(host=pod["status"]["podIP"], port=6379, protocol=2, decode_responses=True)
+    try:
+        seen: set[str] = client.smembers(f"treadle:buf:{{default/{job}}}:seen")  # type: ignore[assignment]
+    finally:
+        client.close()
+    prefix = f"letters:e{epoch}:"
+    rows = collections.Counter(t.removeprefix(prefix).rsplit("-", 1)[0] for t in seen if t.startswith(prefix))
+    return dict(rows)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a restarted scheduler loses the groups it had accepted (held in memory only) and nothing "
+    "submits them again: on the dev cluster 4 of the 64 rows of epoch 0 never reached the buffer",
+)
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
+def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluster: kwok.DevCluster) -> None:
+    """An epoch is 64 rows, 16 steps of 4 groups; the scheduler pod goes at step 3 and comes back empty.
+    Every row of epoch 0 then reaches the buffer with its 8 trajectories. A repeated group would
+    reuse its trajectory ids (``<group>-<i>``), which the buffer stores once: a repeat costs work
+    but cannot show here."""
+    name = "learn-restart"
+    apply(cluster, variant(name, CONFIG_MAP))
+    train(cluster, name, steps=3)
+    cluster.kubectl("delete", "pod", "-l", f"treadle.dev/job={name},treadle.dev/component=scheduler")
+    train(cluster, name, steps=STEPS)
+    rows = [json.loads(line)["id"] for line in (DEV / "data" / "letters.jsonl").read_text().splitlines()]
+    # Epoch 0 ends near step 16: its last groups may still be landing when STEP reaches 20.
+    deadline = time.monotonic() + 60
+    found = epoch_rows(cluster, name, 0)
+    while set(found) < set(rows) and time.monotonic() < deadline:
+        time.sleep(2)
+        found = epoch_rows(cluster, name, 0)
+    assert found == dict.fromkeys(rows, 8), sorted(set(rows) - set(found))
+    delete(cluster, name)
+
+
+def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, Any]]:
+    pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")["items"]
+    return [p for p in pods if ready(p)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the replacement pod served 'default' (version 0) with version 5 committed, and the trainer "
+    "pod failed twice on the vanished engine: the reference trainer swaps through the agents itself "
+    "(treadle.trainer.job.PlacementSwapper), so placement never learns the version its agents repair to; "
+    "treadle.client.swapper.ClusterSwapper is the seam (trainer.job.swapper)",
+)
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
+def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_committed_one(
+    cluster: kwok.DevCluster,
+) -> None:
+    """From step 5 the trainer commits and every worker swaps a version each step; the one inference
+    pod is deleted then (at a moment in that cycle, not timed to the swap itself). Its replacement
+    starts vLLM on the committed version, and no step trains on tokens staler than the bound."""
+    name = "learn-swap"
+    apply(cluster, variant(name, CONFIG_MAP))
+    train(cluster, name, steps=5)
+    old = ready_pods(cluster, name, "pool")[0]["metadata"]["name"]
+    cluster.kubectl("delete", "pod", old, "--wait=false")
+
+    def serving() -> tuple[int, int] | None:
+        new = [p for p in ready_pods(cluster, name, "pool") if p["metadata"]["name"] != old]
+        if not new:
+            return None
+        info = httpx.get(f"http://{new[0]['status']['podIP']}:8080/weight_info", timeout=5).json()
+        committed = int(get(cluster, "rolloutjob", name)["status"]["policyVersion"])
+        served = agent_service.parse_version(info.get("weight_version"))
+        return (served, committed) if served == committed else None
+
+    # vLLM's CPU build restarts in 60-100 s; the agent repairs to the committed version right after.
+    served, committed = poll(serving, "the new inference pod serving the committed version", 240)
+    assert served == committed >= 4
+    train(cluster, name, steps=STEPS)
+    staleness = [int(s) for s in re.findall(r"\bstaleness (\d+)", trainer_log(cluster, name))]
+    alpha = int(variant(name, CONFIG_MAP)["spec"]["rollout"]["staleness"])
+    assert len(staleness) >= STEPS and max(staleness) <= alpha, staleness
+    delete(cluster, name)
