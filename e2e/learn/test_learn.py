@@ -307,10 +307,9 @@ def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, A
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the replacement pod served 'default' (version 0) with version 5 committed, and the trainer "
-    "pod failed twice on the vanished engine: the reference trainer swaps through the agents itself "
-    "(treadle.trainer.job.PlacementSwapper), so placement never learns the version its agents repair to; "
-    "treadle.client.swapper.ClusterSwapper is the seam (trainer.job.swapper)",
+    reason="with the trainer swapping through placement (ClusterSwapper) the replacement pod comes "
+    "back on the newest version (7), but training stalls: the scheduler stays suspended at version 6 "
+    "(its swap of 7 never resumed it; 3+ minutes, STEP 6) after the prefetch to the deleted pod failed",
 )
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
 def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_committed_one(
