@@ -273,8 +273,10 @@ def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
     return dict(rows)
 
 
+# Not strict: whether a deletion loses rows depends on when the pod dies (between steps it may lose
+# none), so a pass here would be timing, not a fix; CI must not turn red on it either way.
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="a restarted scheduler loses the groups it had accepted (held in memory only) and nothing "
     "submits them again: on the dev cluster 4 of the 64 rows of epoch 0 never reached the buffer",
 )
@@ -305,8 +307,9 @@ def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, A
     return [p for p in pods if ready(p)]
 
 
+# Not strict: the stall lasts until placement's swap deadline (300 s), so a slow enough run can pass.
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="with the trainer swapping through placement (ClusterSwapper) the replacement pod comes "
     "back on the newest version (7), but training stalls: the scheduler stays suspended at version 6 "
     "(its swap of 7 never resumed it; 3+ minutes, STEP 6) after the prefetch to the deleted pod failed",
