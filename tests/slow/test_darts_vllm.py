@@ -199,8 +199,10 @@ async def test_darts_aborts_reach_vllm_and_the_selected_tokens_and_logprobs_are_
         )
         print(f"step 2: {received=} {finished=} {cut_tokens=} {agent_aborts=} {early_stops=}")
         assert received == GROUPS * 2 * M  # every candidate reached the engine
-        assert received - finished == agent_aborts > 0  # aborted in vLLM, not finished there
-        assert agent_aborts <= early_stops  # a candidate that ended as it was aborted finished
+        # Aborted in vLLM, not finished there. An abort that reaches vLLM just after the request
+        # finished is still counted by the agent (seen at load ~5: 3 aborts, 2 unfinished), so the
+        # agent's count bounds vLLM's from above rather than equalling it.
+        assert 0 < received - finished <= agent_aborts <= early_stops
         assert cut_tokens > 0  # the aborted requests had been decoding
         assert await engine_requests(vllm_url) == 0
 
