@@ -274,7 +274,8 @@ def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
 
 
 # Not strict: whether a deletion loses rows depends on when the pod dies (between steps it may lose
-# none), so a pass here would be timing, not a fix; CI must not turn red on it either way.
+# none), so a pass here would be timing, not a fix. Up to 35 min before it fails: out of make test.
+@pytest.mark.known_failure
 @pytest.mark.xfail(
     strict=False,
     reason="a restarted scheduler loses the groups it had accepted (held in memory only) and nothing "
@@ -308,6 +309,8 @@ def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, A
 
 
 # Not strict: the stall lasts until placement's swap deadline (300 s), so a slow enough run can pass.
+# Up to 35 min before it fails: out of make test.
+@pytest.mark.known_failure
 @pytest.mark.xfail(
     strict=False,
     reason="with the trainer swapping through placement (ClusterSwapper) the replacement pod comes "
