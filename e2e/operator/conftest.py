@@ -51,7 +51,9 @@ def chart(dev_cluster: kwok.DevCluster, kubectl: op_harness.Kubectl) -> Iterator
     finally:
         kubectl("delete", "namespace", op_harness.JOBS_NS, "--wait=true", "--timeout=120s", check=False)
         op_harness.helm(dev_cluster, "uninstall", op_harness.RELEASE, "--namespace", op_harness.SYSTEM_NS)
-        kubectl("delete", "namespace", op_harness.SYSTEM_NS, "--wait=false", check=False)
+        # Waited for: the next module's chart installs into a namespace of the same name, which the
+        # API server refuses while this one is still terminating.
+        kubectl("delete", "namespace", op_harness.SYSTEM_NS, "--wait=true", "--timeout=120s", check=False)
         # resource-policy keep leaves the CRD on uninstall (by design); this test installed it.
         kubectl("delete", "crd", op_harness.CRD, "--ignore-not-found", check=False)
 

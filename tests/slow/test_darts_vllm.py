@@ -199,11 +199,12 @@ async def test_darts_aborts_reach_vllm_and_the_selected_tokens_and_logprobs_are_
         )
         print(f"step 2: {received=} {finished=} {cut_tokens=} {agent_aborts=} {early_stops=}")
         assert received == GROUPS * 2 * M  # every candidate reached the engine
-        # Aborted in vLLM, not finished there. An abort that reaches vLLM just after the request
-        # finished is still counted by the agent (seen at load ~5: 3 aborts, 2 unfinished), so the
-        # agent's count bounds vLLM's from above rather than equalling it.
-        assert 0 < received - finished <= agent_aborts <= early_stops
-        assert cut_tokens > 0  # the aborted requests had been decoding
+        # Every early stop went out as an abort through the agent; vLLM leaves unfinished those that
+        # were still decoding when it arrived. How many were depends on timing: 16 of 16 in a quiet run,
+        # 2 of 3 at load ~5, 0 in a run beside an e2e suite (all had finished), so only the bound holds.
+        assert 0 < agent_aborts <= early_stops
+        assert received - finished <= agent_aborts
+        assert received == finished or cut_tokens > 0  # the aborted requests had been decoding
         assert await engine_requests(vllm_url) == 0
 
         # the buffer holds exactly M per group: the first M valid, tokens and logprobs intact
