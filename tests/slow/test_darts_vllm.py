@@ -199,10 +199,11 @@ async def test_darts_aborts_reach_vllm_and_the_selected_tokens_and_logprobs_are_
         )
         print(f"step 2: {received=} {finished=} {cut_tokens=} {agent_aborts=} {early_stops=}")
         assert received == GROUPS * 2 * M  # every candidate reached the engine
-        # Every early stop went out as an abort through the agent; vLLM leaves unfinished those that
-        # were still decoding when it arrived. How many were depends on timing: 16 of 16 in a quiet run,
-        # 2 of 3 at load ~5, 0 in a run beside an e2e suite (all had finished), so only the bound holds.
-        assert 0 < agent_aborts <= early_stops
+        # Early stops go out as aborts through the agent, which counts those of requests still in
+        # flight; vLLM leaves unfinished those still decoding when the abort arrives. How many depends
+        # on timing: 16 of 16 in a quiet run, 3 and 2 at load ~5, 0 beside an e2e suite (all had
+        # finished first), so only the bounds hold (docs/DARTS.md).
+        assert agent_aborts <= early_stops
         assert received - finished <= agent_aborts
         assert received == finished or cut_tokens > 0  # the aborted requests had been decoding
         assert await engine_requests(vllm_url) == 0
