@@ -16,8 +16,10 @@ from pathlib import PurePosixPath
 from typing import Annotated, Literal, Self
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from treadle.api import base
 
 Format = Literal["jsonl", "json", "parquet"]
 CONFIG_MAP_MOUNT = PurePosixPath("/etc/treadle-datasets")
@@ -35,16 +37,7 @@ MAX_EPOCHS = 9999
 Column = Annotated[str, Field(min_length=1, max_length=253)]
 
 
-class _Model(BaseModel):
-    # The wire conventions of ``v1alpha1._Model`` (camelCase, unknown fields refused, frozen); not
-    # imported from there because ``v1alpha1`` imports this module.
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_attribute_docstrings=True,
-        frozen=True,
-    )  # fmt: skip
-
-
-class ConfigMapKey(_Model):
+class ConfigMapKey(base.Model):
     """A key of a ConfigMap in the job's namespace."""
 
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -53,7 +46,7 @@ class ConfigMapKey(_Model):
     """Key holding the dataset file; its extension gives the format when ``format`` is unset."""
 
 
-class HuggingFace(_Model):
+class HuggingFace(base.Model):
     """A Hugging Face dataset resolved from the pod's local cache only (no network)."""
 
     name: str = Field(
@@ -66,7 +59,7 @@ class HuggingFace(_Model):
     """Dataset configuration (subset), e.g. ``main``; unset for the default one."""
 
 
-class Source(_Model):
+class Source(base.Model):
     """Where the rows are: exactly one of ``path``, ``configMap``, ``url``, ``huggingFace``."""
 
     model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
@@ -97,7 +90,7 @@ class Source(_Model):
         return to_camel(self._given()[0])
 
 
-class Dataset(_Model):
+class Dataset(base.Model):
     """The rows a task's prompts come from; the feeder submits one prompt group per row and epoch."""
 
     source: Source
@@ -142,7 +135,7 @@ MOUNT_PATH = r"^(/[-._A-Za-z0-9]*[-_A-Za-z0-9][-._A-Za-z0-9]*)+$"
 so that "a file lies under a mount" is a plain prefix test."""
 
 
-class PersistentVolumeClaim(_Model):
+class PersistentVolumeClaim(base.Model):
     """A core/v1 PersistentVolumeClaimVolumeSource: a claim in the job's namespace."""
 
     claim_name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -151,14 +144,14 @@ class PersistentVolumeClaim(_Model):
     """Mount read-only (the feeder only reads)."""
 
 
-class HostPath(_Model):
+class HostPath(base.Model):
     """A core/v1 HostPathVolumeSource: a directory of the node (development clusters)."""
 
     path: str = Field(min_length=2, max_length=4096, pattern=MOUNT_PATH)
     """Directory on the node."""
 
 
-class Volume(_Model):
+class Volume(base.Model):
     """A volume mounted into the feeder's pod at ``mountPath``: exactly one of
     ``persistentVolumeClaim``, ``hostPath`` (a rule of ``treadle.api.spec_rules``)."""
 
