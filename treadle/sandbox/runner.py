@@ -30,10 +30,12 @@ one has ended (a start beside it would take CPU from it); a run under other limi
 sandbox's starts its own. A warm process is indistinguishable to the code it runs: the same
 bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
 
-Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
-replaces the ``socket`` module's constructors inside the child before user code runs (which code using
-``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which mode ran, so
-callers and tests can tell.
+Without CAP_SYS_ADMIN (the shipped images run as uid 65532 with no capability; a root container
+without it) the run is confined with Landlock and seccomp instead (``confine``: no socket, no new
+process, no signal, reads only of system directories, writes only in its directory), still under a
+uid of its own when the service is root (CAP_SETUID). Where neither is possible the sandbox refuses
+to start (``confine.Unavailable``, naming what is missing): it never runs code with less.
+``Result.isolation`` says which mode ran. docs/SECURITY.md ("Sandbox") compares the two.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from treadle.sandbox import confine
 from treadle.sandbox import cores as cores_mod
 
 log = logging.getLogger(__name__)
@@ -65,12 +67,13 @@ REAP_TIMEOUT_S = 10.0
 """How long a killed run's pipes and exit status are awaited before giving up on them."""
 
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit"]
-Isolation = Literal["namespaces", "socket-block"]
+Isolation = Literal["namespaces", "landlock"]
 
 UID_BASE = 1_800_000
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
+CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN, CAP_CHOWN = 5, 6, 7, 21, 0
 
 GO = b"go "
 """The start of the line a started process waits for; the run's variables (JSON), newline, stdin follow."""
@@ -78,8 +81,8 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 GRANTED_CORES = "TREADLE_GRANTED_CORES"
 """The cores granted to the run (the thread variables say the same to thread pools)."""
 
-# Runs in the child before the user's file: wait for the go line, set its variables, the fallback socket
-# block, then the user code as __main__. The line is read from fd 0 a byte at a time: a buffered read
+# Runs in the child before the user's file: wait for the go line, set its variables, then the user code
+# as __main__. The line is read from fd 0 a byte at a time: a buffered read
 # would take the run's stdin into sys.stdin's buffer, out of reach of code that reads fd 0.
 _BOOTSTRAP = """
 import json, os, runpy, sys
@@ -92,12 +95,6 @@ while not go.endswith(b"\\n"):
 if not go.startswith(b"go "):
     sys.exit(0)
 os.environ.update(json.loads(go[3:]))
-if os.environ.get("TREADLE_SANDBOX_BLOCK_SOCKETS") == "1":
-    import socket, _socket
-    def _blocked(*a, **k):
-        raise PermissionError("network access is disabled in the Treadle sandbox")
-    socket.socket = _socket.socket = _blocked
-    socket.create_connection = socket.socketpair = socket.fromfd = _blocked
 sys.argv = ["main.py"]
 runpy.run_path("main.py", run_name="__main__")
 """
@@ -112,7 +109,8 @@ class Limits:
     memory_bytes: int = 512 * 1024 * 1024
     """Address space per process (RLIMIT_AS); Python reports MemoryError (status ``memory_limit``)."""
     max_processes: int = 32
-    """Processes and threads of the run's uid (RLIMIT_NPROC): a fork bomb stops here."""
+    """Processes and threads of the run's uid (RLIMIT_NPROC, with a uid per run): a fork bomb stops
+    here. Under Landlock without root a run cannot fork at all (its threads are bounded by memory)."""
     max_file_bytes: int = 16 * 1024 * 1024
     """Largest file the run may write (RLIMIT_FSIZE)."""
     max_output_bytes: int = 64 * 1024
@@ -172,18 +170,28 @@ class Sandbox:
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
         self.cores = cores if cores is not None or cpus is None else cores_mod.CoreManager(upper=cpus)
-        self.isolation: Isolation = (
-            "namespaces" if os.geteuid() == 0 and _libc() is not None else "socket-block"
-        )
+        # A uid per slot whenever we may switch: the run then owns only its directory.
+        self.own_uids = os.geteuid() == 0
+        self.confinement: confine.Confinement | None = None
+        self.isolation: Isolation = "namespaces"
+        switch = (CAP_SETUID, CAP_SETGID, CAP_KILL, CAP_CHOWN)
+        if not (self.own_uids and confine.capable(CAP_SYS_ADMIN, *switch)):
+            if self.own_uids and not confine.capable(*switch):
+                raise confine.Unavailable(
+                    "the sandbox runs as root here but lacks CAP_SETUID, CAP_SETGID, CAP_KILL or "
+                    "CAP_CHOWN (securityContext.capabilities): run the pod as a non-root user instead"
+                )
+            self.confinement, self.isolation = confine.load(), "landlock"
         # The sandbox uid must be able to reach the interpreter: the venv's (and pyenv's) may sit under
         # a home directory it cannot enter. -I keeps the child to the standard library.
-        self.python = python or _interpreter(needs_world_access=self.isolation == "namespaces")
+        self.python = python or confine.interpreter(needs_world_access=self.own_uids)
         # Working directories live outside /tmp, /var/tmp and /dev/shm, which the run sees as empty tmpfs.
-        self.workroot: str | None = None
+        self.workroot: str | None = os.environ.get("TREADLE_SANDBOX_DIR")
         if self.isolation == "namespaces":
-            self.workroot = os.environ.get("TREADLE_SANDBOX_DIR", "/var/lib/treadle-sandbox")
+            self.workroot = self.workroot or "/var/lib/treadle-sandbox"
             os.makedirs(self.workroot, mode=0o711, exist_ok=True)
             os.chmod(self.workroot, 0o711)
+        if self.own_uids:
             # Orphans of a run (a fork bomb's children) become our children, so we can reap them:
             # unreaped zombies would keep counting against the slot uid's RLIMIT_NPROC.
             libc = _libc()
@@ -256,28 +264,32 @@ class Sandbox:
         slot = await self._slots.get()
         uid = UID_BASE + slot
         workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
+        ruleset = -1
         try:
-            isolated = self.isolation == "namespaces"
-            if isolated:
+            if self.own_uids:
                 os.chown(workdir, uid, uid)
-            env = {
-                "PATH": "/usr/bin:/bin",
-                "HOME": workdir,
-                "PYTHONDONTWRITEBYTECODE": "1",
-                "LANG": "C.UTF-8",
-            }
-            if not isolated:
-                env["TREADLE_SANDBOX_BLOCK_SOCKETS"] = "1"
+            env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir}
+            env.update(PYTHONDONTWRITEBYTECODE="1", LANG="C.UTF-8")
+            confined = None
+            if self.confinement is not None:
+                prefix = os.path.dirname(os.path.dirname(self.python))
+                ruleset = self.confinement.ruleset(workdir, [prefix])
+                confined = self.confinement.child_setup(ruleset)
+            namespaces = self.isolation == "namespaces"
+            setup = _child_setup(limits, uid if self.own_uids else None, namespaces, confined)
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-I", "-c", _BOOTSTRAP,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
-                preexec_fn=_child_setup(limits, uid if isolated else None),
+                preexec_fn=setup,
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             self._slots.put_nowait(slot)
             raise
+        finally:
+            if ruleset >= 0:
+                os.close(ruleset)
         return _Started(proc, workdir, slot)
 
     async def _go(
@@ -288,7 +300,7 @@ class Sandbox:
         # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
         with open(main, "w") as f:  # noqa: ASYNC230
             f.write(code)
-        if self.isolation == "namespaces":
+        if self.own_uids:
             os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
         variables: dict[str, str] = {}
         if grant is not None:
@@ -309,7 +321,7 @@ class Sandbox:
     async def _end(self, started: _Started) -> None:
         """Kill every process of the run, remove its directory, free its uid."""
         try:
-            if self.isolation == "namespaces":
+            if self.own_uids:
                 _kill_uid(UID_BASE + started.slot)
                 await _reap_uid(UID_BASE + started.slot)
             else:
@@ -360,26 +372,6 @@ class Sandbox:
         return status, bytes(out[:cap]), bytes(err[:cap])
 
 
-def _interpreter(*, needs_world_access: bool) -> str:
-    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    if not needs_world_access:
-        return base
-    for candidate in (base, "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = os.path.realpath(candidate)
-        if os.path.isfile(path) and _world_reachable(path):
-            return path
-    raise RuntimeError("no Python interpreter that an unprivileged uid may execute (tried the base and /usr)")
-
-
-def _world_reachable(path: str) -> bool:
-    """Every directory above ``path`` is world-searchable and the file world-executable."""
-    parts = path.split(os.sep)
-    for i in range(2, len(parts)):
-        if not os.stat(os.sep.join(parts[:i])).st_mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o001)
-
-
 def _classify(returncode: int | None, stderr: bytes) -> Status:
     if returncode == 0:
         return "ok"
@@ -417,12 +409,15 @@ def _libc() -> ctypes.CDLL | None:
     return ctypes.CDLL(name, use_errno=True) if name else None
 
 
-def _child_setup(limits: Limits, uid: int | None) -> Callable[[], None]:
-    """The pre-exec hook: namespaces (as root), rlimits, then drop to the run's own uid."""
-    libc = _libc() if uid is not None else None
+def _child_setup(
+    limits: Limits, uid: int | None, namespaces: bool, confined: Callable[[], None] | None
+) -> Callable[[], None]:
+    """The pre-exec hook: namespaces (with CAP_SYS_ADMIN), rlimits, the run's own uid, then Landlock
+    and seccomp (``confined``)."""
+    libc = _libc() if namespaces else None
 
     def setup() -> None:
-        if libc is not None and uid is not None:
+        if libc is not None:
             if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
                 raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET|CLONE_NEWNS) failed")
             libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
@@ -444,6 +439,8 @@ def _child_setup(limits: Limits, uid: int | None) -> Callable[[], None]:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+        if confined is not None:
+            confined()
 
     return setup
 
