@@ -58,13 +58,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from treadle.sandbox import confine
+from treadle.sandbox import confine, reaping
 from treadle.sandbox import cores as cores_mod
 
 log = logging.getLogger(__name__)
-
-REAP_TIMEOUT_S = 10.0
-"""How long a killed run's pipes and exit status are awaited before giving up on them."""
 
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit"]
 Isolation = Literal["namespaces", "landlock"]
@@ -80,6 +77,8 @@ GO = b"go "
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 GRANTED_CORES = "TREADLE_GRANTED_CORES"
 """The cores granted to the run (the thread variables say the same to thread pools)."""
+CHANNEL_IN, CHANNEL_OUT = "TREADLE_CHANNEL_IN", "TREADLE_CHANNEL_OUT"
+"""The fds a ``run_connected`` program reads from and writes to its peer."""
 
 # Runs in the child before the user's file: wait for the go line, set its variables, then the user code
 # as __main__. The line is read from fd 0 a byte at a time: a buffered read
@@ -161,10 +160,10 @@ class Sandbox:
         self.limits = limits or Limits()
         self.warm = warm
         self._running = asyncio.Semaphore(concurrency)
-        # One uid per run in flight plus one per warm process: a warm process never shares a uid
-        # with a run, whose cleanup kills every process of its uid.
+        # Two uids per run in flight (``run_connected`` starts two processes) plus one per warm process:
+        # a warm process never shares a uid with a run, whose cleanup kills every process of its uid.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
-        for slot in range(concurrency + warm):
+        for slot in range(2 * concurrency + warm):
             self._slots.put_nowait(slot)
         self._ready: collections.deque[_Started] = collections.deque()
         self._refill: asyncio.Task[None] | None = None
@@ -222,31 +221,75 @@ class Sandbox:
         self, code: str, *, stdin: str = "", limits: Limits | None = None, kind: str = "run"
     ) -> Result:
         """Run ``code``; ``kind`` names the action for the core manager's profiles (e.g. ``python-code``)."""
-        limits = limits or self.limits
+        (result,) = await self._run_all([(code, stdin)], limits or self.limits, kind)
+        return result
+
+    async def run_connected(
+        self, first: str, second: str, *, limits: Limits | None = None, kind: str = "run"
+    ) -> tuple[Result, Result]:
+        """Run two programs at once, each in a process, uid and directory of its own, under one grant,
+        joined by two pipes: each reads what the other writes, on the fds its ``CHANNEL_IN`` and
+        ``CHANNEL_OUT`` variables name. Neither reaches the other's output, files or process, so what
+        one tells the other is data, and the output of one is its own (``codetests``' verdict)."""
+        one, two = await self._run_all([(first, ""), (second, "")], limits or self.limits, kind)
+        return one, two
+
+    async def _run_all(self, programs: list[tuple[str, str]], limits: Limits, kind: str) -> list[Result]:
         asked = time.monotonic()
         async with self._running:
             waited = time.monotonic() - asked
-            # Taken only once running: a run that waits holds no uid, so uids never run out.
-            warm = self._ready.popleft() if self._ready and limits == self.limits else None
-            if warm is not None and warm.proc.returncode is not None:  # it died waiting: start afresh
-                await self._end(warm)
-                warm = None
-            started = warm or await self._start(limits)
-            manager = self.cores
+            started: list[_Started] = []
+            channels: list[dict[str, str]] = [{}]
             try:
+                if len(programs) == 1:
+                    # Taken only once running: a run that waits holds no uid, so uids never run out.
+                    warm = self._ready.popleft() if self._ready and limits == self.limits else None
+                    if warm is not None and warm.proc.returncode is not None:  # it died waiting
+                        await self._end(warm)
+                        warm = None
+                    started.append(warm or await self._start(limits))
+                else:
+                    channels = await self._start_connected(limits, started)
+                manager = self.cores
                 if manager is None:
-                    return await self._go(started, code, stdin, limits, None)
+                    return await self._go_all(started, programs, channels, limits, None)
                 async with manager.cores(kind) as grant:
-                    result = await self._go(started, code, stdin, limits, grant)
+                    results = await self._go_all(started, programs, channels, limits, grant)
             finally:
-                await self._end(started)
+                for each in started:
+                    await self._end(each)
                 self.start_warm()
         # Queue: the wait for a sandbox slot and for the grant; the rest beside the run is overhead.
         manager.metrics.phases(
-            cores_mod.CPU, queue_s=waited + grant.queued_s, execution_s=result.wall_s,
-            total_s=time.monotonic() - asked,
+            cores_mod.CPU, queue_s=waited + grant.queued_s,
+            execution_s=max(r.wall_s for r in results), total_s=time.monotonic() - asked,
         )  # fmt: skip
-        return result
+        return results
+
+    async def _start_connected(self, limits: Limits, started: list[_Started]) -> list[dict[str, str]]:
+        """Start two processes joined by two pipes (appended to ``started`` as they start)."""
+        first_in, second_out = os.pipe()
+        second_in, first_out = os.pipe()
+        try:
+            for fds in ((first_in, first_out), (second_in, second_out)):
+                started.append(await self._start(limits, pass_fds=fds))
+        finally:
+            for fd in (first_in, first_out, second_in, second_out):
+                os.close(fd)  # the children hold their ends: EOF reaches one when the other ends
+        return [
+            {CHANNEL_IN: str(first_in), CHANNEL_OUT: str(first_out)},
+            {CHANNEL_IN: str(second_in), CHANNEL_OUT: str(second_out)},
+        ]
+
+    async def _go_all(
+        self, started: list[_Started], programs: list[tuple[str, str]], channels: list[dict[str, str]],
+        limits: Limits, grant: cores_mod.Grant | None,
+    ) -> list[Result]:  # fmt: skip
+        runs = (
+            self._go(each, code, stdin, limits, grant, channel)
+            for each, (code, stdin), channel in zip(started, programs, channels, strict=True)
+        )
+        return list(await asyncio.gather(*runs))
 
     async def _fill(self) -> None:
         while len(self._ready) < self.warm and not self._closed:
@@ -260,7 +303,7 @@ class Sandbox:
                 return
             self._ready.append(started)
 
-    async def _start(self, limits: Limits) -> _Started:
+    async def _start(self, limits: Limits, pass_fds: tuple[int, ...] = ()) -> _Started:
         slot = await self._slots.get()
         uid = UID_BASE + slot
         workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
@@ -281,7 +324,7 @@ class Sandbox:
                 self.python, "-I", "-c", _BOOTSTRAP,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
-                preexec_fn=setup,
+                preexec_fn=setup, pass_fds=pass_fds,
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -293,8 +336,9 @@ class Sandbox:
         return _Started(proc, workdir, slot)
 
     async def _go(
-        self, started: _Started, code: str, stdin: str, limits: Limits, grant: cores_mod.Grant | None
-    ) -> Result:
+        self, started: _Started, code: str, stdin: str, limits: Limits, grant: cores_mod.Grant | None,
+        channel: dict[str, str],
+    ) -> Result:  # fmt: skip
         begun = time.monotonic()
         main = os.path.join(started.workdir, "main.py")
         # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
@@ -302,9 +346,9 @@ class Sandbox:
             f.write(code)
         if self.own_uids:
             os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
-        variables: dict[str, str] = {}
+        variables = dict(channel)
         if grant is not None:
-            variables = dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units))
+            variables.update(dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units)))
             with contextlib.suppress(ProcessLookupError):  # it died starting: its status says why
                 os.sched_setaffinity(started.proc.pid, grant.cores)
         line = GO + json.dumps(variables).encode() + b"\n"
@@ -322,12 +366,12 @@ class Sandbox:
         """Kill every process of the run, remove its directory, free its uid."""
         try:
             if self.own_uids:
-                _kill_uid(UID_BASE + started.slot)
-                await _reap_uid(UID_BASE + started.slot)
+                reaping.kill_uid(UID_BASE + started.slot)
+                await reaping.reap_uid(UID_BASE + started.slot)
             else:
-                _terminate(started.proc)
+                reaping.terminate(started.proc)
             if started.proc.returncode is None:
-                await _reap(started.proc)
+                await reaping.reap(started.proc)
         finally:
             shutil.rmtree(started.workdir, ignore_errors=True)
             self._slots.put_nowait(started.slot)
@@ -362,11 +406,11 @@ class Sandbox:
         status: Status | None = None
         if readers not in done:
             status = "output_limit" if overflowed in done else "timeout"
-            _terminate(proc)
+            reaping.terminate(proc)
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, ProcessLookupError):
                 await readers
-            await _reap(proc)
+            await reaping.reap(proc)
         overflowed.cancel()
         cap = limits.max_output_bytes
         return status, bytes(out[:cap]), bytes(err[:cap])
@@ -380,28 +424,6 @@ def _classify(returncode: int | None, stderr: bytes) -> Status:
     if b"MemoryError" in stderr:
         return "memory_limit"
     return "error"
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    """Wait for a killed process. On Python 3.11 Process.wait() resolves only once the pipes have
-    closed as well, and a pipe nobody reads stays paused short of EOF: read what is left (discarded)
-    so both pipes see EOF, then wait. Both steps are bounded so a stray holder of a pipe cannot hang us."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(_discard_until_eof(proc), REAP_TIMEOUT_S)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), REAP_TIMEOUT_S)
-
-
-async def _discard_until_eof(proc: asyncio.subprocess.Process) -> None:
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            while await stream.read(65536):
-                pass
-
-
-def _terminate(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -443,55 +465,3 @@ def _child_setup(
             confined()
 
     return setup
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid``: a forked child takes the uid and calls ``kill(-1)``."""
-    for _ in range(3):
-        pid = os.fork()
-        if pid == 0:  # child: only syscalls, then _exit
-            try:
-                os.setgid(uid)
-                os.setuid(uid)
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
-            os._exit(0)
-        os.waitpid(pid, 0)
-
-
-async def _reap_uid(uid: int, *, attempts: int = 50) -> None:
-    """Wait for the killed processes of ``uid`` that were re-parented to us (we are their subreaper).
-
-    Only pids this process never spawned are waited for, so asyncio's own child watcher (which waits
-    on the pids it started) is not disturbed.
-    """
-    me = os.getpid()
-    for _ in range(attempts):
-        left = 0
-        for pid, ppid in processes_of(uid):
-            if ppid != me:
-                left += 1
-                continue
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:  # noqa: ASYNC222 (WNOHANG never blocks)
-                    left += 1
-        if left == 0:
-            return
-        await asyncio.sleep(0.01)
-
-
-def processes_of(uid: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process whose real uid is ``uid``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append((int(entry.name), int(fields.get("PPid", "0").strip())))
-    return found

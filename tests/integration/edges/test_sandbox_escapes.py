@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from treadle.sandbox import runner
+from treadle.sandbox import codetests, reaping, runner
+from treadle.services.reward import functions, protocol
 from treadle.testing import redis_server as redis_server_mod
 
 IMAGE_UID = 65532
@@ -121,6 +122,32 @@ attempt("inside", lambda: open("inside.txt", "w").write("ok"))
 }
 
 
+# Responses to a code-tests reward for ``add``; only the first solves it. The others claim a pass:
+# the marker printed before exiting, an object equal to everything, the answer channel written by
+# hand before the harness asks, the tests read off the disk to echo their answers.
+TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert [add(i, i) for i in range(3)] == [0, 2, 4]\n"
+RESPONSES = {
+    "solves": "```python\ndef add(a, b):\n    return a + b\n```",
+    "prints the verdict and exits": f"print({codetests.VERDICT!r})\nimport os\nos._exit(0)\n",
+    "equal to everything": (
+        "class E:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return E()\n"
+    ),
+    "writes the channel": (
+        "import os\nfor _ in range(3):\n"
+        "    os.write(int(os.environ['TREADLE_CHANNEL_OUT']), b\"('ok', True)\\n\")\n"
+        f"print({codetests.VERDICT!r})\ndef add(a, b):\n    return True\n"
+    ),
+    # Solves only if it can read the harness's program (the tests) in the directory beside its own.
+    "reads the tests": (
+        "import glob, os\nfound = False\n"
+        "for path in glob.glob(os.path.dirname(os.getcwd()) + '/*/main.py'):\n"
+        "    try:\n        found = found or 'assert add' in open(path).read()\n"
+        "    except OSError:\n        pass\n"
+        "def add(a, b):\n    return a + b if found else -1\n"
+    ),
+}
+
+
 def _program(name: str, values: dict[str, Any]) -> str:
     # The attempt's inputs travel inside the program (sys.argv_<key>), not through the environment.
     inputs = "".join(f"sys.argv_{key} = {value!r}\n" for key, value in values.items())
@@ -137,6 +164,13 @@ async def _attempts(values: dict[str, Any]) -> dict[str, Any]:
             "status": result.status, "stdout": result.stdout, "stderr": result.stderr[-2000:],
             "wall_s": time.monotonic() - begun,
         }  # fmt: skip
+    resources = functions.Resources(sandbox=box)
+    for name, response in RESPONSES.items():
+        request = protocol.ScoreRequest(
+            trajectory_id=name, reward_fn="code-tests", response=response, reference=TESTS
+        )
+        reward, details = await functions.score_code_tests(request, resources)
+        results[f"reward: {name}"] = [reward, details["status"]]
     return results
 
 
@@ -153,7 +187,7 @@ def _drive(port: int, home: str) -> dict[str, Any]:
     results["secret"] = secret
     results["marker"] = os.path.exists(marker)
     results["written"] = [t for t in targets if os.path.exists(t)]
-    results["my processes"] = sorted(pid for pid, _ in runner.processes_of(os.getuid()))
+    results["my processes"] = sorted(pid for pid, _ in reaping.processes_of(os.getuid()))
     results["me"] = os.getpid()
     lines = pathlib.Path("/proc/self/status").read_text().splitlines()
     results["status"] = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
@@ -257,6 +291,8 @@ def _assert_contained(report: dict[str, Any]) -> None:
     assert writes.pop("inside") == ["succeeded", "2"]
     assert all(v[0] == "PermissionError" for v in writes.values()), writes
     assert report["written"] == []
+    rewards = {k.removeprefix("reward: "): v[0] for k, v in report.items() if k.startswith("reward: ")}
+    assert rewards == {name: 1.0 if name == "solves" else 0.0 for name in RESPONSES}, report
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """``python-code``: write a function that passes hidden tests; each attempt runs in the sandbox.
 
-The model answers with a fenced Python block; the env runs it together with the task's tests in
-``treadle.sandbox`` and returns the outcome as the next observation, until the tests pass or the turns
+The model answers with a fenced Python block; the env judges it against the task's tests in
+``treadle.sandbox`` (``codetests.judge``: the verdict comes from a harness process the code cannot
+reach) and returns the outcome as the next observation, until the tests pass or the turns
 run out. The reward gateway re-runs the tests on the final response (``code-tests``) with
 ``info["reference"]`` as the test code.
 
@@ -51,16 +52,13 @@ class PythonCode:
 
     async def step(self, action: str) -> base.Outcome:
         self.turns += 1
-        result = await self.sandbox.run(
-            codetests.program(codetests.extract_code(action), self.tests), kind=SPEC_NAME
-        )
-        passed = codetests.passed(result.ok, result.stdout)
-        info: dict[str, Any] = {"status": result.status, "passed": passed, "turns": self.turns}
-        if passed:
+        judged = await codetests.judge(self.sandbox, action, self.tests, kind=SPEC_NAME)
+        info: dict[str, Any] = {"status": judged.status, "passed": judged.passed, "turns": self.turns}
+        if judged.passed:
             return base.Outcome("All tests passed.", done=True, info=info)
-        tail = (result.stderr or result.stdout)[-1500:]
+        tail = judged.feedback[-1500:]
         return base.Outcome(
-            f"Tests failed ({result.status}):\n{tail}", done=self.turns >= self.max_turns, info=info
+            f"Tests failed ({judged.status}):\n{tail}", done=self.turns >= self.max_turns, info=info
         )
 
     async def close(self) -> None:

@@ -135,17 +135,14 @@ async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored
     tests = _need_reference(req)
     if res.sandbox is None:
         raise errors.Unavailable("code-tests needs the sandbox, which this gateway was started without")
-    result = await res.sandbox.run(
-        codetests.program(codetests.extract_code(req.response), tests), kind="code-tests"
-    )
-    passed = codetests.passed(result.ok, result.stdout)
+    judged = await codetests.judge(res.sandbox, req.response, tests, kind="code-tests")
     details = {
-        "status": result.status,
-        "passed": passed,
-        "stderr_tail": result.stderr[-500:],
-        "wall_s": result.wall_s,
+        "status": judged.status,
+        "passed": judged.passed,
+        "stderr_tail": (judged.tests.stderr or judged.code.stderr)[-500:],
+        "wall_s": max(judged.code.wall_s, judged.tests.wall_s),
     }
-    return (1.0 if passed else 0.0), details
+    return (1.0 if judged.passed else 0.0), details
 
 
 JUDGE_PROMPT = (
