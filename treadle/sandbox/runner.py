@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from treadle.sandbox import channel as channel_mod
 from treadle.sandbox import confine, reaping
 from treadle.sandbox import cores as cores_mod
 
@@ -77,8 +78,6 @@ GO = b"go "
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 GRANTED_CORES = "TREADLE_GRANTED_CORES"
 """The cores granted to the run (the thread variables say the same to thread pools)."""
-CHANNEL_IN, CHANNEL_OUT = "TREADLE_CHANNEL_IN", "TREADLE_CHANNEL_OUT"
-"""The fds a ``run_connected`` program reads from and writes to its peer."""
 
 # Runs in the child before the user's file: wait for the go line, set its variables, then the user code
 # as __main__. The line is read from fd 0 a byte at a time: a buffered read
@@ -137,6 +136,7 @@ class _Started:
     proc: asyncio.subprocess.Process
     workdir: str
     slot: int
+    channel: channel_mod.Channel
 
 
 class Sandbox:
@@ -160,7 +160,7 @@ class Sandbox:
         self.limits = limits or Limits()
         self.warm = warm
         self._running = asyncio.Semaphore(concurrency)
-        # Two uids per run in flight (``run_connected`` starts two processes) plus one per warm process:
+        # Two uids per run in flight (``run_connected`` takes two processes) plus one per warm process:
         # a warm process never shares a uid with a run, whose cleanup kills every process of its uid.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         for slot in range(2 * concurrency + warm):
@@ -227,10 +227,10 @@ class Sandbox:
     async def run_connected(
         self, first: str, second: str, *, limits: Limits | None = None, kind: str = "run"
     ) -> tuple[Result, Result]:
-        """Run two programs at once, each in a process, uid and directory of its own, under one grant,
-        joined by two pipes: each reads what the other writes, on the fds its ``CHANNEL_IN`` and
-        ``CHANNEL_OUT`` variables name. Neither reaches the other's output, files or process, so what
-        one tells the other is data, and the output of one is its own (``codetests``' verdict)."""
+        """Run two programs at once, each in a process, uid and directory of its own, under one grant;
+        each reads what the other writes on its channel (``channel``: the service relays). Neither
+        reaches the other's output, files or process, so what one tells the other is data, and the
+        output of one is its own (``codetests``' verdict)."""
         one, two = await self._run_all([(first, ""), (second, "")], limits or self.limits, kind)
         return one, two
 
@@ -239,22 +239,19 @@ class Sandbox:
         async with self._running:
             waited = time.monotonic() - asked
             started: list[_Started] = []
-            channels: list[dict[str, str]] = [{}]
             try:
-                if len(programs) == 1:
+                for _ in programs:
                     # Taken only once running: a run that waits holds no uid, so uids never run out.
                     warm = self._ready.popleft() if self._ready and limits == self.limits else None
                     if warm is not None and warm.proc.returncode is not None:  # it died waiting
                         await self._end(warm)
                         warm = None
                     started.append(warm or await self._start(limits))
-                else:
-                    channels = await self._start_connected(limits, started)
                 manager = self.cores
                 if manager is None:
-                    return await self._go_all(started, programs, channels, limits, None)
+                    return await self._go_all(started, programs, limits, None)
                 async with manager.cores(kind) as grant:
-                    results = await self._go_all(started, programs, channels, limits, grant)
+                    results = await self._go_all(started, programs, limits, grant)
             finally:
                 for each in started:
                     await self._end(each)
@@ -266,30 +263,24 @@ class Sandbox:
         )  # fmt: skip
         return results
 
-    async def _start_connected(self, limits: Limits, started: list[_Started]) -> list[dict[str, str]]:
-        """Start two processes joined by two pipes (appended to ``started`` as they start)."""
-        first_in, second_out = os.pipe()
-        second_in, first_out = os.pipe()
-        try:
-            for fds in ((first_in, first_out), (second_in, second_out)):
-                started.append(await self._start(limits, pass_fds=fds))
-        finally:
-            for fd in (first_in, first_out, second_in, second_out):
-                os.close(fd)  # the children hold their ends: EOF reaches one when the other ends
-        return [
-            {CHANNEL_IN: str(first_in), CHANNEL_OUT: str(first_out)},
-            {CHANNEL_IN: str(second_in), CHANNEL_OUT: str(second_out)},
-        ]
-
     async def _go_all(
-        self, started: list[_Started], programs: list[tuple[str, str]], channels: list[dict[str, str]],
-        limits: Limits, grant: cores_mod.Grant | None,
+        self, started: list[_Started], programs: list[tuple[str, str]], limits: Limits,
+        grant: cores_mod.Grant | None,
     ) -> list[Result]:  # fmt: skip
-        runs = (
-            self._go(each, code, stdin, limits, grant, channel)
-            for each, (code, stdin), channel in zip(started, programs, channels, strict=True)
-        )
-        return list(await asyncio.gather(*runs))
+        relays = []
+        if len(started) == 2:
+            one, two = (each.channel for each in started)
+            relays = [asyncio.create_task(channel_mod.relay(*pair)) for pair in ((one, two), (two, one))]
+        try:
+            runs = (
+                self._go(each, code, stdin, limits, grant)
+                for each, (code, stdin) in zip(started, programs, strict=True)
+            )
+            return list(await asyncio.gather(*runs))
+        finally:
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
 
     async def _fill(self) -> None:
         while len(self._ready) < self.warm and not self._closed:
@@ -303,11 +294,12 @@ class Sandbox:
                 return
             self._ready.append(started)
 
-    async def _start(self, limits: Limits, pass_fds: tuple[int, ...] = ()) -> _Started:
+    async def _start(self, limits: Limits) -> _Started:
         slot = await self._slots.get()
         uid = UID_BASE + slot
         workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
         ruleset = -1
+        channel = channel_mod.open_channel()
         try:
             if self.own_uids:
                 os.chown(workdir, uid, uid)
@@ -324,21 +316,22 @@ class Sandbox:
                 self.python, "-I", "-c", _BOOTSTRAP,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
-                preexec_fn=setup, pass_fds=pass_fds,
+                preexec_fn=setup, pass_fds=(channel.child_in, channel.child_out),
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             self._slots.put_nowait(slot)
+            channel.close()
             raise
         finally:
+            channel_mod.close_child_ends(channel)
             if ruleset >= 0:
                 os.close(ruleset)
-        return _Started(proc, workdir, slot)
+        return _Started(proc, workdir, slot, channel)
 
     async def _go(
-        self, started: _Started, code: str, stdin: str, limits: Limits, grant: cores_mod.Grant | None,
-        channel: dict[str, str],
-    ) -> Result:  # fmt: skip
+        self, started: _Started, code: str, stdin: str, limits: Limits, grant: cores_mod.Grant | None
+    ) -> Result:
         begun = time.monotonic()
         main = os.path.join(started.workdir, "main.py")
         # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
@@ -346,7 +339,7 @@ class Sandbox:
             f.write(code)
         if self.own_uids:
             os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
-        variables = dict(channel)
+        variables = started.channel.variables
         if grant is not None:
             variables.update(dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units)))
             with contextlib.suppress(ProcessLookupError):  # it died starting: its status says why
@@ -373,6 +366,7 @@ class Sandbox:
             if started.proc.returncode is None:
                 await reaping.reap(started.proc)
         finally:
+            started.channel.close()
             shutil.rmtree(started.workdir, ignore_errors=True)
             self._slots.put_nowait(started.slot)
 

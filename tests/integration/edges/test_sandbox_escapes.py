@@ -25,7 +25,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -336,3 +336,29 @@ def _slot_uid(proc: pathlib.Path) -> bool:
     except (OSError, IndexError):
         return False
     return runner.UID_BASE <= uid < runner.UID_BASE + 64
+
+
+async def test_forged_results_earn_nothing_with_namespaces_and_warm_processes(
+    wait_until: Callable[[Callable[[], bool]], Awaitable[None]],
+) -> None:
+    # This pytest process is root with every capability: the namespaces mode, a uid per process.
+    box = runner.Sandbox(limits=LIMITS, concurrency=2, warm=2)
+    assert box.isolation == "namespaces"
+    resources = functions.Resources(sandbox=box)
+    try:
+        for name, response in RESPONSES.items():
+            box.start_warm()
+            await wait_until(lambda: box.warm_ready == 2)
+            warm_pids = {s.proc.pid for s in box._ready}
+            response += "\nimport os\nprint('pid', os.getpid())\n"
+            judged = await codetests.judge(box, response, TESTS, kind="code-tests")
+            request = protocol.ScoreRequest(
+                trajectory_id=name, reward_fn="code-tests", response=response, reference=TESTS
+            )
+            reward, _ = await functions.score_code_tests(request, resources)
+            assert (judged.passed, reward) == ((True, 1.0) if name == "solves" else (False, 0.0)), name
+            if "pid" in judged.code.stdout:  # the responses that get as far as the end of their code
+                assert int(judged.code.stdout.split("pid ")[1]) in warm_pids
+    finally:
+        await box.close()
+    assert all(reaping.processes_of(runner.UID_BASE + slot) == [] for slot in range(6))
