@@ -38,6 +38,7 @@ IMAGE_UID = 65532
 CAP_SYS_ADMIN = 21
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 LIMITS = runner.Limits(wall_s=10.0, cpu_s=3, memory_bytes=256 * 1024 * 1024, max_processes=16)
 DRIVER_TIMEOUT_S = 120.0
 
@@ -194,6 +195,37 @@ def _drive(port: int, home: str) -> dict[str, Any]:
     return results
 
 
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+
+def _runtime_default_namespace_rules() -> None:
+    """What the runtime's default seccomp profile (containerd, Docker, CRI-O) refuses a container
+    without CAP_SYS_ADMIN that a sandbox could use: every namespace (``unshare``, ``setns``, ``clone``
+    with a CLONE_NEW* flag), ``mount``; ``clone3`` answers ENOSYS. Loaded with libseccomp."""
+    lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp),
+    ]  # fmt: skip
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    ctx = lib.seccomp_init(0x7FFF0000)  # allow the rest
+    eperm, enosys, masked_eq = 0x00050000 | 1, 0x00050000 | 38, 7
+
+    def rule(action: int, name: str, *cmp: _ArgCmp) -> None:
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        assert lib.seccomp_rule_add_array(ctx, action, nr, len(cmp), (_ArgCmp * max(len(cmp), 1))(*cmp)) == 0
+
+    for name in ("unshare", "setns", "mount", "umount2", "pivot_root"):
+        rule(eperm, name)
+    rule(enosys, "clone3")
+    for bit in (b for b in range(32) if CLONE_NEW_ANY >> b & 1):  # one rule per CLONE_NEW* bit
+        rule(eperm, "clone", _ArgCmp(0, masked_eq, 1 << bit, 1 << bit))
+    assert lib.seccomp_load(ctx) == 0
+
+
 def _drop_to_image_user() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     for cap in range(int(pathlib.Path("/proc/sys/kernel/cap_last_cap").read_text()) + 1):
@@ -202,6 +234,7 @@ def _drop_to_image_user() -> None:
     os.setresgid(IMAGE_UID, IMAGE_UID, IMAGE_UID)
     os.setresuid(IMAGE_UID, IMAGE_UID, IMAGE_UID)  # from root to non-root: every capability set empties
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _runtime_default_namespace_rules()
 
 
 class _CapHeader(ctypes.Structure):
@@ -312,6 +345,7 @@ def test_escapes_fail_as_the_images_user(
     assert (status["Uid"].split(), status["Gid"].split()) == ([str(IMAGE_UID)] * 4, [str(IMAGE_UID)] * 4)
     assert {status[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {"0" * 16}
     assert status["NoNewPrivs"].strip() == "1" and status["Groups"].strip() == ""
+    assert status["Seccomp"].strip() == "2"  # the namespace rules of the runtime's default profile
     assert report["isolation"] == "landlock"
     _assert_contained(report)
     # Nothing of any run is left: the only process of the uid is the driver itself.
