@@ -139,6 +139,17 @@ class _Started:
     channel: channel_mod.Channel
 
 
+def unavailable_or(build: Callable[[], Sandbox]) -> Sandbox | confine.Unavailable:
+    """``build()``, or why no sandbox can run here (logged): a service whose untrusted code runs only
+    on some requests (a ``code-tests`` reward, a ``python-code`` env) refuses those, with the reason,
+    and serves the rest."""
+    try:
+        return build()
+    except confine.Unavailable as e:
+        log.error("the code sandbox cannot run here: %s", e)
+        return e
+
+
 class Sandbox:
     """Runs code under ``limits``; at most ``concurrency`` runs at once, each under a uid of its own.
 

@@ -6,10 +6,11 @@ reach) and returns the outcome as the next observation, until the tests pass or 
 run out. The reward gateway re-runs the tests on the final response (``code-tests``) with
 ``info["reference"]`` as the test code.
 
-Opening a session costs some 2 us (the task is picked by the seed); what costs is each attempt's
-sandbox process (fork, namespaces, interpreter boot: tens of ms on the dev machine). The pod's warm pool
-(``spec.environment.warmPool``) keeps that many started processes ready in the sandbox, so an
-attempt, the first one included, skips the start while one is ready. Each attempt is pinned to
+Opening a session costs some 2 us (the task is picked by the seed); what costs is each attempt's two
+sandbox processes, the code's and the tests' harness (fork, confinement, interpreter boot: tens of ms
+on the dev machine). The pod's warm pool (``spec.environment.warmPool``) keeps that many started
+processes ready in the sandbox, so an attempt, the first one included, skips the start for each one
+ready. Each attempt is pinned to
 the cores the pod's action manager grants it (``treadle.sandbox.cores``: at most
 ``spec.externalResources.cpuCoresPerAction``).
 """
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from treadle import errors
-from treadle.sandbox import codetests, runner
+from treadle.sandbox import codetests, confine, runner
 from treadle.services.env import base
 
 TASKS: list[tuple[str, str]] = [
@@ -67,6 +68,8 @@ class PythonCode:
 
 def _factory(seed: int, options: Mapping[str, Any], ctx: base.Context) -> PythonCode:
     base.check_keys(options, {"max_turns"})
+    if isinstance(ctx.sandbox, confine.Unavailable):
+        raise errors.Unavailable(f"python-code needs the sandbox, which cannot run here: {ctx.sandbox}")
     if not isinstance(ctx.sandbox, runner.Sandbox):
         raise errors.Unavailable("python-code needs the sandbox, which this env server was started without")
     return PythonCode(

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from treadle import errors
-from treadle.sandbox import codetests, runner
+from treadle.sandbox import codetests, confine, runner
 from treadle.services import plugin
 from treadle.services.reward import protocol
 
@@ -48,7 +48,8 @@ class External:
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-    sandbox: runner.Sandbox | None = None
+    sandbox: runner.Sandbox | confine.Unavailable | None = None
+    """``confine.Unavailable``: why no sandbox can run here (``code-tests`` says it)."""
     judge: httpx.AsyncClient | None = None
     judge_model: str | None = None
     user_prefixes: tuple[str, ...] = ()
@@ -133,6 +134,8 @@ async def score_letter_fraction(req: protocol.ScoreRequest, res: Resources) -> S
 
 async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored:
     tests = _need_reference(req)
+    if isinstance(res.sandbox, confine.Unavailable):
+        raise errors.Unavailable(f"code-tests needs the sandbox, which cannot run here: {res.sandbox}")
     if res.sandbox is None:
         raise errors.Unavailable("code-tests needs the sandbox, which this gateway was started without")
     judged = await codetests.judge(res.sandbox, req.response, tests, kind="code-tests")

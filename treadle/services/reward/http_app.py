@@ -39,7 +39,8 @@ def build_app(
         functions.External(httpx.AsyncClient(timeout=timeout_s), external_url) if external_url else None
     )
     resources = functions.Resources(
-        sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cores=manager), judge=judge,
+        sandbox=runner.unavailable_or(lambda: runner.Sandbox(concurrency=sandbox_concurrency, cores=manager)),
+        judge=judge,
         judge_model=judge_model, user_prefixes=user_prefixes, external=external,
     )  # fmt: skip
     svc = service.RewardService(
