@@ -71,7 +71,9 @@ class Unavailable(RuntimeError):
     """The kernel or the image lacks what the confinement needs; the message says what."""
 
 
-class _ScmpArgCmp(ctypes.Structure):
+class ArgCmp(ctypes.Structure):
+    """libseccomp's ``struct scmp_arg_cmp``: compare argument ``arg`` with ``op`` (7: masked equal)."""
+
     _fields_ = [
         ("arg", ctypes.c_uint),
         ("op", ctypes.c_int),
@@ -93,7 +95,7 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _errno_action(code: int) -> int:
+def errno_action(code: int) -> int:
     return 0x00050000 | (code & 0xFFFF)  # SCMP_ACT_ERRNO(code)
 
 
@@ -187,7 +189,9 @@ def load() -> Confinement:
     return Confinement(abi=abi, bpf=_seccomp_program(), libc=libc)
 
 
-def _seccomp_program() -> bytes:
+def libseccomp() -> ctypes.CDLL:
+    """``libseccomp.so.2`` with the signatures of the calls made here (and by the tests, which load a
+    stand-in for the runtime's default profile with it)."""
     try:
         lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
     except OSError as e:
@@ -195,28 +199,34 @@ def _seccomp_program() -> bytes:
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_rule_add_array.argtypes = [
-        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ScmpArgCmp),
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ArgCmp),
     ]  # fmt: skip
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _seccomp_program() -> bytes:
+    lib = libseccomp()
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:
         raise Unavailable("seccomp_init failed (libseccomp.so.2)")
     try:
 
-        def rule(action: int, name: str, *cmps: _ScmpArgCmp) -> None:
+        def rule(action: int, name: str, *cmps: ArgCmp) -> None:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr < 0:
                 return  # not a syscall of this architecture (socketcall on x86_64)
-            array = (_ScmpArgCmp * max(len(cmps), 1))(*cmps)
+            array = (ArgCmp * max(len(cmps), 1))(*cmps)
             if lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), array) != 0:
                 raise Unavailable(f"libseccomp refused the rule for {name}")
 
         for name in DENIED:
-            rule(_errno_action(errno.EPERM), name)
-        rule(_errno_action(errno.ENOSYS), "clone3")  # glibc then creates threads with clone
-        rule(_errno_action(errno.EPERM), "clone", _ScmpArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0))
+            rule(errno_action(errno.EPERM), name)
+        rule(errno_action(errno.ENOSYS), "clone3")  # glibc then creates threads with clone
+        rule(errno_action(errno.EPERM), "clone", ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0))
         read, write = os.pipe()
         try:
             if lib.seccomp_export_bpf(ctx, write) != 0:

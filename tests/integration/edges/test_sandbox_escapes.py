@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import json
 import multiprocessing
 import os
@@ -30,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from treadle.sandbox import codetests, reaping, runner
+from treadle.sandbox import codetests, confine, reaping, runner
 from treadle.services.reward import functions, protocol
 from treadle.testing import redis_server as redis_server_mod
 
@@ -195,34 +196,24 @@ def _drive(port: int, home: str) -> dict[str, Any]:
     return results
 
 
-class _ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
-
-
 def _runtime_default_namespace_rules() -> None:
     """What the runtime's default seccomp profile (containerd, Docker, CRI-O) refuses a container
     without CAP_SYS_ADMIN that a sandbox could use: every namespace (``unshare``, ``setns``, ``clone``
     with a CLONE_NEW* flag), ``mount``; ``clone3`` answers ENOSYS. Loaded with libseccomp."""
-    lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [
-        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp),
-    ]  # fmt: skip
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
-    ctx = lib.seccomp_init(0x7FFF0000)  # allow the rest
-    eperm, enosys, masked_eq = 0x00050000 | 1, 0x00050000 | 38, 7
+    lib = confine.libseccomp()
+    ctx = lib.seccomp_init(confine.SCMP_ACT_ALLOW)  # allow the rest
+    eperm, enosys = confine.errno_action(errno.EPERM), confine.errno_action(errno.ENOSYS)
 
-    def rule(action: int, name: str, *cmp: _ArgCmp) -> None:
+    def rule(action: int, name: str, *cmp: confine.ArgCmp) -> None:
         nr = lib.seccomp_syscall_resolve_name(name.encode())
-        assert lib.seccomp_rule_add_array(ctx, action, nr, len(cmp), (_ArgCmp * max(len(cmp), 1))(*cmp)) == 0
+        array = (confine.ArgCmp * max(len(cmp), 1))(*cmp)
+        assert lib.seccomp_rule_add_array(ctx, action, nr, len(cmp), array) == 0
 
     for name in ("unshare", "setns", "mount", "umount2", "pivot_root"):
         rule(eperm, name)
     rule(enosys, "clone3")
     for bit in (b for b in range(32) if CLONE_NEW_ANY >> b & 1):  # one rule per CLONE_NEW* bit
-        rule(eperm, "clone", _ArgCmp(0, masked_eq, 1 << bit, 1 << bit))
+        rule(eperm, "clone", confine.ArgCmp(0, confine.SCMP_CMP_MASKED_EQ, 1 << bit, 1 << bit))
     assert lib.seccomp_load(ctx) == 0
 
 
