@@ -85,7 +85,7 @@ bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinst
 used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - bound - set(dir(builtins))
 namespace = {"__name__": "__main__", **{name: Stub(name) for name in used}}
 exec(compile(tree, "tests", "exec"), namespace)
-print(VERDICT)
+print("\\n" + VERDICT)  # on a line of its own, whatever the tests printed last
 """
 
 

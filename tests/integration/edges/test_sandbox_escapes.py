@@ -387,3 +387,10 @@ async def test_forged_results_earn_nothing_with_namespaces_and_warm_processes(
     finally:
         await box.close()
     assert all(reaping.processes_of(runner.UID_BASE + slot) == [] for slot in range(6))
+
+
+async def test_the_verdict_stands_on_its_own_line_after_what_the_tests_print() -> None:
+    box = runner.Sandbox(limits=LIMITS)
+    tests = TESTS + "print('no newline at the end', end='')\n"
+    judged = await codetests.judge(box, RESPONSES["solves"], tests, kind="code-tests")
+    assert judged.passed and judged.tests.stdout.startswith("no newline at the end\n"), judged
