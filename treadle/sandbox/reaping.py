@@ -30,8 +30,13 @@ async def discard_until_eof(proc: asyncio.subprocess.Process) -> None:
 
 
 def terminate(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the run's process group, and the process itself should it have left the group (not
+    once reaped: its pid may be another's by then)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
 
 
 def kill_uid(uid: int) -> None:
