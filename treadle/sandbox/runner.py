@@ -256,8 +256,15 @@ class Sandbox:
                     warm = self._ready.popleft() if self._ready and limits == self.limits else None
                     if warm is not None and warm.proc.returncode is not None:  # it died waiting
                         await self._end(warm)
-                        warm = None
-                    started.append(warm or await self._start(limits))
+                    elif warm is not None:
+                        started.append(warm)
+                # The rest start side by side: their interpreters boot at once.
+                fresh = [self._start(limits) for _ in range(len(programs) - len(started))]
+                outcomes = await asyncio.gather(*fresh, return_exceptions=True)
+                started += [each for each in outcomes if isinstance(each, _Started)]  # ended below
+                for each in outcomes:
+                    if isinstance(each, BaseException):
+                        raise each
                 manager = self.cores
                 if manager is None:
                     return await self._go_all(started, programs, limits, None)
