@@ -1,7 +1,8 @@
 """Run untrusted Python in a throwaway directory with hard limits; called by the python-code env and
 the reward gateway's ``code-tests`` function.
 
-Containment, when the service runs as root (the env/reward pods, and this dev machine):
+Containment, when the service runs as root with CAP_SYS_ADMIN (this dev machine, the dev cluster's
+process nodes):
 - a fresh **network namespace** (``unshare(CLONE_NEWNET)``): no interface but a down loopback;
 - a fresh **mount namespace** with private tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``, so files
   written outside the working directory vanish with the run;
@@ -36,6 +37,9 @@ process, no signal, reads only of system directories, writes only in its directo
 uid of its own when the service is root (CAP_SETUID). Where neither is possible the sandbox refuses
 to start (``confine.Unavailable``, naming what is missing): it never runs code with less.
 ``Result.isolation`` says which mode ran. docs/SECURITY.md ("Sandbox") compares the two.
+
+``run_connected`` runs two programs at once, each a started process of its own, and relays each
+one's channel (``channel``) to the other: ``codetests`` runs a response and its tests' harness so.
 """
 
 from __future__ import annotations
