@@ -24,7 +24,8 @@ def job() -> v1alpha1.RolloutJob:
             "externalResources": {
                 "rewardModelGpus": 4,
                 "rewardModels": [
-                    {"name": "big", "model": "Qwen/Qwen2.5-7B-Instruct", "weightsGb": 15.2, "parallelism": [1, 2, 4]},
+                    {"name": "big", "model": "Qwen/Qwen2.5-7B-Instruct", "weightsGb": 15.2,
+                     "parallelism": [1, 2, 4]},
                     {"name": "small", "model": "Qwen/Qwen2.5-1.5B-Instruct", "weightsGb": 3.1},
                 ],
             },
