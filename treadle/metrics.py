@@ -101,6 +101,12 @@ TANGRAM_GRANTED_UNITS_TOTAL = f"{PREFIX}_tangram_granted_units_total"
 # API quotas across the job's env pods, as this pod last read them from Redis (label ``tool``).
 TANGRAM_QUOTA_IN_FLIGHT = f"{PREFIX}_tangram_quota_in_flight"
 TANGRAM_QUOTA_WINDOW_REQUESTS = f"{PREFIX}_tangram_quota_window_requests"
+# Reward-model GPUs of the reward gateway (treadle.services.reward.gpus; label ``model``: a name of
+# spec.externalResources.rewardModels, at most 16). Actions use ``resource="gpu"`` above.
+REWARD_MODEL_RESTORES_TOTAL = f"{PREFIX}_reward_model_restores_total"
+REWARD_MODEL_EVICTIONS_TOTAL = f"{PREFIX}_reward_model_evictions_total"
+REWARD_MODEL_RESTORE_SECONDS = f"{PREFIX}_reward_model_restore_seconds"
+REWARD_MODEL_GPUS_BUSY = f"{PREFIX}_reward_model_gpus_busy"
 
 # --- operator (owner: operator) ---------------------------------------------------------------------
 # Controller health, shaped like controller-runtime's so KubeRay-style operator dashboards apply.

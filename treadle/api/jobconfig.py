@@ -220,6 +220,12 @@ class RewardConfig:
     cpu_per_action: str = "1"
     """``spec.externalResources.cpuCoresPerAction``: the most cores a sandboxed reward run
     (``code-tests``) is granted by the gateway pod's action manager, as in the env pods."""
+    models: tuple[v1alpha1.RewardModel, ...] = ()
+    """``spec.externalResources.rewardModels``: served on the gateway's own GPUs (``judge:<name>``)."""
+    gpus: int = 0
+    """``spec.externalResources.rewardModelGpus``: GPUs of each gateway replica."""
+    gpu_memory_gb: float = 80.0
+    """``spec.externalResources.rewardModelGpuMemoryGb``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,9 +389,7 @@ def job_config(
             ),
         ),
         reward=reward_config(
-            spec.reward,
-            user_modules(t.reward for t in spec.tasks),
-            spec.external_resources.cpu_cores_per_action,
+            spec.reward, user_modules(t.reward for t in spec.tasks), spec.external_resources
         ),
         feeder=feeder_config(spec),
         trainer=trainer_config(job, tasks),
@@ -420,13 +424,19 @@ def user_modules(names: Iterable[str]) -> tuple[str, ...]:
 
 
 def reward_config(
-    reward: v1alpha1.Reward, modules: tuple[str, ...] = (), cpu_per_action: str = "1"
+    reward: v1alpha1.Reward,
+    modules: tuple[str, ...] = (),
+    resources: v1alpha1.ExternalResources | None = None,
 ) -> RewardConfig:
     """``spec.reward.url`` goes to the endpoint its type uses (a rule job's is ignored)."""
+    res = resources or v1alpha1.ExternalResources()
     return RewardConfig(
         judge_url=reward.url if reward.type == "llm-judge" else None,
         external_url=reward.url if reward.type == "external" else None,
         judge_model=reward.judge_model,
         user_modules=modules,
-        cpu_per_action=cpu_per_action,
+        cpu_per_action=res.cpu_cores_per_action,
+        models=tuple(res.reward_models),
+        gpus=res.reward_model_gpus,
+        gpu_memory_gb=res.reward_model_gpu_memory_gb,
     )

@@ -149,6 +149,38 @@ SPEC_RULES: tuple[Rule, ...] = (
         "spec.reward.judgeModel",
         lambda r: r.type != "llm-judge" or r.judge_model is not None,
     ),
+    # externalResources.rewardModels (ARL-Tangram's reward-model GPUs)
+    Rule(
+        ("externalResources",),
+        "!has(self.rewardModels) || size(self.rewardModels) == 0 || self.rewardModelGpus > 0",
+        "spec.externalResources.rewardModels need rewardModelGpus > 0 to run on",
+        "spec.externalResources.rewardModelGpus",
+        lambda e: not e.reward_models or e.reward_model_gpus > 0,
+    ),
+    Rule(
+        ("externalResources",),
+        "!has(self.rewardModels) || self.rewardModels.all(m, !has(m.parallelism) || m.parallelism.all("
+        "k, (k == 1 || k == 2 || k == 4 || k == 8) && k <= self.rewardModelGpus))",
+        "spec.externalResources.rewardModels[].parallelism entries are 1, 2, 4 or 8, and at most "
+        "rewardModelGpus",
+        "spec.externalResources.rewardModels.parallelism",
+        lambda e: all(
+            k in (1, 2, 4, 8) and k <= e.reward_model_gpus for m in e.reward_models for k in m.parallelism
+        ),
+    ),
+    Rule(
+        (),
+        "self.tasks.all(t, !t.reward.startsWith('judge:') || (has(self.externalResources)"
+        " && has(self.externalResources.rewardModels)"
+        " && self.externalResources.rewardModels.exists(m, 'judge:' + m.name == t.reward)))",
+        "every spec.tasks[].reward judge:<name> must name a model in spec.externalResources.rewardModels",
+        "spec.tasks.reward",
+        lambda s: all(
+            not t.reward.startswith("judge:")
+            or any("judge:" + m.name == t.reward for m in s.external_resources.reward_models)
+            for t in s.tasks
+        ),
+    ),
     Rule(
         ("environment",),
         "self.warmPool == 0 || self.replicas > 0",
@@ -271,5 +303,6 @@ SPEC_RULES: tuple[Rule, ...] = (
 # updates, which the immutable-field rules on list items need.
 MAP_LISTS: Mapping[tuple[str, ...], str] = {
     ("agents",): "name", ("pools",): "name", ("tasks",): "name", ("feeder", "volumes"): "name",
+    ("externalResources", "rewardModels"): "name",
 }  # fmt: skip
 SET_LISTS: tuple[tuple[str, ...], ...] = (("tasks", "[]", "agents"), ("tasks", "[]", "pools"))

@@ -19,7 +19,7 @@ import pydantic
 from pydantic import Field
 
 from treadle import errors
-from treadle.api import base, spec_rules
+from treadle.api import base, external, spec_rules
 from treadle.api import dataset as dataset_api
 from treadle.api import engine as engine_api
 from treadle.api import sampling as sampling_
@@ -52,7 +52,11 @@ MANAGER = "treadle.dev/operator"
 DNS_LABEL = base.DNS_LABEL
 USER_CODE = "py:"
 """Prefix of user code an environment or reward names: ``py:<module>:<attribute>``."""
-REWARD_FN = r"^([a-z]([-a-z0-9]*[a-z0-9])?|py:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+JUDGE = external.JUDGE
+REWARD_FN = (
+    r"^([a-z]([-a-z0-9]*[a-z0-9])?|py:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"
+    r"|judge:[a-z]([-a-z0-9]*[a-z0-9])?)$"
+)
 QUANTITY = base.QUANTITY
 Name = base.Name
 Quantity = base.Quantity
@@ -157,28 +161,9 @@ class Task(_Model):
     """Rows the task's prompts come from (fed by the job's feeder); unset: environment seeds."""
 
 
-class ApiQuota(_Model):
-    """A rate limit on one external tool, granted per action (ARL-Tangram)."""
-
-    tool: Name
-    """Tool name as the environment reports it."""
-    requests_per_minute: int = Field(ge=1, le=1_000_000)
-    """Sustained calls per minute across the job."""
-    max_concurrent: int = Field(default=16, ge=1, le=100_000)
-    """Calls in flight at once across the job."""
-
-
-class ExternalResources(_Model):
-    """Resources granted per action rather than per trajectory (ARL-Tangram)."""
-
-    api_quotas: list[ApiQuota] = Field(default_factory=list, max_length=32)
-    """Per-tool API quotas."""
-    reward_model_gpus: int = Field(default=0, ge=0, le=64)
-    """GPUs reserved for LLM-judge reward models."""
-    cpu_cores_per_action: Quantity = "1"
-    """CPU cores an environment action (tool call, code run) may use: each sandboxed run is pinned to
-    this many of the env pod's CPUs, rounded up (``500m`` is 1 CPU) and at most the pod's, with
-    OMP/MKL/OpenBLAS thread counts set to match."""
+ApiQuota = external.ApiQuota
+RewardModel = external.RewardModel
+ExternalResources = external.ExternalResources
 
 
 class Environment(_Model):

@@ -29,7 +29,6 @@ variables (``runner``), so code can size its own parallelism (``pytest -n $TREAD
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import decimal
@@ -94,31 +93,6 @@ class Grant:
         return len(self.cores)
 
 
-@dataclasses.dataclass
-class _Profile:
-    """What the manager learned of one action kind from its finished runs."""
-
-    by_units: dict[int, profile.Average] = dataclasses.field(default_factory=dict)
-    elasticity: model.Elasticity | None = None
-
-    def observe(self, units: int, duration_s: float, upper: int) -> None:
-        self.by_units[units] = self.by_units.get(units, profile.Average()).observe(duration_s)
-        one = self.by_units.get(1)
-        if one is not None and one.mean > 0:
-            samples = [(m, a.mean / one.mean) for m, a in sorted(self.by_units.items()) if a.mean > 0]
-            self.elasticity = profile.fit(samples, upper)
-
-    def action(self, action_id: str, upper: int) -> model.Action:
-        if self.elasticity is not None:
-            return model.Action(
-                action_id, CPU, {CPU: tuple(range(1, upper + 1))},
-                duration_s=self.by_units[1].mean, elasticity=self.elasticity,
-            )  # fmt: skip
-        probe = next((m for m in (upper, 1) if m not in self.by_units), upper)
-        seen = self.by_units.get(probe)
-        return model.Action(action_id, CPU, {CPU: (probe,)}, duration_s=seen.mean if seen else 0.0)
-
-
 @dataclasses.dataclass(eq=False)
 class _Request:
     action: model.Action
@@ -159,7 +133,7 @@ class CoreManager:
         self.upper = max(1, min(upper, self.total))
         self.settings, self.clock = settings, clock
         self.metrics = action_metrics or ActionMetrics(prometheus_client.CollectorRegistry())
-        self.profiles: dict[str, _Profile] = collections.defaultdict(_Profile)
+        self.profiles: dict[str, profile.KindProfile] = {}
         self._free = set(allowed)
         self._waiting: list[_Request] = []
         self._running: dict[tuple[int, ...], _Run] = {}
@@ -173,6 +147,10 @@ class CoreManager:
     def queued(self) -> int:
         return len(self._waiting)
 
+    def profile(self, kind: str) -> profile.KindProfile:
+        """What the manager learned of ``kind`` (amounts ``1 .. upper``; empty before its first run)."""
+        return self.profiles.setdefault(kind, profile.KindProfile(CPU, tuple(range(1, self.upper + 1))))
+
     @contextlib.asynccontextmanager
     async def cores(self, kind: str) -> AsyncIterator[Grant]:
         """Hold a grant for the body; the body's duration is the kind's next profile sample."""
@@ -185,7 +163,10 @@ class CoreManager:
 
     async def acquire(self, kind: str) -> Grant:
         """Wait in the FCFS queue for a grant; a cancelled wait leaves the queue (or frees its grant)."""
-        action = self.profiles[kind].action(f"{kind}-{next(self._ids)}", self.upper)
+        kind_profile = self.profiles.setdefault(
+            kind, profile.KindProfile(CPU, tuple(range(1, self.upper + 1)))
+        )
+        action = kind_profile.action(f"{kind}-{next(self._ids)}")
         request = _Request(action, kind, self.clock(), asyncio.get_running_loop().create_future())
         self._waiting.append(request)
         self._schedule()
@@ -201,7 +182,7 @@ class CoreManager:
 
     def release(self, grant: Grant, *, duration_s: float) -> None:
         """The action ended after ``duration_s`` of execution: learn from it, free its cores."""
-        self.profiles[grant.kind].observe(grant.units, duration_s, self.upper)
+        self.profile(grant.kind).observe(grant.units, duration_s)
         self._give_back(grant)
 
     def _give_back(self, grant: Grant) -> None:

@@ -105,6 +105,9 @@ def test_wrong_kind_is_rejected_naming_api_version() -> None:
     assert info.value.field == "apiVersion"
 
 
+JUDGE = {"name": "judge", "model": "tiny", "weightsGb": 0.1}
+
+
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
@@ -125,6 +128,26 @@ def test_wrong_kind_is_rejected_naming_api_version() -> None:
         (lambda s: s["tasks"].append(dict(s["tasks"][0])), "spec.tasks"),
         # with two agents the trainer must say which it trains
         (lambda s: s.update(trainer={"steps": 5}), "spec.trainer.agent"),
+        # reward models need GPUs to run on
+        (
+            lambda s: s.update(externalResources={"rewardModels": [JUDGE]}),
+            "spec.externalResources.rewardModelGpus",
+        ),
+        # a variant's degree is an aligned chunk size the gateway holds
+        (
+            lambda s: s.update(
+                externalResources={"rewardModelGpus": 2, "rewardModels": [JUDGE | {"parallelism": [4]}]}
+            ),
+            "spec.externalResources.rewardModels.parallelism",
+        ),
+        (
+            lambda s: s.update(
+                externalResources={"rewardModelGpus": 8, "rewardModels": [JUDGE | {"parallelism": [3]}]}
+            ),
+            "spec.externalResources.rewardModels.parallelism",
+        ),
+        # judge:<name> names a declared reward model
+        (lambda s: s["tasks"][0].update(reward="judge:nobody"), "spec.tasks.reward"),
     ],
     ids=[
         "judge-model",
@@ -134,6 +157,10 @@ def test_wrong_kind_is_rejected_naming_api_version() -> None:
         "min-max",
         "dup-task",
         "trainer-agent",
+        "reward-models-without-gpus",
+        "parallelism-above-gpus",
+        "parallelism-unaligned",
+        "judge-undeclared",
     ],
 )
 def test_cross_field_rules(mutate: Any, field: str) -> None:

@@ -30,7 +30,7 @@ def manager(n: int, upper: int, clock: Clock | None = None) -> cores.CoreManager
 def learn(m: cores.CoreManager, kind: str, samples: list[tuple[int, float]]) -> None:
     """Feed measured runs, as finished actions would (each at the amount the manager granted)."""
     for units, seconds in samples:
-        m.profiles[kind].observe(units, seconds, m.upper)
+        m.profile(kind).observe(units, seconds)
 
 
 async def test_a_new_kind_probes_upper_then_one_core_then_fits() -> None:
@@ -41,8 +41,8 @@ async def test_a_new_kind_probes_upper_then_one_core_then_fits() -> None:
     second = await m.acquire("t")
     assert second.units == 1
     m.release(second, duration_s=4.0)
-    assert m.profiles["t"].elasticity is not None
-    assert m.profiles["t"].elasticity.efficiency == pytest.approx((1.0, 1.0, 1.0, 1.0))
+    assert m.profile("t").elasticity is not None
+    assert m.profile("t").elasticity.efficiency == pytest.approx((1.0, 1.0, 1.0, 1.0))
     alone = await m.acquire("t")
     assert alone.units == 4  # linear speed-up, cores free: the most it may have
 
@@ -53,13 +53,13 @@ async def test_upper_one_never_probes() -> None:
         g = await m.acquire("t")
         assert g.units == 1
         m.release(g, duration_s=1.0)
-    assert m.profiles["t"].elasticity is None
+    assert m.profile("t").elasticity is None
 
 
 async def test_code_that_does_not_speed_up_keeps_one_core() -> None:
     m = manager(8, 4)
     learn(m, "t", [(4, 2.0), (1, 2.0)])
-    e = m.profiles["t"].elasticity
+    e = m.profile("t").elasticity
     assert e is not None and e.efficiency == pytest.approx((1.0, 1 / 2, 1 / 3, 1 / 4))
     assert (await m.acquire("t")).units == 1
 
@@ -81,7 +81,7 @@ async def test_the_grants_are_the_policy_decision() -> None:
     m = manager(6, 6)
     busy = await m.acquire("other")  # its probe holds all six cores while three queue
     learn(m, "t", [(6, 1.0), (1, 5.0)])  # Amdahl with a serial part
-    waiting = [m.profiles["t"].action(f"a{i}", 6) for i in range(3)]
+    waiting = [m.profile("t").action(f"a{i}") for i in range(3)]
     want = schedule.decide(waiting, [], {cores.CPU: pools.FlatPool(6, 6)}, cores.SETTINGS)
     queued = [asyncio.ensure_future(m.acquire("t")) for _ in range(3)]
     await asyncio.sleep(0)
@@ -149,12 +149,12 @@ def test_numa_domains_from_sysfs(tmp_path: Path) -> None:
 
 
 def test_profile_action_is_the_policy_model() -> None:
-    p = cores._Profile()
-    probe = p.action("x", 4)
+    p = cores.CoreManager(upper=4, cpus=range(4), domains=[range(4)]).profile("x")
+    probe = p.action("x")
     assert probe.cost == {cores.CPU: (4,)} and probe.elasticity is None and not probe.scalable
-    p.observe(4, 1.0, 4)
-    p.observe(1, 3.0, 4)
-    fitted = p.action("y", 4)
+    p.observe(4, 1.0)
+    p.observe(1, 3.0)
+    fitted = p.action("y")
     assert isinstance(fitted, model.Action) and fitted.options == (1, 2, 3, 4)
     assert fitted.duration_s == 3.0 and fitted.duration(4) == pytest.approx(1.0)
 

@@ -80,10 +80,15 @@ def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
     reward = job.spec.reward
     container = common.service_container(job, cfg, "reward")
     pod: dict[str, Any] = {"containers": [container]}
-    gpus = job.spec.external_resources.reward_model_gpus
-    if reward.type == "llm-judge" and gpus > 0:
-        # The judge model runs on GPUs of its own (any class), as RollArt's reward LLM does.
-        container["resources"] = {"limits": {nodes.GPU_RESOURCE: str(gpus)}, "requests": {"cpu": "2"}}
+    res = job.spec.external_resources
+    if res.reward_model_gpus > 0 and (reward.type == "llm-judge" or res.reward_models):
+        # Judge and reward models run on GPUs of their own (any class), as RollArt's reward LLM does;
+        # the gateway keeps every reward model's weights in host memory to restore them (ARL-Tangram).
+        backups_gi = math.ceil(sum(m.weights_gb for m in res.reward_models) * 1e9 / 2**30)
+        container["resources"] = {
+            "limits": {nodes.GPU_RESOURCE: str(res.reward_model_gpus)},
+            "requests": {"cpu": "2", **({"memory": f"{backups_gi + 1}Gi"} if res.reward_models else {})},
+        }
         pod["tolerations"] = [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     else:
         pod |= common.cpu_placement(job)

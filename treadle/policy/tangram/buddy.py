@@ -99,6 +99,27 @@ def empty(nodes: int, gpu_gb: float) -> Pool:
     return Pool(nodes, gpu_gb, frozenset(Chunk(n, 0, NODE_GPUS) for n in range(nodes)))
 
 
+def of_gpus(gpus: int, gpu_gb: float) -> Pool:
+    """A pool of ``gpus`` GPUs: whole nodes of 8, then a last node holding only its first ``gpus % 8``.
+
+    The last node's GPUs are its aligned chunks (6 GPUs: ``[0, 4)`` and ``[4, 6)``); the GPUs it
+    lacks are never free, so no chunk ever merges into them and no grant covers them.
+    """
+    if gpus < 1:
+        raise SpecError("needs at least one GPU", field="gpus", value=gpus)
+    whole, rest = divmod(gpus, NODE_GPUS)
+    pool = empty(whole + (rest > 0), gpu_gb)
+    if not rest:
+        return pool
+    free = set(pool.free) - {Chunk(whole, 0, NODE_GPUS)}
+    start = 0
+    for size in reversed(SIZES):
+        if rest & size:
+            free.add(Chunk(whole, start, size))
+            start += size
+    return dataclasses.replace(pool, free=frozenset(free))
+
+
 def level(units: int) -> int:
     """The chunk size that serves ``units`` GPUs (``units`` must be one of ``SIZES``)."""
     if units not in SIZES:

@@ -12,6 +12,12 @@ inference, and uses historical averages for every other action, without saying h
   for every m >= 1. Samples at fewer than two distinct amounts cannot show elasticity: ``None``
   (the action then runs at its minimum, as Alg. 1 line 6 does for unknown elasticity).
 
+* ``KindProfile``: what a live manager learns of one action kind from its finished runs: an
+  ``Average`` per amount granted and, once two amounts have runs, the fitted elasticity; it builds
+  the kind's next ``model.Action``, probing the largest then the smallest amount until it can fit.
+  Durations are normalised by the smallest amount's mean ``d0`` at ``m0``; the one-unit duration
+  ``T_ori`` is then ``d0 (a + b) / (a + b / m0)`` (``d0`` itself when ``m0`` is 1).
+
 Called by the simulator (from its probe runs) and by the live shell (from finished actions).
 """
 
@@ -68,3 +74,47 @@ def _least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, flo
     if a < 0:  # better than linear in the samples: through the origin
         return 0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
     return a, b
+
+
+@dataclasses.dataclass
+class KindProfile:
+    """One action kind's durations per amount granted and its fitted elasticity (module doc)."""
+
+    resource: str
+    amounts: tuple[int, ...]
+    """The amounts an action of the kind may be granted (ascending, at least one)."""
+    by_units: dict[int, Average] = dataclasses.field(default_factory=dict)
+    elasticity: model.Elasticity | None = None
+    one_unit_s: float = 0.0
+    """``T_ori``: the fitted one-unit duration (the smallest amount's mean until there is a fit)."""
+
+    def __post_init__(self) -> None:
+        if not self.amounts or list(self.amounts) != sorted(set(self.amounts)) or self.amounts[0] < 1:
+            raise SpecError("amounts are distinct, ascending and >= 1", field="amounts", value=self.amounts)
+
+    def observe(self, units: int, duration_s: float) -> None:
+        self.by_units[units] = self.by_units.get(units, Average()).observe(duration_s)
+        m0 = min(self.by_units)
+        d0 = self.by_units[m0].mean
+        if d0 <= 0:
+            return
+        samples = [(m, a.mean / d0) for m, a in sorted(self.by_units.items()) if a.mean > 0]
+        self.elasticity = fit(samples, self.amounts[-1])
+        self.one_unit_s = d0
+        if self.elasticity is not None and m0 > 1:
+            # E(m0) m0 = d(1)/d(m0) on the fitted curve, so T_ori = d0 E(m0) m0.
+            self.one_unit_s = d0 * self.elasticity.efficiency[m0 - 1] * m0
+
+    def action(self, action_id: str) -> model.Action:
+        if self.elasticity is not None:
+            return model.Action(
+                action_id, self.resource, {self.resource: self.amounts},
+                duration_s=self.one_unit_s, elasticity=self.elasticity,
+            )  # fmt: skip
+        probe = next(
+            (m for m in (self.amounts[-1], self.amounts[0]) if m not in self.by_units), self.amounts[-1]
+        )
+        seen = self.by_units.get(probe)
+        return model.Action(
+            action_id, self.resource, {self.resource: (probe,)}, duration_s=seen.mean if seen else 0.0
+        )

@@ -6,7 +6,9 @@ reference is test code, run with the response's code in ``treadle.sandbox``), ``
 OpenAI-compatible endpoint), ``env`` (the environment's own reward from ``metadata.env_reward``), and
 ``letter-fraction`` (the fraction of the response's characters equal to the one-letter reference: the
 toy learning task, shaped so that a tiny model learns within a few steps), and
-``py:<module>:<function>`` for a user function importable under an allowed module prefix.
+``py:<module>:<function>`` for a user function importable under an allowed module prefix, and
+``judge:<name>``: the reward model ``<name>`` of ``spec.externalResources.rewardModels`` grades it as
+``llm-judge`` does, on the gateway's own GPUs (``gpus.GpuManager``: one action per GPU chunk).
 
 A gateway started for a job whose ``spec.reward.type`` is ``external`` forwards every request,
 whatever its function name, to the job's ``spec.reward.url`` (``score_external``): the external
@@ -27,9 +29,10 @@ from typing import Any
 import httpx
 
 from treadle import errors
+from treadle.api import v1alpha1
 from treadle.sandbox import codetests, confine, runner
 from treadle.services import plugin
-from treadle.services.reward import protocol
+from treadle.services.reward import gpus, protocol
 
 Scored = tuple[float, dict[str, Any]]
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -55,6 +58,8 @@ class Resources:
     user_prefixes: tuple[str, ...] = ()
     external: External | None = None
     """Set for a job with ``spec.reward.type: external``: every request is forwarded to its url."""
+    reward_models: gpus.GpuManager | None = None
+    """Set for a job with ``spec.externalResources.rewardModels``: serves ``judge:<name>``."""
 
 
 Fn = Callable[[protocol.ScoreRequest, Resources], Awaitable[Scored]]
@@ -158,6 +163,26 @@ SCORE = re.compile(r"\b(10|[0-9])\b")
 async def score_llm_judge(req: protocol.ScoreRequest, res: Resources) -> Scored:
     if res.judge is None:
         raise errors.Unavailable("llm-judge needs spec.reward.url, which this gateway's job does not give")
+    return await _judge(res.judge, res.judge_model, req)
+
+
+async def score_reward_model(req: protocol.ScoreRequest, res: Resources) -> Scored:
+    """``judge:<name>``: graded by the reward model on a chunk of the gateway's GPUs."""
+    if res.reward_models is None:
+        raise errors.SpecError(
+            f"{req.reward_fn!r} needs spec.externalResources.rewardModels, which this gateway's job "
+            "does not give",
+            field="reward_fn",
+        )
+    name = req.reward_fn.removeprefix(v1alpha1.JUDGE)
+    async with res.reward_models.lease(name) as lease:
+        reward, details = await _judge(lease.client, None, req)
+    return reward, details | {"gpus": lease.degree, "restore_s": round(lease.restore_s, 6),
+                              "queued_s": round(lease.queued_s, 6)}  # fmt: skip
+
+
+async def _judge(client: httpx.AsyncClient, judge_model: str | None, req: protocol.ScoreRequest) -> Scored:
+    """A 0-10 grade by an OpenAI-compatible judge, scaled to [0, 1]; an unparsable verdict scores 0."""
     content = JUDGE_PROMPT.format(
         prompt=req.prompt or "", reference=req.reference or "", response=req.response
     )
@@ -166,10 +191,10 @@ async def score_llm_judge(req: protocol.ScoreRequest, res: Resources) -> Scored:
         "max_tokens": 16,
         "temperature": 0.0,
     }
-    if res.judge_model:
-        body["model"] = res.judge_model
+    if judge_model:
+        body["model"] = judge_model
     try:
-        response = await res.judge.post("/v1/chat/completions", json=body)
+        response = await client.post("/v1/chat/completions", json=body)
     except httpx.HTTPError as exc:
         raise errors.Unavailable(f"judge unreachable: {type(exc).__name__}: {exc}") from exc
     if response.status_code != 200:
@@ -247,6 +272,8 @@ def resolve(name: str, res: Resources) -> Fn:
         return score_external
     if name in BUILTIN:
         return BUILTIN[name][0]
+    if name.startswith(v1alpha1.JUDGE):
+        return score_reward_model
     if not name.startswith(plugin.PREFIX):
         raise errors.SpecError(f"unknown reward function {name!r}; known: {sorted(BUILTIN)} or py:MODULE:FN",
                                field="reward_fn")  # fmt: skip

@@ -9,10 +9,11 @@ import fastapi
 import httpx
 import prometheus_client
 
+from treadle.api import v1alpha1
 from treadle.sandbox import cores, runner
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
-from treadle.services.reward import functions, protocol, service
+from treadle.services.reward import functions, gpus, protocol, service
 
 
 def build_app(
@@ -26,13 +27,24 @@ def build_app(
     timeout_s: float = 30.0,
     sandbox_concurrency: int = 4,
     cpus_per_action: int | None = None,
+    reward_models: tuple[v1alpha1.RewardModel, ...] = (),
+    reward_model_gpus: int = 0,
+    gpu_memory_gb: float = 80.0,
 ) -> fastapi.FastAPI:
     """``cpus_per_action``: the most cores the pod's action manager (``treadle.sandbox.cores``) grants
-    one ``code-tests`` run (None: runs are not pinned)."""
+    one ``code-tests`` run (None: runs are not pinned). ``reward_models``: served on
+    ``reward_model_gpus`` GPUs of ``gpu_memory_gb`` each by the GPU manager (``gpus``)."""
     registry = registry or http_app.registry()
+    action_metrics = cores.ActionMetrics(registry)
     manager = (
-        None if cpus_per_action is None
-        else cores.CoreManager(upper=cpus_per_action, action_metrics=cores.ActionMetrics(registry))
+        None
+        if cpus_per_action is None
+        else cores.CoreManager(upper=cpus_per_action, action_metrics=action_metrics)
+    )
+    engines = gpus.SimulatedEngines(reward_models) if reward_models else None
+    gpu_manager = None if engines is None else gpus.GpuManager(
+        reward_models, gpus=reward_model_gpus, gpu_gb=gpu_memory_gb, engines=engines, registry=registry,
+        action_metrics=action_metrics,
     )  # fmt: skip
     judge = httpx.AsyncClient(base_url=judge_url, timeout=timeout_s) if judge_url else None
     external = (
@@ -40,8 +52,8 @@ def build_app(
     )
     resources = functions.Resources(
         sandbox=runner.unavailable_or(lambda: runner.Sandbox(concurrency=sandbox_concurrency, cores=manager)),
-        judge=judge,
-        judge_model=judge_model, user_prefixes=user_prefixes, external=external,
+        judge=judge, judge_model=judge_model, user_prefixes=user_prefixes, external=external,
+        reward_models=gpu_manager,
     )  # fmt: skip
     svc = service.RewardService(
         registry=registry, resources=resources, max_concurrency=max_concurrency, timeout_s=timeout_s
@@ -55,6 +67,8 @@ def build_app(
             for client in (judge, external.client if external else None):
                 if client is not None:
                     await client.aclose()
+            if engines is not None:
+                await engines.aclose()
 
     app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan)
     app.state.svc = svc

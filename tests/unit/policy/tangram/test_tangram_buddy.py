@@ -89,3 +89,18 @@ def test_bad_requests_are_refused_with_the_field() -> None:
 )
 def test_fits_counts(free: buddy.Inventory, demand: buddy.Inventory, fits: bool) -> None:
     assert buddy.fits(free, demand) is fits
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 5, 6, 7, 8, 11, 16])
+def test_a_pool_of_any_gpu_count_grants_only_its_own_gpus_and_merges_back(gpus: int) -> None:
+    pool = buddy.of_gpus(gpus, 80.0)
+    assert sum(c.size for c in pool.free) == gpus
+    granted = []
+    while (got := buddy.allocate(pool, 1, "judge@tp1", 10.0)) is not None:
+        pool, placement = got
+        granted.append(placement.chunk)
+    owned = {(n, g) for n in range(pool.nodes) for g in range(8) if n * 8 + g < gpus}
+    assert {(c.node, c.start) for c in granted} == owned  # every GPU once, none beyond the count
+    for chunk in granted:
+        pool = buddy.release(pool, chunk)
+    assert pool.free == buddy.of_gpus(gpus, 80.0).free  # freed buddies merged, never past the count

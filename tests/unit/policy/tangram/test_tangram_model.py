@@ -65,3 +65,21 @@ def test_pick_prefers_one_numa_domain() -> None:
     assert cores.pick(domains, 8) == (0, 1, 2, 3, 4, 5, 8, 9)
     with pytest.raises(SpecError):
         cores.pick(domains, 11)
+
+
+def test_a_kind_whose_smallest_amount_is_two_units_fits_its_one_unit_duration() -> None:
+    """GPU variants may start at TP2: T_ori comes from the fitted curve, not from a 1-unit run."""
+    p = profile.KindProfile("gpu", (2, 4, 8))
+    assert p.action("a").cost == {"gpu": (8,)}  # the first probe: the largest amount
+    p.observe(8, 1.0)
+    assert p.action("b").cost == {"gpu": (2,)}  # then the smallest
+    p.observe(2, 2.5)  # Amdahl a + b/m through (2, 2.5) and (8, 1.0): a = 0.5, b = 4, T(1) = 4.5
+    fitted = p.action("c")
+    assert fitted.options == (2, 4, 8)
+    assert fitted.duration_s == pytest.approx(4.5)
+    assert fitted.duration(2) == pytest.approx(2.5) and fitted.duration(8) == pytest.approx(1.0)
+
+
+def test_a_kind_profile_refuses_amounts_that_are_not_ascending() -> None:
+    with pytest.raises(SpecError):
+        profile.KindProfile("gpu", (4, 2))

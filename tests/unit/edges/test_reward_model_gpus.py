@@ -1,0 +1,132 @@
+"""The reward gateway's GPU manager with a recording engine: one action per GPU, aligned chunks,
+restores only where the variant is not resident, least recently used evicted first."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import httpx
+import prometheus_client
+import pytest
+
+from treadle import errors
+from treadle.api import v1alpha1
+from treadle.policy.tangram import buddy
+from treadle.sandbox import cores
+from treadle.services.reward import gpus
+
+
+class Recording:
+    """An ``Engines`` that records what is resident where and the actions on each GPU."""
+
+    def __init__(self) -> None:
+        self.resident: set[tuple[str, int, buddy.Chunk]] = set()
+        self.restores: list[tuple[str, int, buddy.Chunk]] = []
+        self.evictions: list[tuple[str, int, buddy.Chunk]] = []
+        self.client_ = httpx.AsyncClient()
+
+    async def restore(self, rm: v1alpha1.RewardModel, degree: int, chunk: buddy.Chunk) -> float:
+        await asyncio.sleep(0)
+        self.resident.add((rm.name, degree, chunk))
+        self.restores.append((rm.name, degree, chunk))
+        return 0.001
+
+    def evict(self, name: str, degree: int, chunk: buddy.Chunk) -> None:
+        self.resident.remove((name, degree, chunk))
+        self.evictions.append((name, degree, chunk))
+
+    def client(self, name: str, degree: int, chunk: buddy.Chunk) -> httpx.AsyncClient:
+        assert (name, degree, chunk) in self.resident
+        return self.client_
+
+    async def aclose(self) -> None:
+        await self.client_.aclose()
+
+
+def rm(name: str, gb: float, parallelism: list[int]) -> v1alpha1.RewardModel:
+    return v1alpha1.RewardModel(name=name, model=name, weights_gb=gb, parallelism=parallelism)
+
+
+def manager(
+    models: list[v1alpha1.RewardModel], gpus_: int, gpu_gb: float, engines: Recording
+) -> gpus.GpuManager:
+    registry = prometheus_client.CollectorRegistry()
+    return gpus.GpuManager(
+        models, gpus=gpus_, gpu_gb=gpu_gb, engines=engines, registry=registry,
+        action_metrics=cores.ActionMetrics(registry),
+    )  # fmt: skip
+
+
+async def test_concurrent_actions_never_share_a_gpu_and_chunks_are_aligned() -> None:
+    engines = Recording()
+    m = manager([rm("a", 10, [1, 2]), rm("b", 10, [1])], 4, 80, engines)
+    busy: collections.Counter[tuple[int, int]] = collections.Counter()
+    most = 0
+
+    async def act(name: str, hold_s: float) -> None:
+        nonlocal most
+        async with m.lease(name) as lease:
+            chunk = lease.chunk
+            assert chunk.start % chunk.size == 0 and chunk.size == lease.degree
+            gpus_held = [(chunk.node, g) for g in range(chunk.start, chunk.end)]
+            busy.update(gpus_held)
+            assert max(busy.values()) == 1  # at most one action per GPU
+            most = max(most, sum(busy.values()))
+            await asyncio.sleep(hold_s)
+            busy.subtract(gpus_held)
+
+    async with asyncio.timeout(20):
+        await asyncio.gather(*(act("ab"[i % 2], 0.01 * (1 + i % 3)) for i in range(24)))
+    assert most <= 4 and m.free_gpus == 4
+    assert m.pool.free == buddy.of_gpus(4, 80).free  # every chunk back, buddies merged
+    await engines.aclose()
+
+
+async def test_a_resident_variant_is_reused_and_the_least_recently_used_is_evicted() -> None:
+    engines = Recording()
+    # One GPU that holds one variant at a time (12 GB of 20): every switch of model evicts the other.
+    m = manager([rm("a", 10, [1]), rm("b", 10, [1])], 1, 20, engines)
+    for name in ("a", "a", "b", "a"):
+        async with m.lease(name) as lease:
+            assert lease.degree == 1
+    chunk = buddy.Chunk(0, 0, 1)
+    assert engines.restores == [("a", 1, chunk), ("b", 1, chunk), ("a", 1, chunk)]  # the 2nd "a" hit
+    assert engines.evictions == [("a", 1, chunk), ("b", 1, chunk)]
+    await engines.aclose()
+
+
+async def test_the_queue_is_fcfs_when_the_gpus_are_busy() -> None:
+    engines = Recording()
+    m = manager([rm("a", 1, [1])], 1, 80, engines)
+    order: list[int] = []
+    held = asyncio.Event()
+
+    async def act(i: int) -> None:
+        async with m.lease("a"):
+            order.append(i)
+            if i == 0:
+                held.set()
+            await asyncio.sleep(0.005)
+
+    first = asyncio.create_task(act(0))
+    await held.wait()
+    async with asyncio.timeout(10):
+        await asyncio.gather(first, *(act(i) for i in range(1, 6)))
+    assert order == list(range(6))
+    await engines.aclose()
+
+
+def test_a_model_that_never_fits_a_gpu_is_refused_naming_its_field() -> None:
+    with pytest.raises(errors.SpecError) as info:
+        manager([rm("ok", 1, [1]), rm("huge", 200, [1, 2])], 2, 80, Recording())
+    assert info.value.field == "spec.externalResources.rewardModels[1].weightsGb"
+
+
+async def test_an_undeclared_model_is_bad_input() -> None:
+    engines = Recording()
+    m = manager([rm("a", 1, [1])], 1, 80, engines)
+    with pytest.raises(errors.SpecError, match="no reward model 'b'"):
+        async with m.lease("b"):
+            pass
+    await engines.aclose()
