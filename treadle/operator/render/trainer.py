@@ -59,6 +59,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
             *common.pod_env(job, cfg),
             *pool.weights_env(job, cfg, agent),
         ],
+        "ports": [common.metrics_port()],
         "resources": {
             "requests": {"cpu": trainer.cpu, "memory": trainer.memory, **gpus},
             "limits": {"cpu": trainer.cpu, "memory": trainer.memory, **gpus},
@@ -89,7 +90,10 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
     template = {
         "metadata": {
             "labels": dict(metadata["labels"]),
-            "annotations": {SETTINGS_ANNOTATION: common.spec_hash({"metadata": {}, "settings": settings})},
+            "annotations": {
+                SETTINGS_ANNOTATION: common.spec_hash({"metadata": {}, "settings": settings}),
+                **common.scrape_annotations(),
+            },
         },
         "spec": {
             "restartPolicy": "OnFailure",

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         max_concurrency=a.max_concurrency, timeout_s=a.timeout_s, sandbox_concurrency=a.sandbox_concurrency,
         cpus_per_action=cpus,
     )  # fmt: skip
+    podenv.serve_metrics(
+        app.state.registry, a.host, podenv.or_exit(lambda: podenv.metrics_port(environ), prog=PROG)
+    )
     serve.run(app, host=a.host, port=a.port)
 
 
