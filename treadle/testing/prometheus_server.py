@@ -47,17 +47,24 @@ class PrometheusServer:
 
 @contextlib.contextmanager
 def prometheus_server(
-    targets: Mapping[str, Sequence[str]], timeout: float = 30.0
+    targets: Mapping[str, Sequence[str]],
+    timeout: float = 30.0,
+    *,
+    scrape_configs: Sequence[Mapping[str, Any]] = (),
 ) -> Iterator[PrometheusServer]:
-    """``targets`` maps a job name to ``host:port`` addresses serving ``/metrics``."""
+    """``targets`` maps a job name to ``host:port`` addresses serving ``/metrics``; ``scrape_configs``
+    are added as given (e.g. the chart's ``kubernetes_sd`` jobs)."""
     binary = procs.which("prometheus", "apt-get install prometheus, or run hack/setup.sh")
     port = procs.free_port()
     with tempfile.TemporaryDirectory(prefix="treadle-prometheus-") as tmp:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": list(addrs)}]}
-                for job, addrs in targets.items()
+                *(
+                    {"job_name": job, "static_configs": [{"targets": list(addrs)}]}
+                    for job, addrs in targets.items()
+                ),
+                *scrape_configs,
             ],
         }
         config_path = Path(tmp) / "prometheus.yml"
