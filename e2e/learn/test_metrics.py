@@ -19,12 +19,14 @@ runs them against a two-agent job in local mode.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dashboard_pictures
 import pytest
 import test_learn as learn
 import yaml
@@ -92,6 +94,7 @@ def queries(dashboard: model.Dashboard) -> list[tuple[str, str]]:
 def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
     cluster: kwok.DevCluster, prometheus: prometheus_server.PrometheusServer
 ) -> None:
+    began = time.time()
     learn.apply(cluster, learn.variant(NAME, learn.CONFIG_MAP))
     learn.train(cluster, NAME, steps=STEPS)
     # Every pod of the job, by the annotations the operator rendered, and vLLM by its port.
@@ -117,4 +120,10 @@ def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
         assert {(NAMESPACE, NAME)} <= {
             (v["metric"]["namespace"], v["metric"][dashboard.job_label]) for v in values
         }
+    if folder := os.environ.get("TREADLE_DASHBOARD_PICTURES"):
+        for dashboard in DASHBOARDS:
+            dashboard_pictures.draw(
+                dashboard, prometheus, variables={"namespace": NAMESPACE, "job": NAME}, start=began,
+                end=time.time(), out=Path(folder),
+            )  # fmt: skip
     learn.delete(cluster, NAME)

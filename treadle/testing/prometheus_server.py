@@ -34,6 +34,15 @@ class PrometheusServer:
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """Range query (a matrix: ``values`` per series); raises on a PromQL error as ``query``."""
+        params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+        body = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=30).json()
+        if body.get("status") != "success":
+            raise ValueError(f"query {expr!r}: {body.get('errorType')}: {body.get('error')}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
     def wait_scraped(self, jobs: Sequence[str], timeout: float = 30.0) -> None:
         """Block until every job has at least one healthy target."""
         deadline = time.monotonic() + timeout
