@@ -54,7 +54,7 @@ def draw(
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(f"{dashboard.title}  (job {variables['job']}, namespace {variables['namespace']})")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / rows))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # half an inch for the title
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{dashboard.uid}.png"
     fig.savefig(path, dpi=80)
