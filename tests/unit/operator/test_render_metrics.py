@@ -54,3 +54,12 @@ def test_every_pod_serves_metrics_on_its_named_port_and_says_so(job: v1alpha1.Ro
         assert annotations["prometheus.io/path"] == "/metrics"
     assert {"scheduler", "placement", "buffer", "env", "reward", "pool"} <= components
     assert ("trainer" in components) == (job.spec.trainer is not None)
+
+
+def test_a_trainer_of_the_users_own_declares_no_metrics_port() -> None:
+    """Only the reference trainer is known to serve /metrics; a port nobody serves is a target down."""
+    doc = yaml.safe_load(operator_examples.EXAMPLES[0].read_text())
+    doc["spec"]["trainer"] = {**TRAINER, "command": ["python", "train.py"]}
+    ((_, template),) = [t for t in pod_templates(v1alpha1.parse_job(doc)) if t[0] == "trainer"]
+    assert "prometheus.io/scrape" not in template["metadata"]["annotations"]
+    assert all("ports" not in c for c in template["spec"]["containers"])
