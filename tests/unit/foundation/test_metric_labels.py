@@ -28,7 +28,8 @@ BOUNDED = {
     "receiver": "spec.agents",
     "worker": "inference pods: spec.pools[].replicas",
     "tool": "spec.externalResources.apiQuotas (at most 32)",
-    "resource": "cpu plus the api quotas (at most 33)",
+    "resource": "cpu, gpu plus the api quotas (at most 34)",
+    "model": "spec.externalResources.rewardModels (at most 16)",
     "steps_done": "spec.tasks[].maxTurns",
     # Fixed vocabularies in the code.
     "stage": "scheduler stages",
