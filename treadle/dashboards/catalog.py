@@ -1,10 +1,11 @@
 """The dashboards Treadle ships: rollout step metrics, multi-agent rebalancing and operator health;
-``training`` holds the training-step, pool, environment and weight views."""
+``training`` holds the training-step, pool, environment and weight views, ``tangram`` the external
+resources (ARL-Tangram)."""
 
 from __future__ import annotations
 
 from treadle import metrics as m
-from treadle.dashboards import training
+from treadle.dashboards import tangram, training
 from treadle.dashboards.model import Dashboard, mean, panel, quantile, rate, total
 
 ROLLOUT = Dashboard(
@@ -177,5 +178,5 @@ OPERATOR = Dashboard(
 )
 
 ALL: tuple[Dashboard, ...] = (
-    ROLLOUT, *training.ALL, MULTI_AGENT, OPERATOR,
+    ROLLOUT, *training.ALL, tangram.TANGRAM, MULTI_AGENT, OPERATOR,
 )  # fmt: skip
