@@ -333,7 +333,10 @@ def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_com
         new = [p for p in ready_pods(cluster, name, "pool") if p["metadata"]["name"] != old]
         if not new:
             return None
-        info = httpx.get(f"http://{new[0]['status']['podIP']}:8080/weight_info", timeout=5).json()
+        try:
+            info = httpx.get(f"http://{new[0]['status']['podIP']}:8080/weight_info", timeout=5).json()
+        except httpx.HTTPError:
+            return None  # ready, but vLLM answers slowly while its agent loads the version: not yet
         committed = int(get(cluster, "rolloutjob", name)["status"]["policyVersion"])
         served = agent_service.parse_version(info.get("weight_version"))
         return (served, committed) if served == committed else None
