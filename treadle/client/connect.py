@@ -36,13 +36,21 @@ A trainer outside the job gives the same things as arguments::
 (``from_env(os.environ, ...)``: an argument wins over its variable); a missing one raises
 ``SpecError`` naming both. Call it from the event loop that will use the connection (its gRPC
 channels belong to that loop).
+
+A trainer pod may start before the job's services answer (their Services' DNS names not resolving
+yet, their pods not ready): ``wait_for`` makes its first call to one with a bounded backoff and logs
+what it waits for, instead of failing and leaving its restart to the Job's backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 from treadle import errors
 from treadle.api import env_vars
@@ -53,6 +61,8 @@ from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
 from treadle.weights import loader, publish
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 BUCKET_BYTES = 64 << 20
 """Bucket size of published versions: large enough that per-object overhead vanishes, small enough
 that a small model is not one bucket padded to a gigabyte."""
@@ -162,3 +172,30 @@ def connect(
     if endpoints is None:
         endpoints = Endpoints.from_env(os.environ if environ is None else environ)
     return Connection(endpoints, keep_versions=keep_versions, replicas=replicas)
+
+
+async def wait_for(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    timeout_s: float = 300.0,
+    first_wait_s: float = 0.5,
+    max_wait_s: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """``call()``'s answer, trying again while it raises ``Unavailable`` (``what``, e.g. "the scheduler
+    at learn-scheduler:50051", not up yet): waits double from ``first_wait_s`` to ``max_wait_s``, each
+    logged with what it waits for; ``Unavailable`` naming ``what`` once ``timeout_s`` would pass."""
+    began = clock()
+    wait = first_wait_s
+    while True:
+        try:
+            return await call()
+        except errors.Unavailable as exc:
+            waited = clock() - began
+            if waited + wait > timeout_s:
+                raise errors.Unavailable(f"{what} did not answer within {timeout_s:g}s: {exc}") from exc
+            log.info("waiting for %s (%.0fs so far, next try in %.1fs): %s", what, waited, wait, exc)
+            await sleep(wait)
+            wait = min(wait * 2, max_wait_s)

@@ -14,9 +14,13 @@ It is ``treadle.trainer.loop.Swapper`` (``prefetch(version)`` / ``swap(version)`
 counterpart of ``treadle.trainer.engines.EngineSwapper``, which swaps engines it was handed the
 addresses of (``treadle train``'s local stack). Here placement runs the fan-out
 (``services.placement.weightsync``): it knows every registered worker, bounds the swap in time and
-answers per worker. ``swap`` raises only when no worker serves the version afterwards: a worker that
-failed keeps its previous version whole, placement keeps it out of rotation once it falls beyond the
-staleness bound, and its agent loads the version by itself; ``last`` holds the per-worker answer.
+answers per worker. ``swap`` raises when no worker serves the version afterwards and one refused
+it or ran out of time (or none is registered): a worker that failed keeps its previous version
+whole, placement keeps it out of rotation once it falls beyond the staleness bound, and its agent
+loads the version by itself; ``last`` holds the per-worker answer. Workers placement reports
+``lost`` (their pod deleted) or ``unreachable`` never hold a swap up: with every worker of a
+one-replica pool gone, the version is still committed and the replacement pod loads it at start,
+so a deleted inference pod costs the trainer seconds, not the swap's deadline.
 A trainer of one agent of a multi-agent job passes ``agent``: only that agent's workers swap, each
 to that agent's version.
 """
@@ -31,6 +35,9 @@ from treadle import errors
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 300.0
+AWAY = ("lost", "unreachable")
+"""Outcomes of workers placement did not wait for: they (or their replacements) load the version
+themselves once back, and none of them serves the previous version meanwhile."""
 
 
 class WorkerOutcome(Protocol):
@@ -39,7 +46,8 @@ class WorkerOutcome(Protocol):
 
     @property
     def outcome(self) -> str:
-        """``swapped``, ``failed``, ``timeout``, ``moved``, or ``started`` for a prefetch."""
+        """``swapped``, ``failed``, ``timeout``, ``unreachable``, ``lost``, ``moved``, or ``started`` for a
+        prefetch."""
 
     @property
     def error(self) -> str: ...
@@ -82,11 +90,13 @@ class ClusterSwapper:
                 log.warning("prefetch of v%d on %s: %s %s", version, w.worker_id, w.outcome, w.error)
 
     async def swap(self, version: int) -> None:
-        """Every worker to ``version``; ``SwapIncomplete`` unless at least one serves it afterwards."""
+        """Every worker to ``version``; ``SwapIncomplete`` unless one serves it afterwards or every worker
+        that missed it is away (``AWAY``)."""
         done = await self.placement.swap_weights(version, agent=self.agent, timeout_s=self.timeout_s)
         self.last = done
         missed = [w for w in done.workers if w.outcome not in ("swapped", "moved")]
-        if not any(w.outcome == "swapped" for w in done.workers):
+        away = bool(missed) and all(w.outcome in AWAY for w in missed)
+        if not any(w.outcome == "swapped" for w in done.workers) and not away:
             said = (
                 "; ".join(f"{w.worker_id}: {w.outcome} {w.error}" for w in missed) or "no worker registered"
             )

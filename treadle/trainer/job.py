@@ -92,8 +92,10 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
     pol = await asyncio.to_thread(policy.load, path)
     conn = connect.connect(keep_versions=cfg.alpha + 1, replicas=cfg.weights_replicas, environ=environ)
     try:
-        # A restarted trainer goes on from the version the job committed, not from 0.
-        conn.publisher.committed = (await conn.scheduler.stats()).version
+        # A restarted trainer goes on from the version the job committed, not from 0. The trainer's
+        # pod may start before the scheduler's Service name resolves: waited for, not a restart.
+        what = f"the scheduler at {conn.endpoints.scheduler}"
+        conn.publisher.committed = (await connect.wait_for(conn.scheduler.stats, what=what)).version
         echo(
             f"[{PROG}] job {job.job}: agent {cfg.agent}, model {path}; {cfg.steps} steps of {cfg.batch_size} "
             f"trajectories, alpha {cfg.alpha}; from version {conn.publisher.committed}"

@@ -604,8 +604,10 @@ class WorkerSwap(_message.Message):
     worker_id: _builtins.str
     pool: _builtins.str
     outcome: _builtins.str
-    """"swapped", "failed" (the engine refused the version or its agent is down; it keeps the previous
-    version whole), "timeout", "moved" (it serves another agent now), or for a prefetch "started".
+    """"swapped", "failed" (the engine refused the version; it keeps the previous version whole),
+    "timeout", "unreachable" (its agent refused connections past placement's grace), "lost" (its
+    agent stopped reporting: not waited for), "moved" (it serves another agent now), or for a
+    prefetch "started".
     """
     error: _builtins.str
     seconds: _builtins.float

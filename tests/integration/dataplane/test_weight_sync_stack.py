@@ -88,14 +88,24 @@ class Cluster:
 async def start_workers(stack: stack_mod.Stack, placement: str, *, pool: str, agent: str) -> None:
     """Two inference pods: a SIMULATED engine and an agent that registers itself with ``placement``."""
     for w in WORKERS:
-        engine = await stack.start(f"engine-{w}", "treadle.services.fakevllm", [], kind="http",
-                                   health_path="/health")  # fmt: skip
-        await stack.start(
-            f"agent-{w}", "treadle.services.agent",
-            ["--engine-url", engine.url, "--worker-id", w, "--placement", placement, "--pool", pool,
-             "--agent", agent, "--poll-interval-s", "0.1"],
-            kind="http",
-        )  # fmt: skip
+        await start_pod(stack, placement, w, pool=pool, agent=agent)
+
+
+async def start_pod(stack: stack_mod.Stack, placement: str, worker: str, *, pool: str, agent: str) -> None:
+    engine = await stack.start(f"engine-{worker}", "treadle.services.fakevllm", [], kind="http",
+                               health_path="/health")  # fmt: skip
+    await stack.start(
+        f"agent-{worker}", "treadle.services.agent",
+        ["--engine-url", engine.url, "--worker-id", worker, "--placement", placement, "--pool", pool,
+         "--agent", agent, "--poll-interval-s", "0.1"],
+        kind="http",
+    )  # fmt: skip
+
+
+def delete_pod(cluster: Cluster, worker: str) -> None:
+    """As ``kubectl delete pod``: its agent and its engine go, and nothing answers at its addresses."""
+    for part in ("agent", "engine"):
+        cluster.stack.kill(f"{part}-{worker}")
 
 
 def toy_job(options: run.Options, directory: Path) -> dict[str, str]:
@@ -169,6 +179,61 @@ async def test_a_worker_down_past_the_deadline_loads_the_version_when_it_is_back
     # Registered again, it is told the target in the answer to its load report and loads it itself.
     await cluster.until(lambda: cluster.serves("w1", v), "w1 to load the version by itself")
     assert await reloads(cluster, "w1") == 1
+
+
+async def test_a_pod_deleted_mid_swap_is_let_go_and_its_replacement_serves_the_version(
+    cluster: Cluster,
+) -> None:
+    """Placement's ``--lost-after-s`` (10 s by default) bounds the swap, not the deadline (300 s): until
+    the fix, w1 was tried again until the deadline with the trainer's scheduler suspended throughout."""
+    v = await cluster.swap_up(1) + 1
+    # Another swap holds w1 paused, so placement's swap of it is under way (retrying) when it dies.
+    holder = agent_client.AgentClient(cluster.agent("w1"))
+    try:
+        await holder.pause("wait")
+    finally:
+        await holder.aclose()
+    cluster.sync.timeout_s = swapper.DEFAULT_TIMEOUT_S
+    began = time.monotonic()
+    swap = asyncio.create_task(cluster.sync.swap(v))
+    await cluster.until(lambda: cluster.serves("w0", v), "w0 to swap")
+    assert not swap.done()
+    delete_pod(cluster, "w1")
+    await asyncio.wait_for(swap, timeout=60)
+    took = time.monotonic() - began
+    print(f"swap with a pod deleted mid-swap: {took:.1f}s (deadline {swapper.DEFAULT_TIMEOUT_S:.0f}s)")
+    assert cluster.sync.last is not None
+    assert {w.worker_id: w.outcome for w in cluster.sync.last.workers} == {"w0": "swapped", "w1": "lost"}
+    assert took < 30
+    assert not (await cluster.workers())["w1"].load.healthy  # no turn goes to a deleted pod
+    # The replacement pod (a new name, on its engine's checkpoint) is told the target and loads it.
+    placement = cluster.stack.procs["placement"].address
+    await start_pod(cluster.stack, placement, "w2", pool=run.POOL, agent=run.AGENT)
+    await cluster.until(lambda: cluster.serves("w2", v), "the replacement w2 to serve the version")
+
+
+async def test_with_every_pod_deleted_a_swap_returns_at_once_and_the_version_is_committable(
+    cluster: Cluster,
+) -> None:
+    """A pool of one replica whose pod is deleted (the dev cluster's learn.yaml): no worker serves the
+    version, yet the trainer commits it and resumes the rollout; the replacement loads it at start."""
+    v = await cluster.swap_up(1) + 1
+    for w in WORKERS:
+        delete_pod(cluster, w)
+
+    async def lost() -> bool:
+        return not any(w.load.healthy for w in (await cluster.workers()).values())
+
+    await cluster.until(lost, "placement to find both workers silent", timeout_s=30)
+    cluster.sync.timeout_s = swapper.DEFAULT_TIMEOUT_S
+    began = time.monotonic()
+    await asyncio.wait_for(cluster.sync.swap(v), timeout=60)  # no SwapIncomplete: every worker is gone
+    assert time.monotonic() - began < 5
+    assert cluster.sync.last is not None
+    assert {w.worker_id: w.outcome for w in cluster.sync.last.workers} == {"w0": "lost", "w1": "lost"}
+    placement = cluster.stack.procs["placement"].address
+    await start_pod(cluster.stack, placement, "w2", pool=run.POOL, agent=run.AGENT)
+    await cluster.until(lambda: cluster.serves("w2", v), "the replacement w2 to serve the version")
 
 
 async def test_an_engine_that_restarts_loads_the_version_before_it_takes_turns(cluster: Cluster) -> None:

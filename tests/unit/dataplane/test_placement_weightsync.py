@@ -1,7 +1,8 @@
 """Placement's weight sync (``SwapWeights``): the fan-out over fake swappers, targets and the staleness rule.
 
-The swapper is a recording fake (no agents, no engines); retries sleep through an injected no-op.
-The one real wait is the timeout case's deadline (10 ms). Real agents and engines: tests/integration.
+The swapper is a recording fake (no agents, no engines); retries sleep through an injected no-op
+or a hand-moved clock. The real waits are the timeout case's deadline (10 ms) and the lost worker's
+watch (5 ms polls). Real agents and engines: tests/integration.
 """
 
 from __future__ import annotations
@@ -54,13 +55,29 @@ async def no_sleep(_: float) -> None:
     await asyncio.sleep(0)
 
 
+class Clock:
+    """Placement's clock, moved by hand (and by ``sleep``: each retry wait passes that long)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
 def make(
-    workers: dict[str, str], *, pool_agents: dict[str, str], alpha: int | None = 1
-) -> service.PlacementService:
+    workers: dict[str, str], *, pool_agents: dict[str, str], alpha: int | None = 1,
+    lost_after_s: float | None = None, clock: Clock | None = None,
+) -> service.PlacementService:  # fmt: skip
     pools = {p: "decode-heavy" for p in pool_agents}
     svc = service.PlacementService(
-        pools=pools, tasks={"math": jobconfig.TaskPlacement()}, pool_agents=pool_agents, alpha=alpha
-    )
+        pools=pools, tasks={"math": jobconfig.TaskPlacement()}, pool_agents=pool_agents, alpha=alpha,
+        lost_after_s=lost_after_s, clock=clock or Clock(),
+    )  # fmt: skip
     for wid, pool in workers.items():
         svc.register_worker(pb.Worker(worker_id=wid, pool=pool, address=f"http://{wid}", engine_address="e"))
     return svc
@@ -207,6 +224,80 @@ async def test_prefetch_starts_on_every_worker_and_reports_failures() -> None:
     assert svc.target_for("e0") is None  # a prefetch changes no target
 
 
+async def test_a_worker_whose_agent_went_silent_is_not_waited_for_and_takes_no_turn() -> None:
+    """Its pod was deleted: the swap neither tries it nor waits for it, and placement keeps turns off it
+    until its agent reports again (then it is told the target and loads it like any other)."""
+    clock = Clock()
+    svc = make({"w0": "pool", "w1": "pool"}, pool_agents=ONE, lost_after_s=10.0, clock=clock)
+    report(svc, "w0", 2)
+    report(svc, "w1", 2)
+    clock.now = 9.5
+    report(svc, "w0", 2)
+    assert not svc.lost("w1")  # silent 9.5 s, not more than 10
+    clock.now = 11.0  # w1 silent 11 s; w0 reported 1.5 s ago
+    assert svc.lost("w1") and not svc.lost("w0") and assignable(svc) == {"w0"}
+    fake = FakeSwapper()
+    sync = weightsync.WeightSync(svc, fake, apply_weights=True, sleep=clock.sleep)
+    result = await sync.swap(protocol.SwapRequest(version=3))
+    assert outcomes(result) == {"w0": "swapped", "w1": "lost"} and [c[0] for c in fake.calls] == ["w0"]
+    assert "no load report for 11s" in {w.worker_id: w for w in result.workers}["w1"].error
+    labels = {"pool": "pool", "outcome": "lost"}
+    assert svc.registry.get_sample_value(metrics.PLACEMENT_WEIGHT_SWAP_FAILURES_TOTAL, labels) == 1
+    assert svc.pool_versions() == {"pool": (3, 3, 3)}  # a deleted pod's version is no version served
+    assert svc.target_for("w1") == 3
+    report(svc, "w1", 3)  # back (an agent restart), on the target: it takes turns again
+    assert assignable(svc) == {"w0", "w1"}
+
+
+async def test_a_worker_lost_in_the_middle_of_its_swap_is_let_go_long_before_the_deadline() -> None:
+    """A try to a deleted pod's address may never answer; placement cancels it once the agent is silent."""
+    clock = Clock()
+    svc = make({"w0": "pool", "w1": "pool"}, pool_agents=ONE, lost_after_s=10.0, clock=clock)
+    fake = FakeSwapper({"w1": [HANG]})
+    sync = weightsync.WeightSync(svc, fake, apply_weights=True, watch_s=0.005, sleep=clock.sleep)
+    task = asyncio.create_task(sync.swap(protocol.SwapRequest(version=1, timeout_s=300.0)))
+    while len(fake.calls) < 2:
+        await fake.called.wait()
+        fake.called.clear()
+    clock.now = 11.0  # w1's agent (and its pod) went away; w0 still reports
+    report(svc, "w0", 1)
+    result = await asyncio.wait_for(task, timeout=5.0)
+    assert outcomes(result) == {"w0": "swapped", "w1": "lost"}
+    assert svc.target_for("w1") == 1  # no longer being swapped: told the target when it reports
+
+
+async def test_an_unreachable_worker_is_reported_after_the_grace_not_at_the_deadline() -> None:
+    clock = Clock()
+    svc = make({"w0": "pool"}, pool_agents=ONE, clock=clock)
+    steps: list[Step] = [errors.Unavailable("connection refused")] * 100
+    fake = FakeSwapper({"w0": steps})
+    sync = weightsync.WeightSync(
+        svc, fake, apply_weights=True, unreachable_after_s=5.0, clock=clock, sleep=clock.sleep
+    )
+    result = await sync.swap(protocol.SwapRequest(version=1, timeout_s=300.0))
+    assert outcomes(result) == {"w0": "unreachable"}
+    assert len(fake.calls) == 11  # tries at 0, 0.5, ... 5.0 s (the retry wait passes on the clock)
+    assert "unreachable for 5s" in result.workers[0].error and "connection refused" in result.workers[0].error
+    assert svc.target_for("w0") == 1
+
+
+async def test_prefetch_skips_a_lost_worker() -> None:
+    clock = Clock()
+    svc = make({"e0": "exec", "e1": "exec"}, pool_agents={"exec": "executor"}, lost_after_s=1.0, clock=clock)
+    clock.now = 2.0
+    report(svc, "e0", 0)
+    fake = FakeSwapper()
+    sync = weightsync.WeightSync(svc, fake, apply_weights=True)
+    result = await sync.prefetch(protocol.SwapRequest(version=2))
+    assert outcomes(result) == {"e0": "started", "e1": "lost"} and fake.prefetched == [("e0", 2)]
+
+
+def test_lost_after_must_be_positive() -> None:
+    with pytest.raises(errors.SpecError) as exc:
+        make({}, pool_agents=ONE, lost_after_s=0.0)
+    assert exc.value.field == "lost_after_s"
+
+
 def test_pool_versions_are_exported_per_pool() -> None:
     svc = make({"p0": "plan", "e0": "exec", "e1": "exec"}, pool_agents=TWO)
     weightsync.WeightSync(svc, FakeSwapper(), apply_weights=False)
@@ -250,3 +341,14 @@ async def test_cluster_swapper_commits_only_what_some_worker_serves() -> None:
         await swapper_mod.ClusterSwapper(FakePlacement(["timeout"])).swap(4)
     with pytest.raises(swapper_mod.SwapIncomplete, match="no worker registered"):
         await swapper_mod.ClusterSwapper(FakePlacement([])).swap(4)
+
+
+async def test_cluster_swapper_commits_past_workers_that_are_gone() -> None:
+    """A deleted pod (``lost``) or an agent placement cannot reach (``unreachable``) loads the version
+    itself when back: the trainer commits rather than holding the rollout suspended."""
+    for away in (["lost"], ["unreachable", "lost"]):
+        sync = swapper_mod.ClusterSwapper(FakePlacement(away))
+        await sync.swap(5)
+        assert sync.last is not None and [w.outcome for w in sync.last.workers] == away
+    with pytest.raises(swapper_mod.SwapIncomplete, match="w1: failed"):
+        await swapper_mod.ClusterSwapper(FakePlacement(["lost", "failed"])).swap(5)

@@ -174,3 +174,55 @@ async def test_connect_names_what_is_missing(tmp_path: pathlib.Path, drop: str) 
     with pytest.raises(errors.SpecError) as info:
         connect.connect(environ=environ)
     assert info.value.field == drop
+
+
+class Flaky:
+    """A service that is ``Unavailable`` for its first ``down`` calls; the clock moves by each wait."""
+
+    def __init__(self, down: int) -> None:
+        self.down = down
+        self.calls = 0
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    async def call(self) -> str:
+        self.calls += 1
+        if self.calls <= self.down:
+            raise errors.Unavailable("scheduler.Stats: DNS resolution failed for j-scheduler:50051")
+        return "stats"
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
+async def test_the_first_call_waits_for_a_service_not_up_yet_saying_what_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    svc = Flaky(down=6)
+    caplog.set_level("INFO", logger=connect.__name__)
+    got = await connect.wait_for(
+        svc.call, what="the scheduler at j-scheduler:50051", clock=lambda: svc.now, sleep=svc.sleep
+    )
+    assert got == "stats" and svc.calls == 7
+    assert svc.waits == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]  # doubling, bounded
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 6 and all("waiting for the scheduler at j-scheduler:50051" in m for m in said)
+    assert "DNS resolution failed" in said[0]
+
+
+async def test_a_service_that_never_comes_up_fails_naming_it_after_the_timeout() -> None:
+    svc = Flaky(down=1000)
+    with pytest.raises(errors.Unavailable, match="the scheduler at s:1 did not answer within 30s"):
+        await connect.wait_for(
+            svc.call, what="the scheduler at s:1", timeout_s=30.0, clock=lambda: svc.now, sleep=svc.sleep
+        )
+    assert sum(svc.waits) <= 30.0 and svc.calls == len(svc.waits) + 1
+
+
+async def test_other_errors_are_not_waited_out() -> None:
+    async def refused() -> str:
+        raise errors.SpecError("bad", field="x")
+
+    with pytest.raises(errors.SpecError):
+        await connect.wait_for(refused, what="the scheduler", sleep=Flaky(0).sleep)

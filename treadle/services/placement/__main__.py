@@ -29,6 +29,8 @@ from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import grpc_server, rebalance, service, weightsync
 
 PROG = "python -m treadle.services.placement"
+LOST_AFTER_S = 10.0
+"""Twenty missed load reports: a deleted pod's agent, not a slow one (``PlacementService.lost``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Config:
     apply_weights: bool
     alpha: int | None
     swap_timeout_s: float
+    lost_after_s: float
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -67,7 +70,14 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         "--swap-timeout-s", type=float, default=300.0,
         help="one worker's weight swap (a move's, or a try of SwapWeights) at most",
     )  # fmt: skip
+    p.add_argument(
+        "--lost-after-s", type=float, default=LOST_AFTER_S,
+        help="a worker whose agent has not reported this long is lost: no turns, and weight sync does "
+        "not wait for it (agents report every 0.5 s)",
+    )  # fmt: skip
     a = p.parse_args(argv)
+    if not a.lost_after_s > 0:
+        p.error(f"--lost-after-s must be > 0, got {a.lost_after_s}")
     job = podenv.Job(environ)
 
     def build() -> Config:
@@ -79,7 +89,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       rebalance_interval_s=rb.interval_s, rebalance_delta=rb.delta,
                       rebalance_settle_polls=rb.settle_polls, rebalance_rule=rb.rule,
                       rebalance_step=rb.max_moves_per_poll, apply_weights=a.apply_weights,
-                      alpha=cfg.alpha, swap_timeout_s=a.swap_timeout_s)  # fmt: skip
+                      alpha=cfg.alpha, swap_timeout_s=a.swap_timeout_s,
+                      lost_after_s=a.lost_after_s)  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -88,7 +99,7 @@ async def main(cfg: Config) -> None:
     svc = service.PlacementService(
         pools=cfg.pools, tasks=cfg.tasks, policy=cfg.policy, pool_agents=cfg.pool_agents,
         pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
-        rebalance_step=cfg.rebalance_step, alpha=cfg.alpha,
+        rebalance_step=cfg.rebalance_step, alpha=cfg.alpha, lost_after_s=cfg.lost_after_s,
     )  # fmt: skip
     swapper = rebalance.HttpSwapper(apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s)
     sync = weightsync.WeightSync(svc, swapper, apply_weights=cfg.apply_weights)

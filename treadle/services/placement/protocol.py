@@ -79,7 +79,7 @@ class PlaceBatchRequest:
 
 MAX_SWAP_TIMEOUT_S = 3600.0
 """A swap's deadline at most: a Mooncake pull of a 70B checkpoint takes minutes, not hours."""
-SwapOutcome = Literal["swapped", "failed", "timeout", "moved", "started"]
+SwapOutcome = Literal["swapped", "failed", "timeout", "unreachable", "lost", "moved", "started"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,8 +97,9 @@ class WorkerSwap:
     worker_id: str
     pool: str
     outcome: SwapOutcome
-    """``swapped``; ``failed`` (it keeps its previous version whole); ``timeout``; ``moved`` (it serves
-    another agent now); ``started`` (a prefetch)."""
+    """``swapped``; ``failed`` (it keeps its previous version whole); ``timeout``; ``unreachable`` (its
+    agent refused connections past ``weightsync.UNREACHABLE_AFTER_S``); ``lost`` (its agent stopped
+    reporting: not waited for); ``moved`` (it serves another agent now); ``started`` (a prefetch)."""
     error: str = ""
     seconds: float = 0.0
     exposed_seconds: float = 0.0

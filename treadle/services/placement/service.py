@@ -10,6 +10,11 @@ service assigned to it and has not seen released: reports lag, assignments do no
 affinity uses the task profile measured from released turns once ``min_profile_samples``
 trajectories of the task have finished, and is re-resolved whenever another one finishes.
 
+A worker whose agent has not registered or reported for ``lost_after_s`` is *lost* (its pod was
+deleted, or its agent is down): it gets no turn, weight sync neither waits for it nor tries it
+(``weightsync``), and it is back as soon as its agent reports again; a replacement pod registers
+under its own name and is told its agent's target version like any worker.
+
 Multi-agent jobs (FlexMARL): ``pool_agents`` names the agent each pool serves. A turn's
 ``AssignRequest.agent`` restricts it to workers of that agent's pools (affinity then chooses among
 those), and stickiness is per (trajectory, agent). Inter-agent rebalancing is split in two: the
@@ -23,7 +28,8 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 import prometheus_client as prom
 
@@ -50,7 +56,9 @@ class PlacementService(moves.Moves):
         rebalance_rule: load_balance.Rule = "per-instance",
         rebalance_step: int = 1,
         alpha: int | None = None,
+        lost_after_s: float | None = None,
         registry_: prom.CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not pools:
             raise errors.SpecError("at least one pool is required", field="pools")
@@ -76,6 +84,11 @@ class PlacementService(moves.Moves):
         self.rebalance_step = rebalance_step
         if alpha is not None and alpha < 0:
             raise errors.SpecError("must be >= 0", field="alpha", value=alpha)
+        if lost_after_s is not None and not lost_after_s > 0:
+            raise errors.SpecError("must be > 0", field="lost_after_s", value=lost_after_s)
+        self.lost_after_s = lost_after_s
+        """A worker silent this long is lost (``None``: never, a placement whose workers do not report)."""
+        self.clock = clock
         self.alpha = alpha
         """The job's staleness bound: no turn goes to a worker more than this behind its agent's target
         version (``None``: no bound, a bare placement)."""
@@ -152,10 +165,11 @@ class PlacementService(moves.Moves):
         known = self._workers.get(worker.worker_id)
         if known is None:
             load = placement_pb2.WorkerLoad(worker_id=worker.worker_id, healthy=True)
-            self._workers[worker.worker_id] = workers.Worker(info=worker, load=load)
+            self._workers[worker.worker_id] = workers.Worker(info=worker, load=load, seen=self.clock())
         else:
             known.info = worker
             known.draining = bool(known.moving_to)  # a worker being moved stays drained
+            known.seen = self.clock()
         return worker
 
     def report_load(self, load: placement_pb2.WorkerLoad) -> None:
@@ -165,6 +179,7 @@ class PlacementService(moves.Moves):
         if not 0.0 <= load.kv_cache_usage <= 1.0:
             raise errors.SpecError("must be within [0, 1]", field="kv_cache_usage", value=load.kv_cache_usage)
         w.load = load
+        w.seen = self.clock()
         agent = self._agent_of(w)
         if not w.moving_to and load.policy_version > self._targets.get(agent, 0):
             # Versions only go up: another swapper moved it on (a trainer's ``EngineSwapper``), or this
@@ -178,6 +193,15 @@ class PlacementService(moves.Moves):
         if worker_id in self._swapping or w.moving_to:
             return None
         return self._targets.get(self._agent_of(w))
+
+    def silent_s(self, worker_id: str) -> float:
+        """Seconds since ``worker_id``'s agent last registered or reported (0 for an unknown worker)."""
+        w = self._workers.get(worker_id)
+        return 0.0 if w is None else max(0.0, self.clock() - w.seen)
+
+    def lost(self, worker_id: str) -> bool:
+        """``worker_id``'s agent has been silent for more than ``lost_after_s``."""
+        return self.lost_after_s is not None and self.silent_s(worker_id) > self.lost_after_s
 
     def current(self, w: workers.Worker) -> bool:
         """``w`` serves a version within the staleness bound of its agent's target."""
@@ -232,9 +256,12 @@ class PlacementService(moves.Moves):
         return w.moving_to or self._agent_of(w)
 
     def pool_versions(self) -> dict[str, tuple[int, int, int | None]]:
-        """Per pool with workers: the lowest and highest version they report, and their agent's target."""
+        """Per pool with workers not lost: the lowest and highest version they report, and their agent's
+        target."""
         out: dict[str, tuple[int, int, int | None]] = {}
-        for w in self._workers.values():
+        for wid, w in self._workers.items():
+            if self.lost(wid):
+                continue  # a deleted pod's last version is no version served
             v = w.load.policy_version
             low, high, _ = out.get(w.info.pool, (v, v, None))
             out[w.info.pool] = (min(low, v), max(high, v), self._targets.get(self._agent_of(w)))
@@ -305,7 +332,7 @@ class PlacementService(moves.Moves):
                 pool=w.info.pool,
                 load=workers.load(w),
                 kv_cache_usage=w.load.kv_cache_usage,
-                healthy=w.load.healthy and not w.draining and self.current(w),
+                healthy=self._assignable(wid, w),
             )
             for wid, w in self._workers.items()
         ]
@@ -388,7 +415,7 @@ class PlacementService(moves.Moves):
         for wid, w in sorted(self._workers.items()):
             load = placement_pb2.WorkerLoad()
             load.CopyFrom(w.load)
-            load.healthy = load.healthy and not w.draining and self.current(w)
+            load.healthy = self._assignable(wid, w)
             out.workers.add(
                 worker=w.info,
                 load=load,
@@ -414,6 +441,9 @@ class PlacementService(moves.Moves):
             )  # fmt: skip
         out.rebalance_moves = self._moves
         return out
+
+    def _assignable(self, wid: str, w: workers.Worker) -> bool:
+        return w.load.healthy and not w.draining and self.current(w) and not self.lost(wid)
 
     def _worker(self, worker_id: str, *, field: str) -> workers.Worker:
         if not worker_id:

@@ -10,12 +10,21 @@ service that knows every registered worker, its agent and its addresses, so the 
 2. ``swap``: ``PlacementService.begin_swap`` makes the version the agent's *target*, then every
    worker is swapped concurrently through ``agent.client.swap`` (one swap at a time per worker is the
    agent's rule): pause with ``mode=wait``, apply (every byte and shape validated before the model is
-   touched; refused: the engine keeps its previous version whole), relabel, resume. A worker whose
-   agent is unreachable (its container restarting) or busy with another swap is tried again until
-   the deadline; one the engine refused is reported ``failed`` at once (its engine is intact, so
-   trying again at once would only pull the same bytes again); one that now serves another agent
-   (a rebalancing move) is reported ``moved``. At the deadline the swaps still running are
-   cancelled (the agent is resumed on whatever it holds) and reported ``timeout``.
+   touched; refused: the engine keeps its previous version whole), relabel, resume. A worker busy
+   with another swap is tried again until the deadline; one whose agent is unreachable (its
+   container restarting) is tried again for ``unreachable_after_s``, then reported ``unreachable``;
+   one whose agent stopped reporting (``PlacementService.lost``: its pod was deleted) is not tried,
+   or its try is cancelled as soon as placement sees it silent, and it is reported ``lost``; one the
+   engine refused is reported ``failed`` at once (its engine is intact, so trying again at once
+   would only pull the same bytes again); one that now serves another agent (a rebalancing move)
+   is reported ``moved``. At the deadline the swaps still running are cancelled (the agent is
+   resumed on whatever it holds) and reported ``timeout``.
+
+Why not wait for an unreachable or lost worker until the deadline: the trainer holds the scheduler
+suspended for the whole swap, so one deleted inference pod stalled training for the deadline (300 s
+by default; a deleted pod's address may not even refuse a connection, so one try could take it
+all). Nothing needs the wait: its agent, or the pod that replaces it, is told the target in the
+answer to its load reports and loads it before placement gives it a turn beyond the staleness bound.
 
 After the fan-out the target stays: a worker that did not swap, or whose engine restarts later, is
 told it in every ``ReportLoadResponse`` and loads it itself (``agent.reporter``), and placement
@@ -36,8 +45,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Protocol
 
 import prometheus_client as prom
 from prometheus_client import core as prom_core
@@ -50,7 +59,11 @@ from treadle.v1 import placement_pb2
 
 log = logging.getLogger(__name__)
 RETRY_WAIT_S = 0.5
-"""Between tries of a worker whose agent is unreachable or busy with another swap."""
+"""Between tries of a worker whose agent is unreachable or busy with another swap; also how often a
+running try looks whether its worker was lost."""
+UNREACHABLE_AFTER_S = 15.0
+"""A worker whose agent refuses connections this long is reported ``unreachable``: longer than an
+agent container's restart, and than placement's ``--lost-after-s``, so a deleted pod shows as ``lost``."""
 SWAP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 
 
@@ -69,6 +82,8 @@ class WeightSync:
         swapper: WorkerSwapper,
         *,
         apply_weights: bool,
+        unreachable_after_s: float = UNREACHABLE_AFTER_S,
+        watch_s: float = RETRY_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -76,6 +91,9 @@ class WeightSync:
         self.swapper = swapper
         self.apply_weights = apply_weights
         """Swaps load weights (real vLLM); told to agents so their own reloads do the same."""
+        self.unreachable_after_s = unreachable_after_s
+        self.watch_s = watch_s
+        """How often a running try looks whether placement lost its worker (real time)."""
         self.clock = clock
         self.sleep = sleep
         self._seconds = prom.Histogram(
@@ -86,7 +104,7 @@ class WeightSync:
         )  # fmt: skip
         self._failures = prom.Counter(
             metrics.PLACEMENT_WEIGHT_SWAP_FAILURES_TOTAL,
-            "Workers that did not swap to a version, by outcome (failed, timeout)",
+            "Workers that did not swap to a version, by outcome (failed, timeout, unreachable, lost)",
             ["pool", "outcome"], registry=svc.registry,
         )  # fmt: skip
         svc.registry.register(_VersionCollector(svc))
@@ -99,6 +117,11 @@ class WeightSync:
 
     async def _prefetch_one(self, worker: placement_pb2.Worker, version: int) -> protocol.WorkerSwap:
         began = self.clock()
+        return await self._unless_lost(worker, began, self._prefetch_try(worker, version, began))
+
+    async def _prefetch_try(
+        self, worker: placement_pb2.Worker, version: int, began: float
+    ) -> protocol.WorkerSwap:
         try:
             await self.swapper.prefetch(worker, version=version)
         except errors.TreadleError as exc:  # not fatal: the swap pulls (and validates) by itself
@@ -113,7 +136,7 @@ class WeightSync:
         for r in done:
             if r.outcome == "swapped":
                 self._seconds.labels(r.pool, r.pull).observe(r.exposed_seconds)
-            elif r.outcome in ("failed", "timeout"):
+            elif r.outcome in ("failed", "timeout", "unreachable", "lost"):
                 self._failures.labels(r.pool, r.outcome).inc()
                 log.warning("v%d not applied on %s (%s): %s", req.version, r.worker_id, r.outcome, r.error)
         return protocol.SwapResult(version=req.version, agent=agent, workers=tuple(done))
@@ -126,7 +149,8 @@ class WeightSync:
         try:
             try:
                 async with asyncio.timeout(max(0.0, deadline - began)):
-                    result = await self._tries(worker, agent, req.version, began, tried)
+                    tries = self._tries(worker, agent, req.version, began, tried)
+                    result = await self._unless_lost(worker, began, tries)
             except TimeoutError:
                 last = tried[-1] if tried else "the first try"
                 error = f"still swapping after {req.timeout_s:g}s; last: {last}"
@@ -141,7 +165,9 @@ class WeightSync:
         self, worker: placement_pb2.Worker, agent: str, version: int, began: float, tried: list[str]
     ) -> protocol.WorkerSwap:
         weights_agent = self.svc.weights_agent(agent)
+        unreachable_since: float | None = None
         while True:
+            tried_at = self.clock()
             try:
                 done = await self.swapper.swap(
                     worker, agent=weights_agent, version=version, expect_agent=weights_agent
@@ -150,13 +176,37 @@ class WeightSync:
                 if self.svc.serving(worker.worker_id) != agent:
                     return self._result(worker, "moved", began, error=str(exc))
                 tried.append(str(exc))  # another swap holds it (a move, its agent's own reload)
+                unreachable_since = None
             except agent_client.SwapRefused as exc:
                 return self._result(worker, "failed", began, error=str(exc))
             except errors.Unavailable as exc:
                 tried.append(str(exc))  # its agent or engine is unreachable (restarting)
+                unreachable_since = tried_at if unreachable_since is None else unreachable_since
+                if (away := self.clock() - unreachable_since) >= self.unreachable_after_s:
+                    error = f"unreachable for {away:.0f}s; its agent loads it when back: {exc}"
+                    return self._result(worker, "unreachable", began, error=error)
             else:
                 return self._result(worker, "swapped", began, exposed_s=done.exposed_s, pull=done.pull)
             await self.sleep(RETRY_WAIT_S)
+
+    async def _unless_lost(
+        self, worker: placement_pb2.Worker, began: float, work: Coroutine[Any, Any, protocol.WorkerSwap]
+    ) -> protocol.WorkerSwap:
+        """``work``'s answer, or ``lost`` (``work`` cancelled, or never started) once placement sees the
+        worker's agent silent: a deleted pod's address may never answer a try."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not self.svc.lost(worker.worker_id):
+                done, _ = await asyncio.wait({task}, timeout=self.watch_s)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        silent = self.svc.silent_s(worker.worker_id)
+        error = f"no load report for {silent:.0f}s (pod gone or agent down); it loads the target when back"
+        return self._result(worker, "lost", began, error=error)
 
     def _result(
         self, worker: placement_pb2.Worker, outcome: protocol.SwapOutcome, began: float, *,

@@ -32,6 +32,8 @@ class Worker:
     draining: bool = False
     moving_to: str = ""
     """The receiving agent while an inter-agent rebalance drains and swaps this worker."""
+    seen: float = 0.0
+    """When its agent last registered or reported (placement's clock): a silent one is lost."""
 
 
 def sticky_key(trajectory_id: str, agent: str) -> str:
