@@ -163,3 +163,30 @@ def test_external_backends_require_their_address() -> None:
     argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set", "redis.enabled=false"]
     proc = _helm(*argv, check=False)
     assert proc.returncode != 0 and "redis.externalUrl is required" in proc.stderr
+
+
+def test_redis_is_durable_by_default() -> None:
+    """AOF fsynced every second on a PVC, and a full Redis refuses writes rather than evicting keys."""
+    docs = _render()
+    redis = next(d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-treadle-redis")
+    pod = redis["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert flags["--appendonly"] == "yes" and flags["--appendfsync"] == "everysec"
+    assert flags["--maxmemory-policy"] == "noeviction" and flags["--maxmemory"] == "3gb"
+    assert flags["--dir"] == "/data" and pod["containers"][0]["volumeMounts"] == [
+        {"name": "data", "mountPath": "/data"}
+    ]
+    assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "rel-treadle-redis"}}]
+    (pvc,) = _by_kind(docs, "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "8Gi"
+
+
+def test_redis_without_persistence_keeps_its_aof_on_an_empty_dir() -> None:
+    docs = _render("redis.persistence.enabled=false", "redis.appendfsync=always")
+    redis = next(d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-treadle-redis")
+    pod = redis["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert "always" in pod["containers"][0]["args"]
+    assert not _by_kind(docs, "PersistentVolumeClaim")

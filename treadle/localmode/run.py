@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -50,6 +51,7 @@ from treadle.v1 import buffer_pb2, placement_pb2, scheduler_pb2
 log = logging.getLogger(__name__)
 LABEL = "SIMULATED ENGINE"
 STAGES = ("generation", "environment", "reward", "waiting")
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -64,6 +66,8 @@ class Services:
     agents: dict[str, str]
     engines: dict[str, str]
     metrics: dict[str, str]
+    workers: list[placement_pb2.Worker] = dataclasses.field(default_factory=list)
+    """What was registered with placement; registered again when a restarted placement forgot it."""
 
 
 def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan) -> dict[str, str]:
@@ -132,21 +136,23 @@ async def start_services(
     if redis_url:  # DARTS's per-prompt statistics, under the job's namespace as the buffer's keys
         sched_args += ["--redis", redis_url, "--namespace", plan.job.name]
     scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
+    workers = [
+        placement_pb2.Worker(
+            worker_id=w.worker_id,
+            pool=w.pool,
+            address=agents[w.worker_id],
+            engine_address=engines[w.worker_id],
+        )
+        for w in plan.workers
+    ]
     client = placement_client.PlacementClient(placement)
     try:
-        for w in plan.workers:
-            await client.register_worker(
-                placement_pb2.Worker(
-                    worker_id=w.worker_id,
-                    pool=w.pool,
-                    address=agents[w.worker_id],
-                    engine_address=engines[w.worker_id],
-                )
-            )
+        for worker in workers:
+            await client.register_worker(worker)
     finally:
         await client.aclose()
     return Services(scheduler=scheduler, placement=placement, buffer=buffer, reward=reward, envs=envs,
-                    agents=agents, engines=engines, metrics=metrics)  # fmt: skip
+                    agents=agents, engines=engines, metrics=metrics, workers=workers)  # fmt: skip
 
 
 async def _start_grpc(
@@ -173,8 +179,13 @@ async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
 
 
 async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
-    """Forward every agent's load to placement until cancelled (the agent's job in a cluster)."""
+    """Forward every agent's load to placement until cancelled (the agent's job in a cluster).
+
+    A worker placement does not know (it restarted and forgot its workers) is registered again, as
+    an agent's own reporter does in a cluster (``treadle.services.agent.reporter``).
+    """
     agents = {wid: agent_client.AgentClient(url, timeout_s=5.0) for wid, url in services.agents.items()}
+    registered = {w.worker_id: w for w in services.workers}
     placement = placement_client.PlacementClient(services.placement)
     try:
         while True:
@@ -188,7 +199,13 @@ async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
                             healthy=load.healthy,
                         )
                     )  # fmt: skip
-                except errors.TreadleError as exc:
+                except errors.NotFound as exc:
+                    if wid not in registered:
+                        raise
+                    log.warning("placement forgot worker %s (restarted?); registering it again: %s", wid, exc)
+                    with contextlib.suppress(errors.TreadleError, TimeoutError):
+                        await placement.register_worker(registered[wid])
+                except (errors.TreadleError, TimeoutError) as exc:
                     log.info("load report for %s failed: %s", wid, exc)
             await asyncio.sleep(interval_s)
     finally:
@@ -204,6 +221,28 @@ class TrainerLog:
     trajectories: int = 0
     evicted_groups: int = 0
     staleness: list[int] = dataclasses.field(default_factory=list)
+    trained: list[str] = dataclasses.field(default_factory=list)
+    """Every trajectory (row) id of every acked batch, in order: a repeat is a row trained twice."""
+
+
+TRAINER_WAIT_S = 120.0
+"""How long the simulated trainer waits out an unreachable buffer or scheduler before giving up."""
+
+
+async def waiting(what: str, call: Callable[[], Awaitable[T]], *, budget_s: float = TRAINER_WAIT_S) -> T:
+    """``call()``, retried with backoff (0.1 s doubling to 2 s) while it is ``Unavailable``, saying what
+    it waits for; the last error after ``budget_s`` seconds."""
+    deadline = time.monotonic() + budget_s
+    delay = 0.1
+    while True:
+        try:
+            return await call()
+        except errors.Unavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("simulated trainer: waiting %.1fs for %s: %s", delay, what, exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 async def simulated_trainer(
@@ -237,20 +276,25 @@ async def simulated_trainer(
                 for agent in tables:
                     if agent not in got:
                         with contextlib.suppress(TimeoutError):
-                            got[agent] = await buffer.get_batch(
-                                batch_size=batch_size, version=out.version, timeout_s=1.0, agent=agent
-                            )
-            await scheduler.suspend()
+                            take = functools.partial(
+                                buffer.get_batch, batch_size=batch_size, version=out.version, timeout_s=1.0,
+                                agent=agent,
+                            )  # fmt: skip
+                            got[agent] = await waiting("the buffer (GetBatch)", take)
+            await waiting("the scheduler (Suspend)", scheduler.suspend)
             out.version += 1
             serving = {wid: "" for wid in services.engines}
             if agents:
                 state = await placement.pool_state()
                 serving = {w.worker.worker_id: w.agent for w in state.workers if not w.moving_to}
             await asyncio.gather(*(relabel(wid, serves, out.version) for wid, serves in serving.items()))
-            await scheduler.commit_version(out.version)
-            await scheduler.resume()
+            await waiting(
+                "the scheduler (CommitVersion)", functools.partial(scheduler.commit_version, out.version)
+            )
+            await waiting("the scheduler (Resume)", scheduler.resume)
             for batch in got.values():
-                await buffer.ack(batch.batch_id)
+                await waiting("the buffer (Ack)", functools.partial(buffer.ack, batch.batch_id))
+                out.trained += [t.trajectory_id for t in batch.trajectories]
                 out.trajectories += len(batch.trajectories)
                 out.evicted_groups += batch.evicted_groups
                 out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
@@ -409,6 +453,7 @@ def summarize(
         "trajectories_trained": trainer.trajectories,
         "evicted_groups": trainer.evicted_groups,
         "staleness_max": max(trainer.staleness, default=0),
+        "trained_twice": len(trainer.trained) - len(set(trainer.trained)),
         "buffer": {
             "stored": buffer_stats.stored,
             "delivered": buffer_stats.delivered,
@@ -454,7 +499,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"{s['trajectories_trained']} {rows}, "
         f"{s['versions_committed']} versions committed, "
         f"{s['evicted_groups']} groups evicted, "
-        f"max staleness {s['staleness_max']}",
+        f"max staleness {s['staleness_max']}, {s['trained_twice']} trained twice",
         f"[{LABEL}] buffer: {s['buffer']}; env retries {s['env_retries']}",
     ]
     if s.get("agents"):

@@ -4,7 +4,12 @@ Created by ``python -m treadle.services.buffer --redis URL`` and by the integrat
 ``BufferService``. Each operation is one Lua script, so a put, a lease, an ack or a requeue is
 atomic in Redis and costs one round trip; forming a batch is serialized across buffer replicas by a
 Redis lock. Every key shares the ``{namespace}`` hash tag, so in Redis Cluster all of a job's keys
-live in one slot and the scripts stay valid.
+live in one slot and the scripts stay valid; each script declares one key of that slot (``KEYS[1]``,
+unused by the script) so a cluster-aware client or proxy routes it to the slot's node.
+
+Redis unreachable is ``errors.Unavailable`` and Redis full (``maxmemory`` with ``noeviction``, as
+the chart runs it) is ``errors.Overloaded``: the buffer refuses with a message saying so, and since
+every change is one script, a refused call stored and changed nothing, so callers retry it whole.
 
 Keys (``P`` = ``treadle:buf:{namespace}:``): ``P t:<id>`` payload, ``P g:<group>`` hash (task,
 agent, expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<status-initial>:<id>``,
@@ -19,11 +24,14 @@ characters (``protocol`` checks), so newlines and ``\x1f`` can separate them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+import redis.exceptions
 
+from treadle import errors
 from treadle.errors import NotFound
 from treadle.policy import batching
 from treadle.services.buffer import protocol, store
@@ -241,6 +249,31 @@ return {n, groups, redis.call('ZCARD', p .. 'leases')}
 """
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _unreachable(exc: Exception) -> errors.Unavailable:
+    return errors.Unavailable(f"Redis unreachable ({exc}); nothing was stored or changed")
+
+
+def _refusing(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``fn`` with Redis's own failures turned into the refusals a caller can act on."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith("OOM"):
+                raise
+            raise errors.Overloaded(f"Redis is full and refuses writes ({exc}); nothing was stored") from exc
+
+    return call
+
+
 class RedisStore:
     """A buffer store in Redis; ``namespace`` separates jobs sharing one Redis."""
 
@@ -249,6 +282,8 @@ class RedisStore:
     ) -> None:
         self._r = client
         self._p = f"treadle:buf:{{{namespace}}}:"
+        self._slot = [self._p + "seq"]
+        """The key each script declares: routes it to the hash tag's node in a cluster."""
         self._lock_timeout_s = lock_timeout_s
         self._put = client.register_script(_PUT)
         self._pending = client.register_script(_PENDING)
@@ -263,12 +298,13 @@ class RedisStore:
         # RESP2 explicitly: redis-py 8 defaults to RESP3, whose script replies differ in shape.
         return cls(aioredis.Redis.from_url(url, protocol=2), namespace=namespace)
 
+    @_refusing
     async def put(self, records: Sequence[protocol.Record]) -> protocol.PutResult:
         args: list[Any] = [self._p, len(records)]
         for r in records:
             fields = (r.trajectory_id, r.group_id, r.task, str(r.group_size), str(r.init_version), r.status)
             args += ["\x1f".join((*fields, r.agent, r.reason)), r.payload]
-        reply = await self._put(args=args)
+        reply = await self._put(keys=self._slot, args=args)
         if reply[0] == b"conflict":
             i = int(reply[1])
             raise store.member_error(
@@ -279,14 +315,21 @@ class RedisStore:
 
     @contextlib.asynccontextmanager
     async def _locked(self) -> AsyncIterator[None]:
-        async with self._r.lock(self._p + "lock", timeout=self._lock_timeout_s, blocking_timeout=None):
-            yield
+        try:
+            lock = self._r.lock(self._p + "lock", timeout=self._lock_timeout_s, blocking_timeout=None)
+            async with lock:
+                yield
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
 
     def lock(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locked()
 
+    @_refusing
     async def pending(self, limit: int, *, agent: str | None = None) -> tuple[list[batching.Group], bool]:
-        reply = await self._pending(args=[self._p, limit, "pending" if agent is None else f"pa:{agent}"])
+        reply = await self._pending(
+            keys=self._slot, args=[self._p, limit, "pending" if agent is None else f"pa:{agent}"]
+        )
         total = int(reply[0])
         out = []
         for packed in reply[1:]:
@@ -304,44 +347,58 @@ class RedisStore:
             )
         return out, total > len(out)
 
+    @_refusing
     async def evict(self, group_ids: Sequence[str]) -> int:
-        return int(await self._delete(args=[self._p, "evict", *group_ids])) if group_ids else 0
+        return (
+            int(await self._delete(keys=self._slot, args=[self._p, "evict", *group_ids])) if group_ids else 0
+        )
 
+    @_refusing
     async def retire(self, group_ids: Sequence[str]) -> int:
-        return int(await self._delete(args=[self._p, "retire", *group_ids])) if group_ids else 0
+        return (
+            int(await self._delete(keys=self._slot, args=[self._p, "retire", *group_ids])) if group_ids else 0
+        )
 
+    @_refusing
     async def lease(
         self, group_ids: Sequence[str], *, batch_id: str, deadline: float, pipeline: str | None = None
     ) -> store.Leased:
-        reply = await self._lease(args=[self._p, batch_id, repr(deadline), pipeline or "", *group_ids])
+        reply = await self._lease(
+            keys=self._slot, args=[self._p, batch_id, repr(deadline), pipeline or "", *group_ids]
+        )
         if reply[0] == b"missing":
             raise NotFound(f"group {reply[1].decode()!r} is not pending")
         return store.Leased(payloads=list(reply[1:]))
 
+    @_refusing
     async def ack(self, batch_id: str, *, pipeline: str | None = None) -> int:
-        n = int(await self._ack(args=[self._p, batch_id, pipeline or ""]))
+        n = int(await self._ack(keys=self._slot, args=[self._p, batch_id, pipeline or ""]))
         if n < 0:
             raise NotFound(
                 f"batch {batch_id!r} is not leased (unknown, already acked, or expired and redelivered)"
             )
         return n
 
+    @_refusing
     async def requeue_expired(self, now: float, *, pipeline: str | None = None) -> int:
-        return int(await self._requeue(args=[self._p, repr(now), pipeline or ""]))
+        return int(await self._requeue(keys=self._slot, args=[self._p, repr(now), pipeline or ""]))
 
+    @_refusing
     async def pipeline_state(self) -> str | None:
         state = await self._r.get(self._p + "pipeline")
         return state.decode() if isinstance(state, bytes) else state
 
+    @_refusing
     async def save_pipeline(self, state: str) -> None:
         await self._r.set(self._p + "pipeline", state)
 
+    @_refusing
     async def counters(self) -> store.Counters:
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.hgetall(self._p + "stats")
             pipe.hgetall(self._p + "reasons")
             stats, reasons = await pipe.execute()
-        stored, groups, leases = await self._count(args=[self._p])
+        stored, groups, leases = await self._count(keys=self._slot, args=[self._p])
         c = store.Counters(stored=int(stored), stored_groups=int(groups), leased_batches=int(leases))
         for key, value in stats.items():
             setattr(c, key.decode(), int(value))

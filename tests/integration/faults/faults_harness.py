@@ -1,0 +1,145 @@
+"""The fault suite's harness: a local stack on real processes (Redis with its AOF on disk, every
+service, SIMULATED engines), one component SIGKILLed mid-run and started again on its port, and
+the accounting that says whether anything was lost or done twice.
+
+Reusable for any component the stack names (``Stack.procs``): a new case is one ``Fault`` row. The
+scheduler's row belongs with its recovery work (issue #18); ``run_with_fault`` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from treadle.api import v1alpha1
+from treadle.localmode import plan as plan_mod
+from treadle.localmode import run as run_mod
+from treadle.localmode import stack as stack_mod
+from treadle.services.buffer import client as buffer_client
+from treadle.services.scheduler import client as scheduler_client
+from treadle.testing import procs
+from treadle.v1 import buffer_pb2, scheduler_pb2
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    process: str
+    """The stack's name for it: ``redis``, ``buffer``, ``placement``, ``env-0``, ``reward``, ..."""
+    after_turns: int = 12
+    """Killed once the scheduler has run this many turns (mid-run: work is in every stage)."""
+    down_s: float = 1.0
+    """Seconds it stays dead before it is started again."""
+
+
+@dataclasses.dataclass
+class Outcome:
+    summary: dict[str, Any]
+    buffer: buffer_pb2.BufferStats
+    completed_at_restart: int
+    restarted: bool
+
+
+def job(*, max_turns: int = 4, batch_size: int = 8) -> v1alpha1.RolloutJob:
+    return v1alpha1.parse_job({
+        "apiVersion": "treadle.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "faults"},
+        "spec": {
+            "agents": [{"name": "solver", "model": "tiny"}],
+            "pools": [{"name": "decode", "agent": "solver", "accelerator": "H20", "replicas": 1,
+                       "preferredWork": "decode-heavy"}],
+            "tasks": [{"name": "math", "agents": ["solver"], "environment": "math-tool", "reward": "math",
+                       "affinity": "decode-heavy", "groupSize": 4, "maxTurns": max_turns}],
+            "rollout": {"batchSize": batch_size, "staleness": 1},
+        },
+    })  # fmt: skip
+
+
+async def start_redis(stack: stack_mod.Stack) -> str:
+    """Redis as the chart runs it (AOF, fsync every second, noeviction), its files in the run dir."""
+    binary = procs.which("redis-server", "apt-get install redis-server, or run hack/setup.sh")
+    data = stack.run_dir / "redis"
+    data.mkdir(exist_ok=True)
+    port = procs.free_port()
+    argv = [
+        binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "yes",
+        "--appendfsync", "everysec", "--dir", str(data), "--maxmemory", "256mb",
+        "--maxmemory-policy", "noeviction", "--daemonize", "no",
+    ]  # fmt: skip
+    await stack.launch("redis", argv, port=port, kind="tcp")
+    return f"redis://127.0.0.1:{port}/0"
+
+
+async def run_with_fault(
+    run_dir: Path, fault: Fault, *, trajectories: int = 32, timeout_s: float = 120.0
+) -> Outcome:
+    """Run ``trajectories`` through a fresh stack, killing and restarting ``fault.process`` once."""
+    options = plan_mod.Options(
+        trajectories=trajectories, max_workers_per_pool=1, env_servers=2, max_tokens=32
+    )
+    plan = plan_mod.make_plan(job(), options)
+    marks: dict[str, int] = {}
+    with stack_mod.Stack(run_dir) as stack:
+        redis_url = await start_redis(stack)
+        services = await run_mod.start_services(stack, plan, options, redis_url=redis_url)
+        health = "/health" if fault.process.startswith("engine-") else "/healthz"
+
+        async def maybe_kill(stats: scheduler_pb2.SchedulerStats) -> None:
+            if "killed" in marks or stats.turns < fault.after_turns:
+                return
+            marks["killed"] = stats.turns
+            stack.kill(fault.process)
+            await asyncio.sleep(fault.down_s)
+            await stack.restart(fault.process, health_path=health, timeout_s=60.0)
+            marks["completed_at_restart"] = (await _stats(services)).completed
+
+        summary = await run_mod.drive(
+            services, plan, interval_s=0.2, timeout_s=timeout_s, echo=lambda _: None, on_tick=maybe_kill
+        )
+        buffer = buffer_client.BufferClient(services.buffer)
+        try:
+            stored = await buffer.stats()
+        finally:
+            await buffer.aclose()
+        alive = stack.procs[fault.process].popen
+        return Outcome(
+            summary=summary, buffer=stored, completed_at_restart=marks.get("completed_at_restart", -1),
+            restarted="killed" in marks and alive is not None and alive.poll() is None,
+        )  # fmt: skip
+
+
+async def _stats(services: run_mod.Services) -> scheduler_pb2.SchedulerStats:
+    scheduler = scheduler_client.SchedulerClient(services.scheduler)
+    try:
+        return await scheduler.stats()
+    finally:
+        await scheduler.aclose()
+
+
+def check_exactly_once(out: Outcome, *, trajectories: int, may_fail: tuple[str, ...] = ()) -> None:
+    """Every submitted trajectory finished once, was stored once and trained at most once.
+
+    ``may_fail``: the stages whose failures the fault may cause (counted, with their reason); any
+    other failure, an unfinished trajectory or a row trained twice fails the test.
+    """
+    s = out.summary
+    assert out.restarted, "the component was never killed and restarted: the test proves nothing"
+    assert s["submitted"] == trajectories and s["unfinished"] == 0 and s["adds_up"], s
+    assert s["completed"] + s["failed"] == trajectories and s["aborted"] == 0, s
+    assert s["completed"] > out.completed_at_restart, f"nothing completed after the restart: {s}"
+    wrong = (
+        [r for r in s["failed_by_reason"] if not r.startswith(may_fail)]
+        if may_fail
+        else s["failed_by_reason"]
+    )
+    assert not wrong, f"failures the fault should not cause: {s['failed_by_reason']}"
+    # Stored exactly once: the buffer counted every trajectory once (a retried put is a duplicate).
+    assert (out.buffer.put, out.buffer.completed, out.buffer.failed) == (
+        trajectories,
+        s["completed"],
+        s["failed"],
+    )
+    assert s["trained_twice"] == 0, s
+    # Each stored row was trained, is still stored, or was evicted as stale: none vanished.
+    gone = out.buffer.evicted + out.buffer.retired_empty_groups * 0
+    assert s["trajectories_trained"] + out.buffer.stored + gone == trajectories, (s, out.buffer)
