@@ -16,11 +16,11 @@ CASES = {
     # component: (fault, stages whose failures it may cause; () = none may fail)
     "redis": (harness.Fault("redis"), ()),
     "buffer": (harness.Fault("buffer"), ()),
-    # "placement": (harness.Fault("placement"), ()),
-    # "env": (harness.Fault("env-0"), ("environment: ",)),
+    "placement": (harness.Fault("placement"), ()),
+    "env": (harness.Fault("env-0"), ("environment: ",)),
     "reward": (harness.Fault("reward"), ()),
-    # "agent": (harness.Fault("agent-decode-0"), ("generation: ",)),
-    # "engine": (harness.Fault("engine-decode-0"), ("generation: ",)),
+    "agent": (harness.Fault("agent-decode-0"), ()),
+    "engine": (harness.Fault("engine-decode-0"), ()),
 }
 
 
