@@ -225,6 +225,8 @@ class TrainerLog:
     """Every trajectory (row) id of every acked batch, in order: a repeat is a row trained twice."""
 
 
+TRAINER_LEASE_S = 10.0
+"""The simulated trainer's lease on a batch: what a trainer that died holding it leaves for this long."""
 TRAINER_WAIT_S = 120.0
 """How long the simulated trainer waits out an unreachable buffer or scheduler before giving up."""
 
@@ -246,9 +248,18 @@ async def waiting(what: str, call: Callable[[], Awaitable[T]], *, budget_s: floa
 
 
 async def simulated_trainer(
-    services: Services, *, batch_size: int, out: TrainerLog, agents: Sequence[str] = ()
-) -> None:
+    services: Services, *, batch_size: int, out: TrainerLog, agents: Sequence[str] = (),
+    lease_s: float = TRAINER_LEASE_S,
+) -> None:  # fmt: skip
     """RollArt's per-iteration protocol without a gradient step, until cancelled.
+
+    Restartable: a trainer started again goes on from ``out.version`` (the scheduler's committed
+    version, for a trainer that restarted) and trains no row twice. Each batch is acked as soon as it
+    is taken, before the version trained on it is committed, as the reference trainer acks before
+    its commit: a trainer killed after the commit and before the ack would get the batch again once
+    its lease ended and train it a second time. Killed between the ack and the commit, its step dies
+    with it (as any trainer's uncommitted update does) and no row comes back. A batch whose lease
+    ended before the ack is left to be delivered again (its rows come back whole).
 
     With several ``agents``, FlexMARL's unified update: each agent's trainer takes ``batch_size`` rows
     from its own experience table, and once every agent has its batch all move to the next version
@@ -278,9 +289,15 @@ async def simulated_trainer(
                         with contextlib.suppress(TimeoutError):
                             take = functools.partial(
                                 buffer.get_batch, batch_size=batch_size, version=out.version, timeout_s=1.0,
-                                agent=agent,
+                                agent=agent, lease_s=lease_s,
                             )  # fmt: skip
-                            got[agent] = await waiting("the buffer (GetBatch)", take)
+                            batch = await waiting("the buffer (GetBatch)", take)
+                            if await _acked(buffer, batch):
+                                got[agent] = batch
+                                out.trained += [t.trajectory_id for t in batch.trajectories]
+                                out.trajectories += len(batch.trajectories)
+                                out.evicted_groups += batch.evicted_groups
+                                out.staleness += [out.version - t.init_version for t in batch.trajectories]
             await waiting("the scheduler (Suspend)", scheduler.suspend)
             out.version += 1
             serving = {wid: "" for wid in services.engines}
@@ -292,17 +309,22 @@ async def simulated_trainer(
                 "the scheduler (CommitVersion)", functools.partial(scheduler.commit_version, out.version)
             )
             await waiting("the scheduler (Resume)", scheduler.resume)
-            for batch in got.values():
-                await waiting("the buffer (Ack)", functools.partial(buffer.ack, batch.batch_id))
-                out.trained += [t.trajectory_id for t in batch.trajectories]
-                out.trajectories += len(batch.trajectories)
-                out.evicted_groups += batch.evicted_groups
-                out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
             out.batches += len(got)
     finally:
         await buffer.aclose()
         await scheduler.aclose()
         await placement.aclose()
+
+
+async def _acked(buffer: buffer_client.BufferClient, batch: buffer_pb2.Batch) -> bool:
+    try:
+        await waiting("the buffer (Ack)", functools.partial(buffer.ack, batch.batch_id))
+    except errors.NotFound as exc:
+        log.warning(
+            "simulated trainer: batch %s not trained, it will be delivered again: %s", batch.batch_id, exc
+        )
+        return False
+    return True
 
 
 def progress_line(
@@ -357,8 +379,11 @@ async def drive(
     timeout_s: float,
     echo: Callable[[str], None] = print,
     on_tick: Callable[[scheduler_pb2.SchedulerStats], Any] | None = None,
+    train: bool = True,
 ) -> dict[str, Any]:
-    """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored."""
+    """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored.
+
+    ``train=False``: no trainer here (a test runs it as a process of its own, to kill it)."""
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
     buffer = buffer_client.BufferClient(services.buffer)
     placement = placement_client.PlacementClient(services.placement)
@@ -374,17 +399,16 @@ async def drive(
 
     background = [
         asyncio.create_task(report_loads(services), name="load reporter"),
-        asyncio.create_task(
-            simulated_trainer(
-                services,
-                batch_size=plan.config.scheduler.settings.batch_size,
-                out=trainer,
-                agents=plan.config.buffer.agents,
-            ),
-            name="trainer",
-        ),
         asyncio.create_task(collect(), name="results"),
     ]
+    if train:
+        batch_size = plan.config.scheduler.settings.batch_size
+        agents = plan.config.buffer.agents
+        background.append(
+            asyncio.create_task(
+                simulated_trainer(services, batch_size=batch_size, out=trainer, agents=agents), name="trainer"
+            )
+        )
     began = time.monotonic()
     try:
         groups = [scheduler_pb2.PromptGroup(group_id=g, task=t, seed=s) for g, t, s in plan.groups]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,9 @@ class Outcome:
     buffer: buffer_pb2.BufferStats
     completed_at_restart: int
     restarted: bool
+    trained: list[str]
+    """The id of every row the trainer acked, across its restarts, in order."""
+    trained_at_restart: int
 
 
 def job(*, max_turns: int = 4, batch_size: int = 8) -> v1alpha1.RolloutJob:
@@ -89,6 +94,7 @@ async def run_with_fault(
     with stack_mod.Stack(run_dir) as stack:
         redis_url = await start_redis(stack)
         services = await run_mod.start_services(stack, plan, options, redis_url=redis_url)
+        trained = await start_trainer(stack, services, batch_size=plan.config.scheduler.settings.batch_size)
         health = "/health" if fault.process.startswith("engine-") else "/healthz"
 
         async def maybe_kill(stats: scheduler_pb2.SchedulerStats) -> None:
@@ -99,20 +105,42 @@ async def run_with_fault(
             await asyncio.sleep(fault.down_s)
             await stack.restart(fault.process, health_path=health, timeout_s=60.0)
             marks["completed_at_restart"] = (await _stats(services)).completed
+            marks["trained_at_restart"] = len(trained.read_text().split())
 
         summary = await run_mod.drive(
-            services, plan, interval_s=0.2, timeout_s=timeout_s, echo=lambda _: None, on_tick=maybe_kill
-        )
+            services, plan, interval_s=0.2, timeout_s=timeout_s, echo=lambda _: None, on_tick=maybe_kill,
+            train=False,
+        )  # fmt: skip
+        popen = stack.procs[fault.process].popen
+        restarted = "killed" in marks and popen is not None and popen.poll() is None
+        stack.kill("trainer")  # before the buffer's counts are read: it acks nothing after them
         buffer = buffer_client.BufferClient(services.buffer)
         try:
             stored = await buffer.stats()
         finally:
             await buffer.aclose()
-        alive = stack.procs[fault.process].popen
         return Outcome(
             summary=summary, buffer=stored, completed_at_restart=marks.get("completed_at_restart", -1),
-            restarted="killed" in marks and alive is not None and alive.poll() is None,
+            restarted=restarted,
+            trained=trained.read_text().split(), trained_at_restart=marks.get("trained_at_restart", -1),
         )  # fmt: skip
+
+
+async def start_trainer(stack: stack_mod.Stack, services: run_mod.Services, *, batch_size: int) -> Path:
+    """The simulated trainer as the stack's process ``trainer``; returns the file of the rows it acked."""
+    trained = stack.run_dir / "trained.txt"
+    trained.touch()
+    addresses = {
+        "scheduler": services.scheduler, "placement": services.placement, "buffer": services.buffer,
+        "agents": services.agents, "engines": services.engines,
+    }  # fmt: skip
+    port = procs.free_port()
+    argv = [
+        sys.executable, str(Path(__file__).with_name("trainer_proc.py")), "--port", str(port),
+        "--services", json.dumps(addresses), "--batch-size", str(batch_size), "--trained", str(trained),
+    ]  # fmt: skip
+    await stack.launch("trainer", argv, port=port, kind="tcp")
+    return trained
 
 
 async def _stats(services: run_mod.Services) -> scheduler_pb2.SchedulerStats:
@@ -136,12 +164,14 @@ def check_exactly_once(out: Outcome, *, trajectories: int, may_fail: tuple[str, 
     assert s["submitted"] == trajectories and s["unfinished"] == 0 and s["adds_up"], s
     assert s["completed"] + s["failed"] + s["aborted"] == trajectories, s
     assert s["completed"] > out.completed_at_restart, f"nothing completed after the restart: {s}"
+    assert len(out.trained) > out.trained_at_restart, f"nothing trained after the restart: {out.trained}"
     wrong = [r for r in s["failed_by_reason"] if not r.startswith((*may_fail, STALE))]
     assert not wrong, f"failures the fault should not cause: {s['failed_by_reason']}"
     # Stored exactly once: the buffer counted every trajectory once (a retried put is a duplicate).
     stored = (out.buffer.put, out.buffer.completed, out.buffer.failed, out.buffer.aborted)
     assert stored == (trajectories, s["completed"], s["failed"], s["aborted"]), out.buffer
-    assert s["trained_twice"] == 0, s
+    twice = sorted({tid for tid in out.trained if out.trained.count(tid) > 1})
+    assert not twice, f"trained twice: {twice}"
     # Each stored row was acked by the trainer, is still stored, was evicted as stale or retired with a
     # group none of whose members completed: none vanished. The buffer's counts, read after the
     # trainer stopped (its own log can miss an ack it sent as it was cancelled).

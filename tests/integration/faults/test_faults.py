@@ -1,7 +1,8 @@
 """Issue #18's fault suite on real processes: each component of a local stack (Redis with its AOF
-on disk, buffer, placement, an env server, the reward gateway, an agent, an engine) is SIGKILLed
-mid-run and started again; the run completes with every submitted trajectory finished, stored and
-trained exactly once. The engine is SIMULATED (``treadle.services.fakevllm``)."""
+on disk, buffer, placement, the env server, the reward gateway, an agent, an engine, the trainer)
+is SIGKILLed mid-run and started again; the run completes with every submitted trajectory finished
+and stored exactly once, and no row trained twice. The engine and the trainer are SIMULATED
+(``treadle.services.fakevllm``; ``localmode.run.simulated_trainer``, no gradient step)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ CASES = {
     "reward": (harness.Fault("reward"), ()),
     "agent": (harness.Fault("agent-decode-0"), ()),
     "engine": (harness.Fault("engine-decode-0"), ()),
+    # Later than the rest: by then batches are flowing, so the kill lands inside a training step.
+    "trainer": (harness.Fault("trainer", after_turns=60), ()),
 }
 
 
