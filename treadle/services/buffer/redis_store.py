@@ -8,8 +8,12 @@ live in one slot and the scripts stay valid; each script declares one key of tha
 unused by the script) so a cluster-aware client or proxy routes it to the slot's node.
 
 Redis unreachable is ``errors.Unavailable`` and Redis full (``maxmemory`` with ``noeviction``, as
-the chart runs it) is ``errors.Overloaded``: the buffer refuses with a message saying so, and since
-every change is one script, a refused call stored and changed nothing, so callers retry it whole.
+the chart runs it) is ``errors.Overloaded``: the buffer refuses with a message saying so, and a
+refused call stored and changed nothing, so callers retry it whole. The put script, the only one
+that grows the store, carries Redis 7's default script flags, so a full Redis refuses it before it
+runs (never halfway); the scripts that drain the store (lease, ack, requeue, evict) and the batch
+lock run with ``allow-oom``: a full buffer must still hand out batches and take acks, since they
+are what free memory. The two read-only scripts are ``no-writes``.
 
 Keys (``P`` = ``treadle:buf:{namespace}:``): ``P t:<id>`` payload, ``P g:<group>`` hash (task,
 agent, expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<status-initial>:<id>``,
@@ -29,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+import redis.asyncio.lock
 import redis.exceptions
 
 from treadle import errors
@@ -39,7 +44,7 @@ from treadle.services.buffer import protocol, store
 # ARGV: prefix, n, then per record: meta ("tid US gid US task US size US version US status US agent US
 # reason", US = \x1f; ids, task and agent hold no control characters, the reason comes last) and the
 # payload.
-_PUT = """
+_PUT = """#!lua
 local p = ARGV[1]
 local n = tonumber(ARGV[2])
 local meta = {}
@@ -122,7 +127,7 @@ return {'ok', #fresh, n - #fresh - #late}
 """
 
 # ARGV: prefix, limit, table ('pending' for every agent's groups, 'pa:<agent>' for one agent's)
-_PENDING = """
+_PENDING = """#!lua flags=no-writes
 local p = ARGV[1]
 local limit = tonumber(ARGV[2])
 local gids = redis.call('ZRANGE', p .. ARGV[3], 0, limit - 1)
@@ -136,7 +141,7 @@ return out
 """
 
 # ARGV: prefix, mode ('evict' | 'retire'), group ids...
-_DELETE = """
+_DELETE = """#!lua flags=allow-oom
 local p = ARGV[1]
 local mode = ARGV[2]
 local n = 0
@@ -162,7 +167,7 @@ return n
 """
 
 # ARGV: prefix, batch id, deadline, pipeline state ('' to leave it), group ids...
-_LEASE = """
+_LEASE = """#!lua flags=allow-oom
 local p = ARGV[1]
 for i = 5, #ARGV do
   if not redis.call('ZSCORE', p .. 'pending', ARGV[i]) then return {'missing', ARGV[i]} end
@@ -190,7 +195,7 @@ return out
 """
 
 # ARGV: prefix, batch id, pipeline state ('' to leave it)
-_ACK = """
+_ACK = """#!lua flags=allow-oom
 local p = ARGV[1]
 local lk = p .. 'lease:' .. ARGV[2]
 local groups = redis.call('GET', lk)
@@ -212,7 +217,7 @@ return n
 """
 
 # ARGV: prefix, now, pipeline state ('' to leave it)
-_REQUEUE = """
+_REQUEUE = """#!lua flags=allow-oom
 local p = ARGV[1]
 if ARGV[3] ~= '' then redis.call('SET', p .. 'pipeline', ARGV[3]) end
 local moved = 0
@@ -232,7 +237,7 @@ end
 return moved
 """
 
-_COUNT_STORED = """
+_COUNT_STORED = """#!lua flags=no-writes
 local p = ARGV[1]
 local n = 0
 for _, gid in ipairs(redis.call('ZRANGE', p .. 'pending', 0, -1)) do
@@ -247,6 +252,20 @@ for _, bid in ipairs(redis.call('ZRANGE', p .. 'leases', 0, -1)) do
 end
 return {n, groups, redis.call('ZCARD', p .. 'leases')}
 """
+
+
+_ACQUIRE = """#!lua flags=allow-oom
+return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+"""
+
+
+class _DrainLock(redis.asyncio.lock.Lock):
+    """redis-py's lock, taken by a script allowed to run when Redis is full (its SET is not): forming
+    a batch is how a full buffer drains. Releasing (GET, DEL) needs no memory."""
+
+    async def do_acquire(self, token: str | bytes) -> bool:
+        px = int((self.timeout or 30.0) * 1000)
+        return bool(await self.redis.eval(_ACQUIRE, 1, self.name, token, px))
 
 
 P = ParamSpec("P")
@@ -266,9 +285,7 @@ def _refusing(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[
             return await fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise _unreachable(exc) from exc
-        except redis.exceptions.ResponseError as exc:
-            if not str(exc).startswith("OOM"):
-                raise
+        except redis.exceptions.OutOfMemoryError as exc:
             raise errors.Overloaded(f"Redis is full and refuses writes ({exc}); nothing was stored") from exc
 
     return call
@@ -316,7 +333,9 @@ class RedisStore:
     @contextlib.asynccontextmanager
     async def _locked(self) -> AsyncIterator[None]:
         try:
-            lock = self._r.lock(self._p + "lock", timeout=self._lock_timeout_s, blocking_timeout=None)
+            lock = self._r.lock(
+                self._p + "lock", timeout=self._lock_timeout_s, blocking_timeout=None, lock_class=_DrainLock
+            )
             async with lock:
                 yield
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
