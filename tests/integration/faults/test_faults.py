@@ -2,7 +2,7 @@
 on disk, buffer, placement, the env server, the reward gateway, an agent, an engine, the trainer)
 is SIGKILLed mid-run and started again; the run completes with every submitted trajectory finished
 and stored exactly once, and no row trained twice. The engine and the trainer are SIMULATED
-(``treadle.services.fakevllm``; ``localmode.run.simulated_trainer``, no gradient step)."""
+(``treadle.services.fakevllm``; ``localmode.trainer.simulated_trainer``, no gradient step)."""
 
 from __future__ import annotations
 

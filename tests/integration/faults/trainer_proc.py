@@ -1,4 +1,4 @@
-"""The simulated trainer (``treadle.localmode.run.simulated_trainer``) as a process of its own, so the
+"""The simulated trainer (``treadle.localmode.trainer.simulated_trainer``) as a process of its own, so the
 fault suite can kill it and start it again.
 
 ``python trainer_proc.py --port P --services JSON --batch-size N --trained FILE``: goes on from the
@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from treadle.localmode import run as run_mod
+from treadle.localmode import trainer as trainer_mod
 from treadle.services.scheduler import client as scheduler_client
 
 
@@ -26,12 +27,12 @@ async def main(a: argparse.Namespace) -> None:
     )  # fmt: skip
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
     try:
-        committed = await run_mod.waiting("the scheduler (Stats)", scheduler.stats)
+        committed = await trainer_mod.waiting("the scheduler (Stats)", scheduler.stats)
     finally:
         await scheduler.aclose()
-    out = run_mod.TrainerLog(version=committed.version)
+    out = trainer_mod.TrainerLog(version=committed.version)
     listener = socket.create_server(("127.0.0.1", a.port))
-    trainer = asyncio.create_task(run_mod.simulated_trainer(services, batch_size=a.batch_size, out=out))
+    trainer = asyncio.create_task(trainer_mod.simulated_trainer(services, batch_size=a.batch_size, out=out))
     written = 0
     with listener:
         while not trainer.done():
