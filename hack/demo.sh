@@ -26,7 +26,9 @@ section "1/3 Kubernetes: helm install, then a RolloutJob that really trains (eve
 echo "One CPU process node and one with SIMULATED H20 GPUs (no device: vLLM runs its CPU build there)."
 "$TREADLE" cluster --name treadle-demo --kubeconfig "$KUBECONFIG" up --nodes 0 --run-nodes 1 --run-gpu-nodes 1
 kubectl get nodes -L treadle.dev/accelerator -L nvidia.com/gpu.product
-"$BIN/helm" upgrade --install treadle charts/treadle --namespace treadle-system --create-namespace --wait --timeout 120s
+# The dev cluster's nodes have no volume provisioner: Redis keeps its AOF on an emptyDir here.
+"$BIN/helm" upgrade --install treadle charts/treadle --namespace treadle-system --create-namespace --wait --timeout 120s \
+  --set redis.persistence.enabled=false
 kubectl get pods -n treadle-system -o wide
 install -D manifests/dev/data/letters.jsonl /var/lib/treadle/datasets/letters.jsonl
 "$VENV/bin/python" -c 'from treadle.trainer import policy; policy.ensure_model(policy.model_dir(0))'

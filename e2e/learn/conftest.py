@@ -40,7 +40,8 @@ def cluster() -> Iterator[kwok.DevCluster]:
         subprocess.run(
             [str(binaries.bin_dir() / "helm"), "install", "treadle", str(ROOT / "charts" / "treadle"),
              "--namespace", "treadle-system", "--create-namespace", "--wait", "--timeout", "90s",
-             "--kubeconfig", str(c.kubeconfig)],
+             # The dev cluster has no volume provisioner: Redis keeps its AOF on an emptyDir.
+             "--kubeconfig", str(c.kubeconfig), "--set", "redis.persistence.enabled=false"],
             check=True, capture_output=True, timeout=120,
         )  # fmt: skip
         c.kubectl("create", "configmap", "letters", f"--from-file={DEV / 'data' / 'letters.jsonl'}")

@@ -38,6 +38,7 @@ def chart(dev_cluster: kwok.DevCluster, kubectl: op_harness.Kubectl) -> Iterator
     op_harness.helm(
         dev_cluster, "upgrade", "--install", op_harness.RELEASE, str(op_harness.CHART),
         "--namespace", op_harness.SYSTEM_NS, "--create-namespace", "--wait=false", "--set", values,
+        "--set", op_harness.NO_PVC,
     )  # fmt: skip
     try:
         # Poll rather than `kubectl wait`, which fails outright while the CRD has no conditions yet.

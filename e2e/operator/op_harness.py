@@ -33,6 +33,8 @@ JOBS_NS = "treadle-op-e2e"
 RELEASE = "treadle-op-e2e"
 SERVICE_ACCOUNT = f"{RELEASE}-treadle-operator"
 CRD = "rolloutjobs.treadle.dev"
+NO_PVC = "redis.persistence.enabled=false"
+"""The dev cluster has no volume provisioner: the chart's Redis keeps its AOF on an emptyDir there."""
 T = TypeVar("T")
 
 

@@ -220,3 +220,30 @@ def test_scrape_config_toggle_holds_prometheus_scrape_configs() -> None:
         "prometheus.io/port": "9090",
         "prometheus.io/path": "/metrics",
     }
+
+
+def test_redis_is_durable_by_default() -> None:
+    """AOF fsynced every second on a PVC, and a full Redis refuses writes rather than evicting keys."""
+    docs = _render()
+    redis = next(d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-treadle-redis")
+    pod = redis["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert flags["--appendonly"] == "yes" and flags["--appendfsync"] == "everysec"
+    assert flags["--maxmemory-policy"] == "noeviction" and flags["--maxmemory"] == "3gb"
+    assert flags["--dir"] == "/data" and pod["containers"][0]["volumeMounts"] == [
+        {"name": "data", "mountPath": "/data"}
+    ]
+    assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "rel-treadle-redis"}}]
+    (pvc,) = _by_kind(docs, "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "8Gi"
+
+
+def test_redis_without_persistence_keeps_its_aof_on_an_empty_dir() -> None:
+    docs = _render("redis.persistence.enabled=false", "redis.appendfsync=always")
+    redis = next(d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-treadle-redis")
+    pod = redis["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert "always" in pod["containers"][0]["args"]
+    assert not _by_kind(docs, "PersistentVolumeClaim")

@@ -5,14 +5,54 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 
 from treadle import errors
 from treadle.api import v1alpha1
 from treadle.localmode import plan, run, stack
+
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM ended the run; every service process was stopped first."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        super().__init__(sig.name)
+        self.signal = sig
+
+
+async def until_signalled(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main``; SIGINT or SIGTERM cancels it, so the stack it holds stops its processes.
+
+    The services run in sessions of their own (``stack``), so a signal to this process's group
+    reaches none of them: without this, SIGTERM would end ``treadle run`` and leave them running.
+    """
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    got: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        got.append(sig)
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if got:
+            raise Stopped(got[0]) from None
+        raise
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,9 +103,16 @@ def main(args: argparse.Namespace) -> int:
         )  # fmt: skip
         run_dir = args.run_dir or run.default_run_dir(job.name)
         summary = asyncio.run(
-            run.run(job, options, run_dir=run_dir, redis_url=args.redis, interval_s=args.interval,
-                    timeout_s=args.timeout)
+            until_signalled(
+                run.run(job, options, run_dir=run_dir, redis_url=args.redis, interval_s=args.interval,
+                        timeout_s=args.timeout)
+            )
         )  # fmt: skip
+    except Stopped as exc:
+        print(
+            f"treadle run: stopped by {exc.signal.name}; every service process was stopped", file=sys.stderr
+        )
+        return 128 + exc.signal.value
     except errors.SpecError as exc:
         print(f"treadle run: {args.file}: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from treadle import errors
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
+from treadle.localmode import trainer as trainer_mod
 from treadle.services import podenv
 from treadle.services.agent import client as agent_client
 from treadle.services.buffer import client as buffer_client
@@ -45,7 +46,7 @@ from treadle.services.placement import client as placement_client
 from treadle.services.reward import protocol as reward_protocol
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import procs
-from treadle.v1 import buffer_pb2, placement_pb2, scheduler_pb2
+from treadle.v1 import placement_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
 LABEL = "SIMULATED ENGINE"
@@ -64,6 +65,8 @@ class Services:
     agents: dict[str, str]
     engines: dict[str, str]
     metrics: dict[str, str]
+    workers: list[placement_pb2.Worker] = dataclasses.field(default_factory=list)
+    """What was registered with placement; registered again when a restarted placement forgot it."""
 
 
 def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan) -> dict[str, str]:
@@ -132,21 +135,23 @@ async def start_services(
     if redis_url:  # DARTS's per-prompt statistics, under the job's namespace as the buffer's keys
         sched_args += ["--redis", redis_url, "--namespace", plan.job.name]
     scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
+    workers = [
+        placement_pb2.Worker(
+            worker_id=w.worker_id,
+            pool=w.pool,
+            address=agents[w.worker_id],
+            engine_address=engines[w.worker_id],
+        )
+        for w in plan.workers
+    ]
     client = placement_client.PlacementClient(placement)
     try:
-        for w in plan.workers:
-            await client.register_worker(
-                placement_pb2.Worker(
-                    worker_id=w.worker_id,
-                    pool=w.pool,
-                    address=agents[w.worker_id],
-                    engine_address=engines[w.worker_id],
-                )
-            )
+        for worker in workers:
+            await client.register_worker(worker)
     finally:
         await client.aclose()
     return Services(scheduler=scheduler, placement=placement, buffer=buffer, reward=reward, envs=envs,
-                    agents=agents, engines=engines, metrics=metrics)  # fmt: skip
+                    agents=agents, engines=engines, metrics=metrics, workers=workers)  # fmt: skip
 
 
 async def _start_grpc(
@@ -173,8 +178,13 @@ async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
 
 
 async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
-    """Forward every agent's load to placement until cancelled (the agent's job in a cluster)."""
+    """Forward every agent's load to placement until cancelled (the agent's job in a cluster).
+
+    A worker placement does not know (it restarted and forgot its workers) is registered again, as
+    an agent's own reporter does in a cluster (``treadle.services.agent.reporter``).
+    """
     agents = {wid: agent_client.AgentClient(url, timeout_s=5.0) for wid, url in services.agents.items()}
+    registered = {w.worker_id: w for w in services.workers}
     placement = placement_client.PlacementClient(services.placement)
     try:
         while True:
@@ -188,76 +198,18 @@ async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
                             healthy=load.healthy,
                         )
                     )  # fmt: skip
-                except errors.TreadleError as exc:
+                except errors.NotFound as exc:
+                    if wid not in registered:
+                        raise
+                    log.warning("placement forgot worker %s (restarted?); registering it again: %s", wid, exc)
+                    with contextlib.suppress(errors.TreadleError, TimeoutError):
+                        await placement.register_worker(registered[wid])
+                except (errors.TreadleError, TimeoutError) as exc:
                     log.info("load report for %s failed: %s", wid, exc)
             await asyncio.sleep(interval_s)
     finally:
         for agent in agents.values():
             await agent.aclose()
-        await placement.aclose()
-
-
-@dataclasses.dataclass
-class TrainerLog:
-    version: int = 0
-    batches: int = 0
-    trajectories: int = 0
-    evicted_groups: int = 0
-    staleness: list[int] = dataclasses.field(default_factory=list)
-
-
-async def simulated_trainer(
-    services: Services, *, batch_size: int, out: TrainerLog, agents: Sequence[str] = ()
-) -> None:
-    """RollArt's per-iteration protocol without a gradient step, until cancelled.
-
-    With several ``agents``, FlexMARL's unified update: each agent's trainer takes ``batch_size`` rows
-    from its own experience table, and once every agent has its batch all move to the next version
-    together. Each engine's label then names the agent it serves now (``agent_client.label``), as
-    placement lists it. Labels go through the swap sequence every weight change uses
-    (``agent.client.swap``), expecting that agent: a worker placement is moving, or moved since the list was
-    read, refuses it (``SwapContended``), and its move labels it with its new agent's version.
-    """
-    buffer = buffer_client.BufferClient(services.buffer)
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    placement = placement_client.PlacementClient(services.placement)
-    tables = list(agents) or [""]
-
-    async def relabel(wid: str, serves: str, version: int) -> None:
-        with contextlib.suppress(agent_client.SwapContended):
-            await agent_client.swap(
-                services.agents[wid], services.engines[wid], label=agent_client.label(serves, version),
-                apply_version=None, timeout_s=10.0, expect_agent=serves,
-            )  # fmt: skip
-
-    try:
-        while True:
-            got: dict[str, buffer_pb2.Batch] = {}
-            while len(got) < len(tables):
-                for agent in tables:
-                    if agent not in got:
-                        with contextlib.suppress(TimeoutError):
-                            got[agent] = await buffer.get_batch(
-                                batch_size=batch_size, version=out.version, timeout_s=1.0, agent=agent
-                            )
-            await scheduler.suspend()
-            out.version += 1
-            serving = {wid: "" for wid in services.engines}
-            if agents:
-                state = await placement.pool_state()
-                serving = {w.worker.worker_id: w.agent for w in state.workers if not w.moving_to}
-            await asyncio.gather(*(relabel(wid, serves, out.version) for wid, serves in serving.items()))
-            await scheduler.commit_version(out.version)
-            await scheduler.resume()
-            for batch in got.values():
-                await buffer.ack(batch.batch_id)
-                out.trajectories += len(batch.trajectories)
-                out.evicted_groups += batch.evicted_groups
-                out.staleness += [out.version - 1 - t.init_version for t in batch.trajectories]
-            out.batches += len(got)
-    finally:
-        await buffer.aclose()
-        await scheduler.aclose()
         await placement.aclose()
 
 
@@ -313,12 +265,15 @@ async def drive(
     timeout_s: float,
     echo: Callable[[str], None] = print,
     on_tick: Callable[[scheduler_pb2.SchedulerStats], Any] | None = None,
+    train: bool = True,
 ) -> dict[str, Any]:
-    """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored."""
+    """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored.
+
+    ``train=False``: no trainer here (a test runs it as a process of its own, to kill it)."""
     scheduler = scheduler_client.SchedulerClient(services.scheduler)
     buffer = buffer_client.BufferClient(services.buffer)
     placement = placement_client.PlacementClient(services.placement)
-    trainer = TrainerLog()
+    trainer = trainer_mod.TrainerLog()
     rewards: list[float] = []
     results: list[scheduler_pb2.TrajectoryResult] = []
 
@@ -330,17 +285,17 @@ async def drive(
 
     background = [
         asyncio.create_task(report_loads(services), name="load reporter"),
-        asyncio.create_task(
-            simulated_trainer(
-                services,
-                batch_size=plan.config.scheduler.settings.batch_size,
-                out=trainer,
-                agents=plan.config.buffer.agents,
-            ),
-            name="trainer",
-        ),
         asyncio.create_task(collect(), name="results"),
     ]
+    if train:
+        batch_size = plan.config.scheduler.settings.batch_size
+        agents = plan.config.buffer.agents
+        background.append(
+            asyncio.create_task(
+                trainer_mod.simulated_trainer(services, batch_size=batch_size, out=trainer, agents=agents),
+                name="trainer",
+            )
+        )
     began = time.monotonic()
     try:
         groups = [scheduler_pb2.PromptGroup(group_id=g, task=t, seed=s) for g, t, s in plan.groups]
@@ -375,7 +330,7 @@ async def drive(
 def summarize(
     stats: scheduler_pb2.SchedulerStats,
     buffer_stats: Any,
-    trainer: TrainerLog,
+    trainer: trainer_mod.TrainerLog,
     results: list[scheduler_pb2.TrajectoryResult],
     *,
     elapsed: float,
@@ -409,6 +364,7 @@ def summarize(
         "trajectories_trained": trainer.trajectories,
         "evicted_groups": trainer.evicted_groups,
         "staleness_max": max(trainer.staleness, default=0),
+        "trained_twice": len(trainer.trained) - len(set(trainer.trained)),
         "buffer": {
             "stored": buffer_stats.stored,
             "delivered": buffer_stats.delivered,
@@ -454,7 +410,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"{s['trajectories_trained']} {rows}, "
         f"{s['versions_committed']} versions committed, "
         f"{s['evicted_groups']} groups evicted, "
-        f"max staleness {s['staleness_max']}",
+        f"max staleness {s['staleness_max']}, {s['trained_twice']} trained twice",
         f"[{LABEL}] buffer: {s['buffer']}; env retries {s['env_retries']}",
     ]
     if s.get("agents"):

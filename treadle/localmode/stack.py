@@ -35,7 +35,7 @@ class Proc:
     argv: list[str]
     port: int
     kind: str
-    """"http" (GET /healthz or /health) or "grpc" (standard health service)."""
+    """"http" (GET /healthz or /health), "grpc" (standard health service) or "tcp" (the port accepts)."""
     log: Path
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Variables set on top of this process's environment (what a pod spec would set)."""
@@ -97,6 +97,8 @@ class Stack:
     async def _healthy(self, proc: Proc, health_path: str) -> bool:
         if proc.kind == "grpc":
             return await grpc_server.check_health(proc.address, timeout_s=1.0)
+        if proc.kind == "tcp":
+            return procs.port_open(proc.port)
         try:
             async with httpx.AsyncClient(timeout=1.0) as client:
                 return (await client.get(proc.url + health_path)).status_code == 200

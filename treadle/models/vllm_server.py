@@ -61,7 +61,11 @@ def healthy(port: int) -> bool:
 def running(
     model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0, max_model_len: int = 256
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Serve ``model_dir`` until the block exits; yields (base URL, process). Startup takes 40-130 s."""
+    """Serve ``model_dir`` until the block exits; yields (base URL, process). Startup takes 40-130 s.
+
+    vLLM runs in a process group of its own (API server, EngineCore, workers), stopped whole when the
+    block exits, and by ``procs``'s watchdog when the caller is killed before it can (a test's timeout).
+    """
     port = procs.free_port()
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = {**environment(cache_dir), "PATH": os.environ.get("PATH", "")}

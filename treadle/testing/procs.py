@@ -8,10 +8,25 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+_REAPER = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == parent:
+    time.sleep(0.2)
+for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        break
+    time.sleep(wait)
+"""
+"""Run beside a server: once its parent (the test) is gone, SIGTERM then SIGKILL the server's group."""
 
 
 class ServerFailed(RuntimeError):
@@ -56,6 +71,7 @@ def running(
                 list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
                 env={**os.environ, **(env or {})}, start_new_session=True,
             )  # fmt: skip
+            reaper = reap_when_orphaned(proc.pid)
             try:
                 deadline = time.monotonic() + timeout
                 while not ready():
@@ -67,6 +83,22 @@ def running(
                 yield proc
             finally:
                 stop(proc)
+                reaper.kill()
+                reaper.wait()
+
+
+def reap_when_orphaned(group: int) -> subprocess.Popen[bytes]:
+    """A watchdog that stops process group ``group`` once this process is gone.
+
+    A test killed by its timeout (or by hand) never runs ``stop``, and a server in a session of its
+    own (vLLM with its EngineCore and workers, Redis) would outlive it, holding ports, memory and
+    CPU. The watchdog, in a session of its own too, notices its parent change and stops the group.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), str(group)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:

@@ -11,9 +11,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as aioredis
 
+from treadle import errors
 from treadle.errors import NotFound, SpecError
 from treadle.services.buffer import redis_store, service, store
+from treadle.testing import procs
 from treadle.testing import redis_server as redis_server_mod
 from treadle.v1 import buffer_pb2, common_pb2
 
@@ -373,3 +376,40 @@ async def test_a_stream_whose_step_closes_under_it_ends_and_leaves_the_rest_stor
     assert svc.pipeline.step == 1  # the step closed with g1 and g2
     stats = await svc.stats()
     assert (stats.stored, stats.acked) == (2, 4)  # g3 waits for the next step
+
+
+async def test_an_unreachable_redis_is_unavailable_and_says_so() -> None:
+    """Callers retry ``Unavailable``; the message says it is Redis and that nothing was stored."""
+    svc = make(redis_store.RedisStore.from_url(f"redis://127.0.0.1:{procs.free_port()}/0", namespace="gone"))
+    try:
+        with pytest.raises(errors.Unavailable, match=r"Redis unreachable .*nothing was stored or changed"):
+            await svc.put(group("g1"))
+        with pytest.raises(errors.Unavailable, match="Redis unreachable"):
+            await svc.get_batch(batch_size=2, version=0, timeout_s=0)
+    finally:
+        await svc.store.aclose()
+
+
+async def test_a_full_redis_refuses_puts_but_still_drains(redis_server: redis_server_mod.RedisServer) -> None:
+    """With noeviction (the chart's policy) a full Redis refuses the put whole (``Overloaded``, nothing
+    stored), while batches still form and acks still land: they are what frees memory."""
+    admin = aioredis.Redis.from_url(redis_server.url)
+    s = redis_store.RedisStore.from_url(redis_server.url, namespace=uuid.uuid4().hex)
+    svc = make(s)
+    await svc.put(group("g1"))
+    await admin.config_set("maxmemory-policy", "noeviction")
+    await admin.config_set("maxmemory", "1")  # bytes: already full
+    try:
+        with pytest.raises(errors.Overloaded, match="Redis is full and refuses writes"):
+            await svc.put(group("g2"))
+        batch = await svc.get_batch(batch_size=2, version=0, timeout_s=0)
+        assert list(batch.group_ids) == ["g1"]
+        assert await svc.ack(batch.batch_id) == 2
+        stats = await svc.stats()
+        assert (stats.stored, stats.put, stats.acked) == (0, 2, 2)
+    finally:
+        await admin.config_set("maxmemory", "0")
+        await admin.aclose()
+    await svc.put(group("g2"))  # room again: the same put goes through whole
+    assert (await svc.stats()).stored == 2
+    await s.aclose()

@@ -9,6 +9,7 @@ import pytest
 
 from treadle import errors
 from treadle.services.httputil import client as http
+from treadle.testing import procs
 
 
 class RawServer:
@@ -134,3 +135,42 @@ async def test_close_delimited_truncated_and_malformed_replies(raw: tuple[RawSer
         await http.call(client, "GET", "/c")
     assert server.connections == 3
     await client.aclose()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+
+
+async def test_a_refused_connection_is_waited_for_within_connect_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server restarting on its port (refusing, then listening) is waited for, with a log line."""
+    port = procs.free_port()
+    client = http.new_client(f"http://127.0.0.1:{port}", timeout_s=10.0)
+    server = RawServer([OK])
+
+    async def come_back() -> asyncio.Server:
+        await asyncio.sleep(0.5)
+        return await asyncio.start_server(server.handle, "127.0.0.1", port)
+
+    later = asyncio.create_task(come_back())
+    try:
+        assert await http.call(client, "POST", "/v1/score", json={}, connect_wait_s=5.0) == {}
+        assert "connection refused; waiting up to 5s" in caplog.text
+    finally:
+        (await later).close()
+        await client.aclose()
+
+
+async def test_a_refused_connection_fails_after_connect_wait_saying_how_long() -> None:
+    port = procs.free_port()
+    client = http.new_client(f"http://127.0.0.1:{port}", timeout_s=10.0)
+    try:
+        with pytest.raises(errors.Unavailable, match=r"for 0\.\d+s"):
+            await http.call(client, "GET", "/x", connect_wait_s=0.5)
+        with pytest.raises(
+            errors.Unavailable, match="ConnectionRefusedError"
+        ) as refused:  # no wait by default
+            await http.call(client, "GET", "/x")
+        assert " for " not in str(refused.value)
+    finally:
+        await client.aclose()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
+import psutil
 import pytest
 import redis
 
@@ -71,3 +74,40 @@ def test_mooncake_master_listens_on_loopback_only(
         address, port = fields[1].split(":")
         if int(port, 16) in own_ports:
             assert address == "0100007F", f"port {int(port, 16)} listens on {address}, not 127.0.0.1"
+
+
+def test_a_server_does_not_outlive_a_killed_test() -> None:
+    """A test process SIGKILLed inside ``procs.running`` (as a timeout kills it) leaves no server behind:
+    the watchdog stops the server's whole group, a child it forked included (as vLLM forks EngineCore)."""
+    port = procs.free_port()
+    server = (
+        "import socket, subprocess, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])));"
+        " s.listen(); subprocess.Popen(['sleep', '300']); time.sleep(300)"
+    )
+    test = (
+        "import sys, time; from treadle.testing import procs\n"
+        f"argv = [sys.executable, '-c', {server!r}, '{port}']\n"
+        f"with procs.running('srv', argv, lambda: procs.port_open({port})) as p:\n"
+        "    print(p.pid, flush=True); time.sleep(300)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", test], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        group = int(proc.stdout.readline())
+        members = [p for p in psutil.process_iter() if _group(p) == group]
+        assert len(members) == 2, members  # the server and the child it forked
+        proc.kill()
+        proc.wait()
+        _, alive = psutil.wait_procs(members, timeout=15)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _group(p: psutil.Process) -> int:
+    try:
+        return os.getpgid(p.pid)
+    except ProcessLookupError:
+        return -1

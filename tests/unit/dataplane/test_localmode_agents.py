@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from treadle.api import jobconfig, v1alpha1
-from treadle.localmode import plan, run
+from treadle.localmode import plan, run, trainer
 from treadle.v1 import buffer_pb2, placement_pb2, scheduler_pb2
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
@@ -75,7 +75,9 @@ def test_summary_shows_turns_per_agent_and_moves() -> None:
     pools = placement_pb2.PoolStateResponse(rebalance_moves=1)
     pools.agents.add(agent="a", instances=2, moved_in=1)
     pools.agents.add(agent="b", instances=1, moved_out=1)
-    summary = run.summarize(stats, buffer_pb2.BufferStats(), run.TrainerLog(), [], elapsed=1.0, pools=pools)
+    summary = run.summarize(
+        stats, buffer_pb2.BufferStats(), trainer.TrainerLog(), [], elapsed=1.0, pools=pools
+    )
     assert summary["turns_by_agent"] == {"a": 3, "b": 2} and summary["rebalance_moves"] == 1
     assert summary["agents"]["a"] == {"instances": 2, "moved_in": 1, "moved_out": 0}
     line = next(x for x in run.summary_lines(summary) if "agents:" in x)

@@ -9,7 +9,7 @@ import yaml
 
 from treadle.api import jobconfig, v1alpha1
 from treadle.errors import SpecError
-from treadle.localmode import plan, run
+from treadle.localmode import plan, run, trainer
 from treadle.services.reward import __main__ as reward_main
 from treadle.v1 import buffer_pb2, scheduler_pb2
 
@@ -65,7 +65,7 @@ def test_progress_and_summary_say_simulated() -> None:
     line = run.progress_line(stats, elapsed=2.0, total=10, rewards=[1.0, 0.0])
     assert line.startswith("[SIMULATED ENGINE]") and "done 7/10" in line and "reward 0.500" in line
     assert "gen 75%" in line and "env 25%" in line
-    summary = run.summarize(stats, buffer_pb2.BufferStats(), run.TrainerLog(), [], elapsed=2.0)
+    summary = run.summarize(stats, buffer_pb2.BufferStats(), trainer.TrainerLog(), [], elapsed=2.0)
     assert summary["adds_up"] and summary["unfinished"] == 3
     assert all(line.startswith("[SIMULATED ENGINE]") for line in run.summary_lines(summary))
 

@@ -35,12 +35,19 @@ from treadle.services.httputil import client as http
 
 
 class AgentClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 120.0, connect_wait_s: float = http.RESTART_WAIT_S
+    ) -> None:
+        """``connect_wait_s``: how long ``generate`` waits for an agent restarting on its port."""
         self._http = http.new_client(base_url, timeout_s=timeout_s)
+        self.connect_wait_s = connect_wait_s
 
     async def generate(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
         # pydantic-core encodes and parses in one pass each (~4x cheaper than dicts through the json module).
-        body = await http.call_raw(self._http, "POST", "/v1/generate", content=req.model_dump_json().encode())
+        body = await http.call_raw(
+            self._http, "POST", "/v1/generate", content=req.model_dump_json().encode(),
+            connect_wait_s=self.connect_wait_s,
+        )  # fmt: skip
         return protocol.GenerateResult.model_validate_json(body)
 
     async def abort(self, trajectory_id: str) -> bool:

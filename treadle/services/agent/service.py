@@ -233,8 +233,9 @@ class AgentService:
         engine_started = time.perf_counter()
         try:
             raw = await http.call_raw(
-                self.engine, "POST", "/v1/chat/completions", content=_ENCODER.encode(body)
-            )
+                self.engine, "POST", "/v1/chat/completions", content=_ENCODER.encode(body),
+                connect_wait_s=http.RESTART_WAIT_S,
+            )  # fmt: skip
         except asyncio.CancelledError:
             self._requests["abort"].inc()
             return self._aborted(req)

@@ -4,7 +4,16 @@ Created by ``python -m treadle.services.buffer --redis URL`` and by the integrat
 ``BufferService``. Each operation is one Lua script, so a put, a lease, an ack or a requeue is
 atomic in Redis and costs one round trip; forming a batch is serialized across buffer replicas by a
 Redis lock. Every key shares the ``{namespace}`` hash tag, so in Redis Cluster all of a job's keys
-live in one slot and the scripts stay valid.
+live in one slot and the scripts stay valid; each script declares one key of that slot (``KEYS[1]``,
+unused by the script) so a cluster-aware client or proxy routes it to the slot's node.
+
+Redis unreachable is ``errors.Unavailable`` and Redis full (``maxmemory`` with ``noeviction``, as
+the chart runs it) is ``errors.Overloaded``: the buffer refuses with a message saying so, and a
+refused call stored and changed nothing, so callers retry it whole. The put script, the only one
+that grows the store, carries Redis 7's default script flags, so a full Redis refuses it before it
+runs (never halfway); the scripts that drain the store (lease, ack, requeue, evict) and the batch
+lock run with ``allow-oom``: a full buffer must still hand out batches and take acks, since they
+are what free memory. The two read-only scripts are ``no-writes``.
 
 Keys (``P`` = ``treadle:buf:{namespace}:``): ``P t:<id>`` payload, ``P g:<group>`` hash (task,
 agent, expected, seq, minv, arrived, completed), ``P m:<group>`` list of ``<status-initial>:<id>``,
@@ -19,11 +28,15 @@ characters (``protocol`` checks), so newlines and ``\x1f`` can separate them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+import redis.asyncio.lock
+import redis.exceptions
 
+from treadle import errors
 from treadle.errors import NotFound
 from treadle.policy import batching
 from treadle.services.buffer import protocol, store
@@ -31,7 +44,7 @@ from treadle.services.buffer import protocol, store
 # ARGV: prefix, n, then per record: meta ("tid US gid US task US size US version US status US agent US
 # reason", US = \x1f; ids, task and agent hold no control characters, the reason comes last) and the
 # payload.
-_PUT = """
+_PUT = """#!lua
 local p = ARGV[1]
 local n = tonumber(ARGV[2])
 local meta = {}
@@ -114,7 +127,7 @@ return {'ok', #fresh, n - #fresh - #late}
 """
 
 # ARGV: prefix, limit, table ('pending' for every agent's groups, 'pa:<agent>' for one agent's)
-_PENDING = """
+_PENDING = """#!lua flags=no-writes
 local p = ARGV[1]
 local limit = tonumber(ARGV[2])
 local gids = redis.call('ZRANGE', p .. ARGV[3], 0, limit - 1)
@@ -128,7 +141,7 @@ return out
 """
 
 # ARGV: prefix, mode ('evict' | 'retire'), group ids...
-_DELETE = """
+_DELETE = """#!lua flags=allow-oom
 local p = ARGV[1]
 local mode = ARGV[2]
 local n = 0
@@ -154,7 +167,7 @@ return n
 """
 
 # ARGV: prefix, batch id, deadline, pipeline state ('' to leave it), group ids...
-_LEASE = """
+_LEASE = """#!lua flags=allow-oom
 local p = ARGV[1]
 for i = 5, #ARGV do
   if not redis.call('ZSCORE', p .. 'pending', ARGV[i]) then return {'missing', ARGV[i]} end
@@ -182,7 +195,7 @@ return out
 """
 
 # ARGV: prefix, batch id, pipeline state ('' to leave it)
-_ACK = """
+_ACK = """#!lua flags=allow-oom
 local p = ARGV[1]
 local lk = p .. 'lease:' .. ARGV[2]
 local groups = redis.call('GET', lk)
@@ -204,7 +217,7 @@ return n
 """
 
 # ARGV: prefix, now, pipeline state ('' to leave it)
-_REQUEUE = """
+_REQUEUE = """#!lua flags=allow-oom
 local p = ARGV[1]
 if ARGV[3] ~= '' then redis.call('SET', p .. 'pipeline', ARGV[3]) end
 local moved = 0
@@ -224,7 +237,7 @@ end
 return moved
 """
 
-_COUNT_STORED = """
+_COUNT_STORED = """#!lua flags=no-writes
 local p = ARGV[1]
 local n = 0
 for _, gid in ipairs(redis.call('ZRANGE', p .. 'pending', 0, -1)) do
@@ -241,6 +254,43 @@ return {n, groups, redis.call('ZCARD', p .. 'leases')}
 """
 
 
+_ACQUIRE = """#!lua flags=allow-oom
+return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+"""
+
+
+class _DrainLock(redis.asyncio.lock.Lock):
+    """redis-py's lock, taken by a script allowed to run when Redis is full (its SET is not): forming
+    a batch is how a full buffer drains. Releasing (GET, DEL) needs no memory."""
+
+    async def do_acquire(self, token: str | bytes) -> bool:
+        px = int((self.timeout or 30.0) * 1000)
+        return bool(await self.redis.eval(_ACQUIRE, 1, self.name, token, px))
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _unreachable(exc: Exception) -> errors.Unavailable:
+    return errors.Unavailable(f"Redis unreachable ({exc}); nothing was stored or changed")
+
+
+def _refusing(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``fn`` with Redis's own failures turned into the refusals a caller can act on."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise errors.Overloaded(f"Redis is full and refuses writes ({exc}); nothing was stored") from exc
+
+    return call
+
+
 class RedisStore:
     """A buffer store in Redis; ``namespace`` separates jobs sharing one Redis."""
 
@@ -249,6 +299,8 @@ class RedisStore:
     ) -> None:
         self._r = client
         self._p = f"treadle:buf:{{{namespace}}}:"
+        self._slot = [self._p + "seq"]
+        """The key each script declares: routes it to the hash tag's node in a cluster."""
         self._lock_timeout_s = lock_timeout_s
         self._put = client.register_script(_PUT)
         self._pending = client.register_script(_PENDING)
@@ -263,12 +315,13 @@ class RedisStore:
         # RESP2 explicitly: redis-py 8 defaults to RESP3, whose script replies differ in shape.
         return cls(aioredis.Redis.from_url(url, protocol=2), namespace=namespace)
 
+    @_refusing
     async def put(self, records: Sequence[protocol.Record]) -> protocol.PutResult:
         args: list[Any] = [self._p, len(records)]
         for r in records:
             fields = (r.trajectory_id, r.group_id, r.task, str(r.group_size), str(r.init_version), r.status)
             args += ["\x1f".join((*fields, r.agent, r.reason)), r.payload]
-        reply = await self._put(args=args)
+        reply = await self._put(keys=self._slot, args=args)
         if reply[0] == b"conflict":
             i = int(reply[1])
             raise store.member_error(
@@ -279,14 +332,23 @@ class RedisStore:
 
     @contextlib.asynccontextmanager
     async def _locked(self) -> AsyncIterator[None]:
-        async with self._r.lock(self._p + "lock", timeout=self._lock_timeout_s, blocking_timeout=None):
-            yield
+        try:
+            lock = self._r.lock(
+                self._p + "lock", timeout=self._lock_timeout_s, blocking_timeout=None, lock_class=_DrainLock
+            )
+            async with lock:
+                yield
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
 
     def lock(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locked()
 
+    @_refusing
     async def pending(self, limit: int, *, agent: str | None = None) -> tuple[list[batching.Group], bool]:
-        reply = await self._pending(args=[self._p, limit, "pending" if agent is None else f"pa:{agent}"])
+        reply = await self._pending(
+            keys=self._slot, args=[self._p, limit, "pending" if agent is None else f"pa:{agent}"]
+        )
         total = int(reply[0])
         out = []
         for packed in reply[1:]:
@@ -304,44 +366,58 @@ class RedisStore:
             )
         return out, total > len(out)
 
+    @_refusing
     async def evict(self, group_ids: Sequence[str]) -> int:
-        return int(await self._delete(args=[self._p, "evict", *group_ids])) if group_ids else 0
+        return (
+            int(await self._delete(keys=self._slot, args=[self._p, "evict", *group_ids])) if group_ids else 0
+        )
 
+    @_refusing
     async def retire(self, group_ids: Sequence[str]) -> int:
-        return int(await self._delete(args=[self._p, "retire", *group_ids])) if group_ids else 0
+        return (
+            int(await self._delete(keys=self._slot, args=[self._p, "retire", *group_ids])) if group_ids else 0
+        )
 
+    @_refusing
     async def lease(
         self, group_ids: Sequence[str], *, batch_id: str, deadline: float, pipeline: str | None = None
     ) -> store.Leased:
-        reply = await self._lease(args=[self._p, batch_id, repr(deadline), pipeline or "", *group_ids])
+        reply = await self._lease(
+            keys=self._slot, args=[self._p, batch_id, repr(deadline), pipeline or "", *group_ids]
+        )
         if reply[0] == b"missing":
             raise NotFound(f"group {reply[1].decode()!r} is not pending")
         return store.Leased(payloads=list(reply[1:]))
 
+    @_refusing
     async def ack(self, batch_id: str, *, pipeline: str | None = None) -> int:
-        n = int(await self._ack(args=[self._p, batch_id, pipeline or ""]))
+        n = int(await self._ack(keys=self._slot, args=[self._p, batch_id, pipeline or ""]))
         if n < 0:
             raise NotFound(
                 f"batch {batch_id!r} is not leased (unknown, already acked, or expired and redelivered)"
             )
         return n
 
+    @_refusing
     async def requeue_expired(self, now: float, *, pipeline: str | None = None) -> int:
-        return int(await self._requeue(args=[self._p, repr(now), pipeline or ""]))
+        return int(await self._requeue(keys=self._slot, args=[self._p, repr(now), pipeline or ""]))
 
+    @_refusing
     async def pipeline_state(self) -> str | None:
         state = await self._r.get(self._p + "pipeline")
         return state.decode() if isinstance(state, bytes) else state
 
+    @_refusing
     async def save_pipeline(self, state: str) -> None:
         await self._r.set(self._p + "pipeline", state)
 
+    @_refusing
     async def counters(self) -> store.Counters:
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.hgetall(self._p + "stats")
             pipe.hgetall(self._p + "reasons")
             stats, reasons = await pipe.execute()
-        stored, groups, leases = await self._count(args=[self._p])
+        stored, groups, leases = await self._count(keys=self._slot, args=[self._p])
         c = store.Counters(stored=int(stored), stored_groups=int(groups), leased_batches=int(leases))
         for key, value in stats.items():
             setattr(c, key.decode(), int(value))

@@ -5,6 +5,10 @@ Connection errors, timeouts and 5xx become ``Unavailable`` (retryable); 404 ``No
 ``Conflict``; 429 ``Overloaded``; 400/413/422 and other 4xx ``SpecError`` with the field taken
 from the body's ``param``.
 
+A request given ``connect_wait_s`` waits that long (within its timeout) for a server that refuses
+connections, a process restarting on its port, before it fails: nothing was sent, so trying again
+is safe for any request. It logs what it waits for; the error after says how long it waited.
+
 The transport is HTTP/1.1 over asyncio streams: requests are written here (JSON bodies to services we
 run or to vLLM), replies are parsed by httptools (llhttp, the parser uvicorn uses), and the pool is
 ours. It sits on the hot path of every turn twice (scheduler -> agent,
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json as jsonlib
+import logging
 import time
 import urllib.parse
 from typing import Any
@@ -34,6 +39,10 @@ import pydantic
 from treadle import errors
 
 _READ_BYTES = 64 * 1024
+RESTART_WAIT_S = 20.0
+"""How long a turn's or a score's call waits for a peer restarting on its port (a container restart
+takes seconds); what does not come back in that time fails the call as ``Unavailable``."""
+log = logging.getLogger(__name__)
 
 
 class _Connection:
@@ -66,19 +75,22 @@ class Client:
         self._idle: collections.deque[_Connection] = collections.deque()
 
     async def request(
-        self, method: str, path: str, *, json: Any = None, content: bytes | None = None
-    ) -> tuple[int, bytes]:
+        self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
+        connect_wait_s: float = 0.0,
+    ) -> tuple[int, bytes]:  # fmt: skip
         """(status, body) of one request; connection failures and timeouts raise ``Unavailable``.
 
-        ``content`` is a body already encoded as JSON (by a typed encoder on the hot path)."""
+        ``content`` is a body already encoded as JSON (by a typed encoder on the hot path);
+        ``connect_wait_s``: how long a refused connection is tried again (the module's docstring)."""
         if json is not None:
             content = jsonlib.dumps(json).encode()
+        waiting = _Waiting(f"{method} {self.base_url}{path}", connect_wait_s)
         try:
             async with asyncio.timeout(self.timeout_s):
                 if self._slots is None:
-                    return await self._exchange(method, path, content)
+                    return await self._exchange(method, path, content, waiting)
                 async with self._slots:
-                    return await self._exchange(method, path, content)
+                    return await self._exchange(method, path, content, waiting)
         except TimeoutError as exc:
             raise errors.Unavailable(
                 f"{method} {self.base_url}{path}: timed out after {self.timeout_s}s"
@@ -86,8 +98,10 @@ class Client:
         except (OSError, asyncio.IncompleteReadError, httptools.HttpParserError, ValueError) as exc:
             raise errors.Unavailable(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
-    async def _exchange(self, method: str, path: str, content: bytes | None) -> tuple[int, bytes]:
-        conn = self._idle_connection() or await self._connect()
+    async def _exchange(
+        self, method: str, path: str, content: bytes | None, waiting: _Waiting
+    ) -> tuple[int, bytes]:
+        conn = self._idle_connection() or await self._connect(waiting)
         kept = False
         try:
             head = b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (
@@ -115,13 +129,43 @@ class Client:
             conn.writer.close()
         return None
 
-    async def _connect(self) -> _Connection:
-        reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._tls or None)
-        return _Connection(reader, writer)
+    async def _connect(self, waiting: _Waiting) -> _Connection:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._tls or None)
+            except ConnectionRefusedError as exc:
+                await waiting.again(exc)
+                continue
+            return _Connection(reader, writer)
 
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().writer.close()
+
+
+class _Waiting:
+    """The bounded wait of one request for a server that refuses connections."""
+
+    __slots__ = ("budget_s", "delay", "since", "what")
+
+    def __init__(self, what: str, budget_s: float) -> None:
+        self.what, self.budget_s, self.delay, self.since = what, budget_s, 0.05, 0.0
+
+    async def again(self, exc: ConnectionRefusedError) -> None:
+        """Sleep before the next try, or raise once the budget is spent (saying how long it waited)."""
+        now = time.monotonic()
+        if not self.since:
+            self.since = now
+            if self.budget_s > 0:
+                log.warning("%s: connection refused; waiting up to %gs for it to come back", self.what,
+                            self.budget_s)  # fmt: skip
+        waited = now - self.since
+        if waited + self.delay > self.budget_s:
+            if self.budget_s > 0:
+                raise ConnectionRefusedError(exc.errno, f"{exc.strerror} for {waited:.1f}s") from exc
+            raise exc
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 1.0)
 
 
 class _Reply:
@@ -170,17 +214,21 @@ def new_client(
     return Client(base_url, timeout_s=timeout_s, max_connections=max_connections, keepalive_s=keepalive_s)
 
 
-async def call(client: Client, method: str, path: str, *, json: Any = None) -> Any:
+async def call(
+    client: Client, method: str, path: str, *, json: Any = None, connect_wait_s: float = 0.0
+) -> Any:
     """Send one request; the decoded JSON body (or None when empty), or the mapped error."""
-    status, body = await client.request(method, path, json=json)
+    status, body = await client.request(method, path, json=json, connect_wait_s=connect_wait_s)
     if status < 400:
         return jsonlib.loads(body) if body else None
     raise from_response(status, body)
 
 
-async def call_raw(client: Client, method: str, path: str, *, content: bytes | None = None) -> bytes:
+async def call_raw(
+    client: Client, method: str, path: str, *, content: bytes | None = None, connect_wait_s: float = 0.0
+) -> bytes:
     """Like ``call`` but the body is sent and returned as encoded JSON bytes, for typed codecs."""
-    status, body = await client.request(method, path, content=content)
+    status, body = await client.request(method, path, content=content, connect_wait_s=connect_wait_s)
     if status < 400:
         return body
     raise from_response(status, body)
