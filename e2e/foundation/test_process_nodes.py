@@ -191,7 +191,8 @@ def test_the_chart_and_a_jobs_coordination_pods_run(
     helm = binaries.bin_dir() / "helm"
     subprocess.run(
         [str(helm), "install", "treadle", str(ROOT / "charts" / "treadle"), "--namespace", "treadle-system",
-         "--create-namespace", "--wait", "--timeout", "60s", "--kubeconfig", str(run_cluster.kubeconfig)],
+         "--create-namespace", "--wait", "--timeout", "60s", "--kubeconfig", str(run_cluster.kubeconfig),
+         "--set", "redis.persistence.enabled=false"],  # no volume provisioner on the dev cluster
         check=True, capture_output=True, timeout=90,
     )  # fmt: skip
     system = core.list_namespaced_pod("treadle-system").items
