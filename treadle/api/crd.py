@@ -87,6 +87,8 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         if isinstance(node.get(bound), (int, float)) and not isinstance(node[bound], bool):
             # JSON Schema 2020 numbers -> OpenAPI v3.0 booleans, which is what the API server reads.
             node[flag], node[bound] = node[bound], True
+    if "const" in node:  # a one-value Literal: structural schemas have no ``const``
+        node["enum"] = [node.pop("const")]
     if "enum" in node and "type" not in node:
         node["type"] = "integer" if all(isinstance(v, int) for v in node["enum"]) else "string"
     out = {k: _resolve(v, defs) for k, v in node.items() if k not in ("properties", "items")}

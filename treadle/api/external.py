@@ -39,7 +39,7 @@ class RewardModel(base.Model):
     """What the engine serves (a model path or Hugging Face name)."""
     weights_gb: float = Field(gt=0.0, le=4096.0)
     """Size of the model's weights (GB): its host-memory backup, sharded over a variant's GPUs."""
-    parallelism: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=4)
+    parallelism: list[int] = Field(default=[1], min_length=1, max_length=4)
     """Degrees of parallelism (GPUs per variant) the scheduler may grant: a subset of 1, 2, 4, 8."""
     engine: RewardModelEngine = "simulated"
     """``simulated``: Treadle's simulated engine (its restore copies the real bytes of the weights'

@@ -1,7 +1,8 @@
 """Run untrusted Python in a throwaway directory with hard limits; called by the python-code env and
 the reward gateway's ``code-tests`` function.
 
-Containment, when the service runs as root (the env/reward pods, and this dev machine):
+Containment, when the service runs as root with CAP_SYS_ADMIN (this dev machine, the dev cluster's
+process nodes):
 - a fresh **network namespace** (``unshare(CLONE_NEWNET)``): no interface but a down loopback;
 - a fresh **mount namespace** with private tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``, so files
   written outside the working directory vanish with the run;
@@ -30,10 +31,15 @@ one has ended (a start beside it would take CPU from it); a run under other limi
 sandbox's starts its own. A warm process is indistinguishable to the code it runs: the same
 bootstrap, environment and limits, a fresh directory, and nothing of it outlives its run.
 
-Without root (a developer's laptop) there is no namespace and no uid switch; the documented fallback
-replaces the ``socket`` module's constructors inside the child before user code runs (which code using
-``ctypes`` could bypass) and keeps the rlimits and timeouts. ``Result.isolation`` says which mode ran, so
-callers and tests can tell.
+Without CAP_SYS_ADMIN (the shipped images run as uid 65532 with no capability; a root container
+without it) the run is confined with Landlock and seccomp instead (``confine``: no socket, no new
+process, no signal, reads only of system directories, writes only in its directory), still under a
+uid of its own when the service is root (CAP_SETUID). Where neither is possible the sandbox refuses
+to start (``confine.Unavailable``, naming what is missing): it never runs code with less.
+``Result.isolation`` says which mode ran. docs/SECURITY.md ("Sandbox") compares the two.
+
+``run_connected`` runs two programs at once, each a started process of its own, and relays each
+one's channel (``channel``) to the other: ``codetests`` runs a response and its tests' harness so.
 """
 
 from __future__ import annotations
@@ -51,26 +57,25 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from treadle.sandbox import channel as channel_mod
+from treadle.sandbox import confine, reaping
 from treadle.sandbox import cores as cores_mod
 
 log = logging.getLogger(__name__)
 
-REAP_TIMEOUT_S = 10.0
-"""How long a killed run's pipes and exit status are awaited before giving up on them."""
-
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit"]
-Isolation = Literal["namespaces", "socket-block"]
+Isolation = Literal["namespaces", "landlock"]
 
 UID_BASE = 1_800_000
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
+CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN, CAP_CHOWN = 5, 6, 7, 21, 0
 
 GO = b"go "
 """The start of the line a started process waits for; the run's variables (JSON), newline, stdin follow."""
@@ -78,8 +83,8 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 GRANTED_CORES = "TREADLE_GRANTED_CORES"
 """The cores granted to the run (the thread variables say the same to thread pools)."""
 
-# Runs in the child before the user's file: wait for the go line, set its variables, the fallback socket
-# block, then the user code as __main__. The line is read from fd 0 a byte at a time: a buffered read
+# Runs in the child before the user's file: wait for the go line, set its variables, then the user code
+# as __main__. The line is read from fd 0 a byte at a time: a buffered read
 # would take the run's stdin into sys.stdin's buffer, out of reach of code that reads fd 0.
 _BOOTSTRAP = """
 import json, os, runpy, sys
@@ -92,12 +97,6 @@ while not go.endswith(b"\\n"):
 if not go.startswith(b"go "):
     sys.exit(0)
 os.environ.update(json.loads(go[3:]))
-if os.environ.get("TREADLE_SANDBOX_BLOCK_SOCKETS") == "1":
-    import socket, _socket
-    def _blocked(*a, **k):
-        raise PermissionError("network access is disabled in the Treadle sandbox")
-    socket.socket = _socket.socket = _blocked
-    socket.create_connection = socket.socketpair = socket.fromfd = _blocked
 sys.argv = ["main.py"]
 runpy.run_path("main.py", run_name="__main__")
 """
@@ -112,7 +111,8 @@ class Limits:
     memory_bytes: int = 512 * 1024 * 1024
     """Address space per process (RLIMIT_AS); Python reports MemoryError (status ``memory_limit``)."""
     max_processes: int = 32
-    """Processes and threads of the run's uid (RLIMIT_NPROC): a fork bomb stops here."""
+    """Processes and threads of the run's uid (RLIMIT_NPROC, with a uid per run): a fork bomb stops
+    here. Under Landlock without root a run cannot fork at all (its threads are bounded by memory)."""
     max_file_bytes: int = 16 * 1024 * 1024
     """Largest file the run may write (RLIMIT_FSIZE)."""
     max_output_bytes: int = 64 * 1024
@@ -140,6 +140,18 @@ class _Started:
     proc: asyncio.subprocess.Process
     workdir: str
     slot: int
+    channel: channel_mod.Channel
+
+
+def unavailable_or(build: Callable[[], Sandbox]) -> Sandbox | confine.Unavailable:
+    """``build()``, or why no sandbox can run here (logged): a service whose untrusted code runs only
+    on some requests (a ``code-tests`` reward, a ``python-code`` env) refuses those, with the reason,
+    and serves the rest."""
+    try:
+        return build()
+    except confine.Unavailable as e:
+        log.error("the code sandbox cannot run here: %s", e)
+        return e
 
 
 class Sandbox:
@@ -163,27 +175,37 @@ class Sandbox:
         self.limits = limits or Limits()
         self.warm = warm
         self._running = asyncio.Semaphore(concurrency)
-        # One uid per run in flight plus one per warm process: a warm process never shares a uid
-        # with a run, whose cleanup kills every process of its uid.
+        # Two uids per run in flight (``run_connected`` takes two processes) plus one per warm process:
+        # a warm process never shares a uid with a run, whose cleanup kills every process of its uid.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
-        for slot in range(concurrency + warm):
+        for slot in range(2 * concurrency + warm):
             self._slots.put_nowait(slot)
         self._ready: collections.deque[_Started] = collections.deque()
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
         self.cores = cores if cores is not None or cpus is None else cores_mod.CoreManager(upper=cpus)
-        self.isolation: Isolation = (
-            "namespaces" if os.geteuid() == 0 and _libc() is not None else "socket-block"
-        )
+        # A uid per slot whenever we may switch: the run then owns only its directory.
+        self.own_uids = os.geteuid() == 0
+        self.confinement: confine.Confinement | None = None
+        self.isolation: Isolation = "namespaces"
+        switch = (CAP_SETUID, CAP_SETGID, CAP_KILL, CAP_CHOWN)
+        if not (self.own_uids and confine.capable(CAP_SYS_ADMIN, *switch)):
+            if self.own_uids and not confine.capable(*switch):
+                raise confine.Unavailable(
+                    "the sandbox runs as root here but lacks CAP_SETUID, CAP_SETGID, CAP_KILL or "
+                    "CAP_CHOWN (securityContext.capabilities): run the pod as a non-root user instead"
+                )
+            self.confinement, self.isolation = confine.load(), "landlock"
         # The sandbox uid must be able to reach the interpreter: the venv's (and pyenv's) may sit under
         # a home directory it cannot enter. -I keeps the child to the standard library.
-        self.python = python or _interpreter(needs_world_access=self.isolation == "namespaces")
+        self.python = python or confine.interpreter(needs_world_access=self.own_uids)
         # Working directories live outside /tmp, /var/tmp and /dev/shm, which the run sees as empty tmpfs.
-        self.workroot: str | None = None
+        self.workroot: str | None = os.environ.get("TREADLE_SANDBOX_DIR")
         if self.isolation == "namespaces":
-            self.workroot = os.environ.get("TREADLE_SANDBOX_DIR", "/var/lib/treadle-sandbox")
+            self.workroot = self.workroot or "/var/lib/treadle-sandbox"
             os.makedirs(self.workroot, mode=0o711, exist_ok=True)
             os.chmod(self.workroot, 0o711)
+        if self.own_uids:
             # Orphans of a run (a fork bomb's children) become our children, so we can reap them:
             # unreaped zombies would keep counting against the slot uid's RLIMIT_NPROC.
             libc = _libc()
@@ -214,31 +236,73 @@ class Sandbox:
         self, code: str, *, stdin: str = "", limits: Limits | None = None, kind: str = "run"
     ) -> Result:
         """Run ``code``; ``kind`` names the action for the core manager's profiles (e.g. ``python-code``)."""
-        limits = limits or self.limits
+        (result,) = await self._run_all([(code, stdin)], limits or self.limits, kind)
+        return result
+
+    async def run_connected(
+        self, first: str, second: str, *, limits: Limits | None = None, kind: str = "run"
+    ) -> tuple[Result, Result]:
+        """Run two programs at once, each in a process, uid and directory of its own, under one grant;
+        each reads what the other writes on its channel (``channel``: the service relays). Neither
+        reaches the other's output, files or process, so what one tells the other is data, and the
+        output of one is its own (``codetests``' verdict)."""
+        one, two = await self._run_all([(first, ""), (second, "")], limits or self.limits, kind)
+        return one, two
+
+    async def _run_all(self, programs: list[tuple[str, str]], limits: Limits, kind: str) -> list[Result]:
         asked = time.monotonic()
         async with self._running:
             waited = time.monotonic() - asked
-            # Taken only once running: a run that waits holds no uid, so uids never run out.
-            warm = self._ready.popleft() if self._ready and limits == self.limits else None
-            if warm is not None and warm.proc.returncode is not None:  # it died waiting: start afresh
-                await self._end(warm)
-                warm = None
-            started = warm or await self._start(limits)
-            manager = self.cores
+            started: list[_Started] = []
             try:
+                for _ in programs:
+                    # Taken only once running: a run that waits holds no uid, so uids never run out.
+                    warm = self._ready.popleft() if self._ready and limits == self.limits else None
+                    if warm is not None and warm.proc.returncode is not None:  # it died waiting
+                        await self._end(warm)
+                    elif warm is not None:
+                        started.append(warm)
+                # The rest start side by side: their interpreters boot at once.
+                fresh = [self._start(limits) for _ in range(len(programs) - len(started))]
+                outcomes = await asyncio.gather(*fresh, return_exceptions=True)
+                started += [each for each in outcomes if isinstance(each, _Started)]  # ended below
+                for each in outcomes:
+                    if isinstance(each, BaseException):
+                        raise each
+                manager = self.cores
                 if manager is None:
-                    return await self._go(started, code, stdin, limits, None)
+                    return await self._go_all(started, programs, limits, None)
                 async with manager.cores(kind) as grant:
-                    result = await self._go(started, code, stdin, limits, grant)
+                    results = await self._go_all(started, programs, limits, grant)
             finally:
-                await self._end(started)
+                for each in started:
+                    await self._end(each)
                 self.start_warm()
         # Queue: the wait for a sandbox slot and for the grant; the rest beside the run is overhead.
         manager.metrics.phases(
-            cores_mod.CPU, queue_s=waited + grant.queued_s, execution_s=result.wall_s,
-            total_s=time.monotonic() - asked,
+            cores_mod.CPU, queue_s=waited + grant.queued_s,
+            execution_s=max(r.wall_s for r in results), total_s=time.monotonic() - asked,
         )  # fmt: skip
-        return result
+        return results
+
+    async def _go_all(
+        self, started: list[_Started], programs: list[tuple[str, str]], limits: Limits,
+        grant: cores_mod.Grant | None,
+    ) -> list[Result]:  # fmt: skip
+        relays = []
+        if len(started) == 2:
+            one, two = (each.channel for each in started)
+            relays = [asyncio.create_task(channel_mod.relay(*pair)) for pair in ((one, two), (two, one))]
+        try:
+            runs = (
+                self._go(each, code, stdin, limits, grant)
+                for each, (code, stdin) in zip(started, programs, strict=True)
+            )
+            return list(await asyncio.gather(*runs))
+        finally:
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
 
     async def _fill(self) -> None:
         while len(self._ready) < self.warm and not self._closed:
@@ -256,29 +320,36 @@ class Sandbox:
         slot = await self._slots.get()
         uid = UID_BASE + slot
         workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
+        ruleset = -1
+        channel = channel_mod.open_channel()
         try:
-            isolated = self.isolation == "namespaces"
-            if isolated:
+            if self.own_uids:
                 os.chown(workdir, uid, uid)
-            env = {
-                "PATH": "/usr/bin:/bin",
-                "HOME": workdir,
-                "PYTHONDONTWRITEBYTECODE": "1",
-                "LANG": "C.UTF-8",
-            }
-            if not isolated:
-                env["TREADLE_SANDBOX_BLOCK_SOCKETS"] = "1"
+            env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir}
+            env.update(PYTHONDONTWRITEBYTECODE="1", LANG="C.UTF-8")
+            confined = None
+            if self.confinement is not None:
+                prefix = os.path.dirname(os.path.dirname(self.python))
+                ruleset = self.confinement.ruleset(workdir, [prefix])
+                confined = self.confinement.child_setup(ruleset)
+            namespaces = self.isolation == "namespaces"
+            setup = _child_setup(limits, uid if self.own_uids else None, namespaces, confined)
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-I", "-c", _BOOTSTRAP,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
-                preexec_fn=_child_setup(limits, uid if isolated else None),
+                preexec_fn=setup, pass_fds=(channel.child_in, channel.child_out),
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             self._slots.put_nowait(slot)
+            channel.close()
             raise
-        return _Started(proc, workdir, slot)
+        finally:
+            channel_mod.close_child_ends(channel)
+            if ruleset >= 0:
+                os.close(ruleset)
+        return _Started(proc, workdir, slot, channel)
 
     async def _go(
         self, started: _Started, code: str, stdin: str, limits: Limits, grant: cores_mod.Grant | None
@@ -288,11 +359,11 @@ class Sandbox:
         # A few kilobytes into a fresh tmpfs/disk directory; not worth a thread hop.
         with open(main, "w") as f:  # noqa: ASYNC230
             f.write(code)
-        if self.isolation == "namespaces":
+        if self.own_uids:
             os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
-        variables: dict[str, str] = {}
+        variables = started.channel.variables
         if grant is not None:
-            variables = dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units))
+            variables.update(dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units)))
             with contextlib.suppress(ProcessLookupError):  # it died starting: its status says why
                 os.sched_setaffinity(started.proc.pid, grant.cores)
         line = GO + json.dumps(variables).encode() + b"\n"
@@ -309,14 +380,15 @@ class Sandbox:
     async def _end(self, started: _Started) -> None:
         """Kill every process of the run, remove its directory, free its uid."""
         try:
-            if self.isolation == "namespaces":
-                _kill_uid(UID_BASE + started.slot)
-                await _reap_uid(UID_BASE + started.slot)
+            if self.own_uids:
+                reaping.kill_uid(UID_BASE + started.slot)
+                await reaping.reap_uid(UID_BASE + started.slot)
             else:
-                _terminate(started.proc)
+                reaping.terminate(started.proc)
             if started.proc.returncode is None:
-                await _reap(started.proc)
+                await reaping.reap(started.proc)
         finally:
+            started.channel.close()
             shutil.rmtree(started.workdir, ignore_errors=True)
             self._slots.put_nowait(started.slot)
 
@@ -350,34 +422,14 @@ class Sandbox:
         status: Status | None = None
         if readers not in done:
             status = "output_limit" if overflowed in done else "timeout"
-            _terminate(proc)
+            reaping.terminate(proc)
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, ProcessLookupError):
                 await readers
-            await _reap(proc)
+            await reaping.reap(proc)
         overflowed.cancel()
         cap = limits.max_output_bytes
         return status, bytes(out[:cap]), bytes(err[:cap])
-
-
-def _interpreter(*, needs_world_access: bool) -> str:
-    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    if not needs_world_access:
-        return base
-    for candidate in (base, "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = os.path.realpath(candidate)
-        if os.path.isfile(path) and _world_reachable(path):
-            return path
-    raise RuntimeError("no Python interpreter that an unprivileged uid may execute (tried the base and /usr)")
-
-
-def _world_reachable(path: str) -> bool:
-    """Every directory above ``path`` is world-searchable and the file world-executable."""
-    parts = path.split(os.sep)
-    for i in range(2, len(parts)):
-        if not os.stat(os.sep.join(parts[:i])).st_mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o001)
 
 
 def _classify(returncode: int | None, stderr: bytes) -> Status:
@@ -390,39 +442,20 @@ def _classify(returncode: int | None, stderr: bytes) -> Status:
     return "error"
 
 
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    """Wait for a killed process. On Python 3.11 Process.wait() resolves only once the pipes have
-    closed as well, and a pipe nobody reads stays paused short of EOF: read what is left (discarded)
-    so both pipes see EOF, then wait. Both steps are bounded so a stray holder of a pipe cannot hang us."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(_discard_until_eof(proc), REAP_TIMEOUT_S)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), REAP_TIMEOUT_S)
-
-
-async def _discard_until_eof(proc: asyncio.subprocess.Process) -> None:
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            while await stream.read(65536):
-                pass
-
-
-def _terminate(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name, use_errno=True) if name else None
 
 
-def _child_setup(limits: Limits, uid: int | None) -> Callable[[], None]:
-    """The pre-exec hook: namespaces (as root), rlimits, then drop to the run's own uid."""
-    libc = _libc() if uid is not None else None
+def _child_setup(
+    limits: Limits, uid: int | None, namespaces: bool, confined: Callable[[], None] | None
+) -> Callable[[], None]:
+    """The pre-exec hook: namespaces (with CAP_SYS_ADMIN), rlimits, the run's own uid, then Landlock
+    and seccomp (``confined``)."""
+    libc = _libc() if namespaces else None
 
     def setup() -> None:
-        if libc is not None and uid is not None:
+        if libc is not None:
             if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
                 raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET|CLONE_NEWNS) failed")
             libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
@@ -444,57 +477,7 @@ def _child_setup(limits: Limits, uid: int | None) -> Callable[[], None]:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+        if confined is not None:
+            confined()
 
     return setup
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid``: a forked child takes the uid and calls ``kill(-1)``."""
-    for _ in range(3):
-        pid = os.fork()
-        if pid == 0:  # child: only syscalls, then _exit
-            try:
-                os.setgid(uid)
-                os.setuid(uid)
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
-            os._exit(0)
-        os.waitpid(pid, 0)
-
-
-async def _reap_uid(uid: int, *, attempts: int = 50) -> None:
-    """Wait for the killed processes of ``uid`` that were re-parented to us (we are their subreaper).
-
-    Only pids this process never spawned are waited for, so asyncio's own child watcher (which waits
-    on the pids it started) is not disturbed.
-    """
-    me = os.getpid()
-    for _ in range(attempts):
-        left = 0
-        for pid, ppid in processes_of(uid):
-            if ppid != me:
-                left += 1
-                continue
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:  # noqa: ASYNC222 (WNOHANG never blocks)
-                    left += 1
-        if left == 0:
-            return
-        await asyncio.sleep(0.01)
-
-
-def processes_of(uid: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process whose real uid is ``uid``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append((int(entry.name), int(fields.get("PPid", "0").strip())))
-    return found

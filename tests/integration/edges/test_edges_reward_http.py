@@ -9,7 +9,10 @@ import httpx
 import pytest
 
 from treadle import errors
+from treadle.sandbox import confine
+from treadle.services.httputil import serve
 from treadle.services.reward import client as reward_client
+from treadle.services.reward import http_app as reward_app
 from treadle.services.reward import protocol
 
 
@@ -103,3 +106,19 @@ async def test_bad_requests_name_the_field_and_store_nothing(reward_server: str)
         r = await h.post("/v1/score", json={"trajectory_id": "", "reward_fn": "math", "response": "x"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "trajectory_id"
     await c.aclose()
+
+
+async def test_without_a_sandbox_code_tests_is_refused_with_the_reason_and_math_still_scores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Root without CAP_SETUID & co. (capabilities reported missing): no mode can run, so none does.
+    monkeypatch.setattr(confine, "capable", lambda *caps: False)
+    async with serve.running(reward_app.build_app(timeout_s=5)) as url:
+        c = reward_client.RewardClient(url)
+        try:
+            assert (await c.score(req("m", "math", "<answer>4</answer>", reference="4"))).reward == 1.0
+            code = req("c", "code-tests", "def sq(x):\n    return x * x\n", reference="assert sq(3) == 9")
+            with pytest.raises(errors.Unavailable, match=r"cannot run here: .*lacks CAP_SETUID"):
+                await c.score(code)
+        finally:
+            await c.aclose()

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from treadle.sandbox import runner
+from treadle.sandbox import reaping, runner
 
 LIMITS = runner.Limits(wall_s=5.0, cpu_s=2, memory_bytes=256 * 1024 * 1024, max_processes=16)
 
@@ -63,7 +63,7 @@ async def test_fork_bomb_is_contained(sandbox: runner.Sandbox) -> None:
     assert result.status in ("timeout", "cpu_limit")
     if sandbox.isolation == "namespaces":
         # every process of the run's uid is killed and reaped (no zombies left holding RLIMIT_NPROC)
-        assert runner.processes_of(runner.UID_BASE) == [] and runner.processes_of(runner.UID_BASE + 1) == []
+        assert reaping.processes_of(runner.UID_BASE) == [] and reaping.processes_of(runner.UID_BASE + 1) == []
     after = await sandbox.run("print('next run starts fine')")
     assert after.ok
 

@@ -98,3 +98,21 @@ def test_the_chart_copy_keeps_literal_braces_out_of_helms_way() -> None:
     assert '``{{"{{"}}`` and ``{{"}}"}}``' in chart  # each renders to itself
     inner = chart.removeprefix(crd.HEADER + crd.CHART_GUARD_OPEN).removesuffix(crd.CHART_GUARD_CLOSE)
     assert "{{-" not in inner and "{{ " not in inner  # no other action is left in the body
+
+
+def test_defaults_satisfy_their_own_schema_and_no_const_reaches_the_api_server() -> None:
+    """The API server rejects a CRD whose default breaks its own bounds, and has no ``const``."""
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            assert "const" not in node, f"{path}: structural schemas have no const (use enum)"
+            default = node.get("default")
+            if isinstance(default, list):
+                assert len(default) >= node.get("minItems", 0), f"{path}: default {default} below minItems"
+            for key, sub in node.items():
+                walk(sub, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, sub in enumerate(node):
+                walk(sub, f"{path}[{i}]")
+
+    walk(crd.spec_schema(), "spec")

@@ -61,7 +61,9 @@ def build_app(
     svc = svc or service.EnvService(
         registry=registry,
         context=base.Context(
-            sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cores=manager, warm=warm_pool)
+            sandbox=runner.unavailable_or(
+                lambda: runner.Sandbox(concurrency=sandbox_concurrency, cores=manager, warm=warm_pool)
+            )
         ),
         max_sessions=max_sessions, step_timeout_s=step_timeout_s, idle_ttl_s=idle_ttl_s,
         user_prefixes=user_prefixes, quotas=shared,

@@ -1,14 +1,16 @@
 """``python-code``: write a function that passes hidden tests; each attempt runs in the sandbox.
 
-The model answers with a fenced Python block; the env runs it together with the task's tests in
-``treadle.sandbox`` and returns the outcome as the next observation, until the tests pass or the turns
+The model answers with a fenced Python block; the env judges it against the task's tests in
+``treadle.sandbox`` (``codetests.judge``: the verdict comes from a harness process the code cannot
+reach) and returns the outcome as the next observation, until the tests pass or the turns
 run out. The reward gateway re-runs the tests on the final response (``code-tests``) with
 ``info["reference"]`` as the test code.
 
-Opening a session costs some 2 us (the task is picked by the seed); what costs is each attempt's
-sandbox process (fork, namespaces, interpreter boot: tens of ms on the dev machine). The pod's warm pool
-(``spec.environment.warmPool``) keeps that many started processes ready in the sandbox, so an
-attempt, the first one included, skips the start while one is ready. Each attempt is pinned to
+Opening a session costs some 2 us (the task is picked by the seed); what costs is each attempt's two
+sandbox processes, the code's and the tests' harness (fork, confinement, interpreter boot: tens of ms
+on the dev machine). The pod's warm pool (``spec.environment.warmPool``) keeps that many started
+processes ready in the sandbox, so an attempt, the first one included, skips the start for each one
+ready. Each attempt is pinned to
 the cores the pod's action manager grants it (``treadle.sandbox.cores``: at most
 ``spec.externalResources.cpuCoresPerAction``).
 """
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from treadle import errors
-from treadle.sandbox import codetests, runner
+from treadle.sandbox import codetests, confine, runner
 from treadle.services.env import base
 
 TASKS: list[tuple[str, str]] = [
@@ -51,16 +53,13 @@ class PythonCode:
 
     async def step(self, action: str) -> base.Outcome:
         self.turns += 1
-        result = await self.sandbox.run(
-            codetests.program(codetests.extract_code(action), self.tests), kind=SPEC_NAME
-        )
-        passed = codetests.passed(result.ok, result.stdout)
-        info: dict[str, Any] = {"status": result.status, "passed": passed, "turns": self.turns}
-        if passed:
+        judged = await codetests.judge(self.sandbox, action, self.tests, kind=SPEC_NAME)
+        info: dict[str, Any] = {"status": judged.status, "passed": judged.passed, "turns": self.turns}
+        if judged.passed:
             return base.Outcome("All tests passed.", done=True, info=info)
-        tail = (result.stderr or result.stdout)[-1500:]
+        tail = judged.feedback[-1500:]
         return base.Outcome(
-            f"Tests failed ({result.status}):\n{tail}", done=self.turns >= self.max_turns, info=info
+            f"Tests failed ({judged.status}):\n{tail}", done=self.turns >= self.max_turns, info=info
         )
 
     async def close(self) -> None:
@@ -69,6 +68,8 @@ class PythonCode:
 
 def _factory(seed: int, options: Mapping[str, Any], ctx: base.Context) -> PythonCode:
     base.check_keys(options, {"max_turns"})
+    if isinstance(ctx.sandbox, confine.Unavailable):
+        raise errors.Unavailable(f"python-code needs the sandbox, which cannot run here: {ctx.sandbox}")
     if not isinstance(ctx.sandbox, runner.Sandbox):
         raise errors.Unavailable("python-code needs the sandbox, which this env server was started without")
     return PythonCode(

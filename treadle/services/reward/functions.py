@@ -30,7 +30,7 @@ import httpx
 
 from treadle import errors
 from treadle.api import v1alpha1
-from treadle.sandbox import codetests, runner
+from treadle.sandbox import codetests, confine, runner
 from treadle.services import plugin
 from treadle.services.reward import gpus, protocol
 
@@ -51,7 +51,8 @@ class External:
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-    sandbox: runner.Sandbox | None = None
+    sandbox: runner.Sandbox | confine.Unavailable | None = None
+    """``confine.Unavailable``: why no sandbox can run here (``code-tests`` says it)."""
     judge: httpx.AsyncClient | None = None
     judge_model: str | None = None
     user_prefixes: tuple[str, ...] = ()
@@ -138,19 +139,18 @@ async def score_letter_fraction(req: protocol.ScoreRequest, res: Resources) -> S
 
 async def score_code_tests(req: protocol.ScoreRequest, res: Resources) -> Scored:
     tests = _need_reference(req)
+    if isinstance(res.sandbox, confine.Unavailable):
+        raise errors.Unavailable(f"code-tests needs the sandbox, which cannot run here: {res.sandbox}")
     if res.sandbox is None:
         raise errors.Unavailable("code-tests needs the sandbox, which this gateway was started without")
-    result = await res.sandbox.run(
-        codetests.program(codetests.extract_code(req.response), tests), kind="code-tests"
-    )
-    passed = codetests.passed(result.ok, result.stdout)
+    judged = await codetests.judge(res.sandbox, req.response, tests, kind="code-tests")
     details = {
-        "status": result.status,
-        "passed": passed,
-        "stderr_tail": result.stderr[-500:],
-        "wall_s": result.wall_s,
+        "status": judged.status,
+        "passed": judged.passed,
+        "stderr_tail": (judged.tests.stderr or judged.code.stderr)[-500:],
+        "wall_s": max(judged.code.wall_s, judged.tests.wall_s),
     }
-    return (1.0 if passed else 0.0), details
+    return (1.0 if judged.passed else 0.0), details
 
 
 JUDGE_PROMPT = (

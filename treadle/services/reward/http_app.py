@@ -51,8 +51,9 @@ def build_app(
         functions.External(httpx.AsyncClient(timeout=timeout_s), external_url) if external_url else None
     )
     resources = functions.Resources(
-        sandbox=runner.Sandbox(concurrency=sandbox_concurrency, cores=manager), judge=judge,
-        judge_model=judge_model, user_prefixes=user_prefixes, external=external, reward_models=gpu_manager,
+        sandbox=runner.unavailable_or(lambda: runner.Sandbox(concurrency=sandbox_concurrency, cores=manager)),
+        judge=judge, judge_model=judge_model, user_prefixes=user_prefixes, external=external,
+        reward_models=gpu_manager,
     )  # fmt: skip
     svc = service.RewardService(
         registry=registry, resources=resources, max_concurrency=max_concurrency, timeout_s=timeout_s
