@@ -1,6 +1,6 @@
 """The docs' command blocks, run as written (``treadle.testing.docblocks``): the local dev cluster of
-the README, and the chart README's quickstart on a cluster whose process node runs the chart's pods
-(KWOK nodes take the job's GPU pools, as on the README's dev cluster)."""
+the README, and the chart README's quickstart on a cluster of process nodes only (a CPU one and one
+with SIMULATED H20 GPUs), where the chart's pods and the operator really run."""
 
 from __future__ import annotations
 
@@ -38,9 +38,11 @@ def test_the_readme_local_cluster_commands_bring_up_and_tear_down_the_dev_cluste
 
 
 @pytest.fixture(scope="module")
-def mixed_cluster() -> Iterator[kwok.DevCluster]:
-    """KWOK GPU and CPU pools plus one process node that runs the chart's pods."""
-    cluster = kwok.session_cluster("treadle-docs", kwok.cache_dir() / "kwok-e2e", run_nodes=1)
+def process_cluster() -> Iterator[kwok.DevCluster]:
+    """No KWOK node: a pod that schedules runs (a chart pod on a KWOK node would never start)."""
+    cluster = kwok.session_cluster(
+        "treadle-docs", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1, run_gpu_nodes=1
+    )
     cluster.up()
     try:
         yield cluster
@@ -48,16 +50,16 @@ def mixed_cluster() -> Iterator[kwok.DevCluster]:
         cluster.down()
 
 
-def test_the_chart_readme_quickstart_installs_and_reconciles_a_job(mixed_cluster: kwok.DevCluster) -> None:
+def test_the_chart_readme_quickstart_installs_and_reconciles_a_job(process_cluster: kwok.DevCluster) -> None:
     b = docblocks.block(ROOT, "chart-quickstart")
-    env = shell_env(KUBECONFIG=str(mixed_cluster.kubeconfig))
+    env = shell_env(KUBECONFIG=str(process_cluster.kubeconfig))
     docblocks.run(b, env=env, cwd=ROOT, timeout_s=300)
     # The operator (the chart's pod on the process node) reconciles the job: its PHASE appears.
     deadline, phase = time.monotonic() + 240, ""
     while time.monotonic() < deadline and not phase:
-        phase = mixed_cluster.kubectl(
+        phase = process_cluster.kubectl(
             "get", "rj", "-n", "team-a", "math-tool", "-o", "jsonpath={.status.phase}"
         )
         time.sleep(2)
     assert phase in ("Pending", "Progressing", "Ready"), phase
-    mixed_cluster.kubectl("delete", "namespace", "team-a", "--wait=true", "--timeout=120s")
+    process_cluster.kubectl("delete", "namespace", "team-a", "--wait=true", "--timeout=120s")
