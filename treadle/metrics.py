@@ -56,6 +56,8 @@ SCHED_INFLIGHT = f"{PREFIX}_scheduler_inflight_trajectories"
 SCHED_PENDING = f"{PREFIX}_scheduler_pending_trajectories"
 SCHED_ENV_FAILURES_TOTAL = f"{PREFIX}_scheduler_env_failures_total"
 SCHED_REWARD_SECONDS = f"{PREFIX}_scheduler_reward_latency_seconds"
+# Rewards of completed trajectories, by task: a summary (``_sum`` / ``_count``, no quantiles).
+SCHED_TRAJECTORY_REWARD = f"{PREFIX}_scheduler_trajectory_reward"
 SCHED_POLICY_VERSION = f"{PREFIX}_scheduler_policy_version"
 SCHED_PREEMPTIONS_TOTAL = f"{PREFIX}_scheduler_preemptions_total"
 SCHED_PREDICTION_ERROR_TOKENS = f"{PREFIX}_scheduler_prediction_error_tokens"
@@ -91,6 +93,20 @@ FEEDER_ROWS_FED_TOTAL = f"{PREFIX}_feeder_rows_fed_total"
 FEEDER_EPOCH = f"{PREFIX}_feeder_epoch"
 FEEDER_POSITION = f"{PREFIX}_feeder_position_rows"
 FEEDER_ROWS = f"{PREFIX}_feeder_dataset_rows"
+
+# --- trainer: the reference trainer (treadle.trainer.job), one sample per step -----------------------
+TRAINER_STEP = f"{PREFIX}_trainer_step"
+TRAINER_LOSS = f"{PREFIX}_trainer_loss"
+# Label ``to``: reference (k3 to the reference policy; 0 without one) or behaviour (to the sampler).
+TRAINER_KL = f"{PREFIX}_trainer_kl"
+TRAINER_CLIP_FRACTION = f"{PREFIX}_trainer_clip_fraction"
+TRAINER_MEAN_REWARD = f"{PREFIX}_trainer_mean_reward"
+TRAINER_STALENESS = f"{PREFIX}_trainer_staleness_versions"
+# Label ``phase``: batch_wait (for the buffer's batch), train, publish (to the weight store),
+# weight_sync (the suspend -> swap -> commit -> resume fence). A histogram.
+TRAINER_PHASE_SECONDS = f"{PREFIX}_trainer_phase_seconds"
+TRAINER_PUBLISHED_BYTES_TOTAL = f"{PREFIX}_trainer_published_bytes_total"
+TRAINER_PUBLISHED_VERSION = f"{PREFIX}_trainer_published_version"
 
 # --- tangram: the action manager (ARL-Tangram, live; owner: tangramlive) ---------------------------
 # Label ``resource``: ``cpu`` (the pod's cores, treadle.sandbox.cores) or ``api:<tool>`` (a quota of

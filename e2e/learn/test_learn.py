@@ -1,9 +1,10 @@
 """Issue 14's must-show on the dev cluster: ``helm install``, ``kubectl apply -f manifests/dev/learn.yaml``,
 and a policy that learns, every pod the operator rendered running as processes on process nodes.
 
-The cluster (private to the module): one CPU process node and one process node with SIMULATED H20
-GPUs (capacity and labels only), no KWOK node, so every pod that schedules really runs. The chart
-runs Redis, the Mooncake master and the operator; the job runs REAL vLLM (its CPU build) serving
+The cluster (``conftest.cluster``, shared with ``test_metrics``): one CPU process node and one
+process node with SIMULATED H20 GPUs (capacity and labels only), no KWOK node, so every pod that
+schedules really runs. The chart runs Redis, the Mooncake master and the operator; the job runs
+REAL vLLM (its CPU build) serving
 the tiny random Llama of ``treadle.models.tiny`` on the GPU node, the agent sidecar, the math-tool
 environment, the reward gateway (built-in ``letter-fraction``), scheduler, placement, buffer, the
 feeder reading ``manifests/dev/data/letters.jsonl`` and Treadle's reference GRPO trainer as the job's
@@ -18,8 +19,6 @@ from __future__ import annotations
 import collections
 import json
 import re
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,16 +28,10 @@ import httpx
 import pytest
 import yaml
 
-from treadle.devcluster import binaries, kwok
-from treadle.operator.render import pool as render_pool
+from treadle.devcluster import kwok
 from treadle.services.agent import service as agent_service
-from treadle.trainer import policy
 
-ROOT = Path(__file__).resolve().parents[2]
-DEV = ROOT / "manifests" / "dev"
-DATASETS = Path("/var/lib/treadle/datasets")
-"""The host directory ``learn.yaml``'s feeder mounts (hostPath): process nodes' pods see the host."""
-WEIGHTS = Path(render_pool.LOCAL_WEIGHTS_DIR)
+DEV = Path(__file__).resolve().parents[2] / "manifests" / "dev"
 STEPS = 20
 TRAIN_TIMEOUT_S = 1500.0
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+v(\d+)\s+mean reward\s+([0-9.]+)", re.MULTILINE)
@@ -57,33 +50,6 @@ def poll(probe: Callable[[], T | None], what: str, timeout: float) -> T:
             last = exc
         time.sleep(2)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[kwok.DevCluster]:
-    """The dev cluster with the chart installed, the tiny model generated and the dataset in place."""
-    job = yaml.safe_load((DEV / "learn.yaml").read_text())
-    policy.ensure_model(Path(job["spec"]["agents"][0]["model"]), seed=0)
-    # The node's local weight store outlives jobs: a trainer would continue an earlier run's versions.
-    for old in WEIGHTS.glob("default/learn*"):
-        shutil.rmtree(old)
-    DATASETS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(DEV / "data" / "letters.jsonl", DATASETS / "letters.jsonl")
-    c = kwok.session_cluster(
-        "treadle-learn", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1, run_gpu_nodes=1
-    )
-    c.up()
-    try:
-        subprocess.run(
-            [str(binaries.bin_dir() / "helm"), "install", "treadle", str(ROOT / "charts" / "treadle"),
-             "--namespace", "treadle-system", "--create-namespace", "--wait", "--timeout", "90s",
-             "--kubeconfig", str(c.kubeconfig)],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
-        c.kubectl("create", "configmap", "letters", f"--from-file={DEV / 'data' / 'letters.jsonl'}")
-        yield c
-    finally:
-        c.down()
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from treadle.api import crd
+from treadle.dashboards import __main__ as dashboards_main
+from treadle.dashboards import catalog
 from treadle.devcluster import binaries
 from treadle.operator.render import common as render_common
 
@@ -163,3 +165,58 @@ def test_external_backends_require_their_address() -> None:
     argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set", "redis.enabled=false"]
     proc = _helm(*argv, check=False)
     assert proc.returncode != 0 and "redis.externalUrl is required" in proc.stderr
+
+
+def test_every_dashboard_is_a_configmap_for_grafanas_sidecar_holding_the_generated_json() -> None:
+    generated = dashboards_main.rendered()
+    assert len(generated) == len(catalog.ALL)
+    maps = [d for d in _by_kind(_render(), "ConfigMap") if "-dashboard-" in d["metadata"]["name"]]
+    assert len(maps) == len(generated)
+    held = {}
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = cm["data"].items()
+        held[name] = text
+    assert held == generated
+    # The sidecar's label and namespace are the user's to choose; the dashboards can be left out.
+    (relabelled, *_) = [
+        d
+        for d in _by_kind(_render("dashboards.labels.team=ml", "dashboards.namespace=grafana"), "ConfigMap")
+        if "-dashboard-" in d["metadata"]["name"]
+    ]
+    assert relabelled["metadata"]["labels"]["team"] == "ml"
+    assert relabelled["metadata"]["namespace"] == "grafana"
+    assert not [d for d in _by_kind(_render("dashboards.enabled=false"), "ConfigMap") if "-dashboard-" in
+                d["metadata"]["name"]]  # fmt: skip
+
+
+def test_pod_monitor_toggle_scrapes_every_job_pod_and_vllm() -> None:
+    assert _by_kind(_render(), "PodMonitor") == []
+    (monitor,) = _by_kind(_render("podMonitor.enabled=true"), "PodMonitor")
+    spec = monitor["spec"]
+    assert spec["jobLabel"] == render_common.JOB_LABEL
+    assert spec["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == render_common.FIELD_MANAGER
+    assert [e["port"] for e in spec["podMetricsEndpoints"]] == ["metrics", "openai"]
+    (watched,) = _by_kind(_render("podMonitor.enabled=true", "operator.watchNamespaces={a,b}"), "PodMonitor")
+    assert watched["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+
+
+def test_scrape_config_toggle_holds_prometheus_scrape_configs() -> None:
+    assert not [
+        d for d in _by_kind(_render(), "ConfigMap") if d["metadata"]["name"].endswith("scrape-config")
+    ]
+    (cm,) = [
+        d for d in _by_kind(_render("scrapeConfig.enabled=true"), "ConfigMap")
+        if d["metadata"]["name"].endswith("scrape-config")
+    ]  # fmt: skip
+    jobs = yaml.safe_load(cm["data"]["treadle-scrape-configs.yaml"])["scrape_configs"]
+    assert [j["job_name"] for j in jobs] == ["treadle", "treadle-engines"]
+    assert all(j["kubernetes_sd_configs"] == [{"role": "pod"}] for j in jobs)
+    # The operator's pod is scraped by the same annotations as a job's pods.
+    (dep,) = [d for d in _by_kind(_render(), "Deployment") if d["metadata"]["name"] == "rel-treadle-operator"]
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9090",
+        "prometheus.io/path": "/metrics",
+    }

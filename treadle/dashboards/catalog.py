@@ -1,8 +1,11 @@
-"""The dashboards Treadle ships: rollout step metrics, multi-agent rebalancing and operator health."""
+"""The dashboards Treadle ships: rollout step metrics, multi-agent rebalancing and operator health;
+``training`` holds the training-step, pool, environment and weight views, ``tangram`` the external
+resources (ARL-Tangram)."""
 
 from __future__ import annotations
 
 from treadle import metrics as m
+from treadle.dashboards import tangram, training
 from treadle.dashboards.model import Dashboard, mean, panel, quantile, rate, total
 
 ROLLOUT = Dashboard(
@@ -125,9 +128,15 @@ MULTI_AGENT = Dashboard(
     ),
 )
 
+# The operator's own series carry no job; its per-job ones name it in ``name`` (and ``namespace``).
+_OPERATOR_JOB = 'namespace=~"$namespace", name=~"$job"'
+
 OPERATOR = Dashboard(
     uid="treadle-operator",
     title="Treadle / Operator",
+    matcher="",
+    variable_metric=m.OPERATOR_JOB_INFO,
+    job_label="name",
     panels=(
         panel(
             "Reconciles per second, by result",
@@ -145,14 +154,20 @@ OPERATOR = Dashboard(
             (total(m.OPERATOR_RECONCILE_INFLIGHT), "running"),
             (total(m.OPERATOR_JOBS_PENDING), "pending"),
         ),
-        panel("RolloutJobs by phase", (f"count by (phase) ({m.OPERATOR_JOB_INFO})", "{{phase}}")),
+        panel(
+            "RolloutJobs by phase",
+            (f"count by (phase) ({m.OPERATOR_JOB_INFO}{{{_OPERATOR_JOB}}})", "{{phase}}"),
+        ),
         panel(
             "Job conditions, by condition and reason",
-            (f"sum by (condition, reason) ({m.OPERATOR_JOB_CONDITION})", "{{condition}} {{reason}}"),
+            (
+                total(m.OPERATOR_JOB_CONDITION, "condition, reason", where=_OPERATOR_JOB),
+                "{{condition}} {{reason}}",
+            ),
         ),
         panel(
             "Pool replicas by state",
-            (f"sum by (pool, state) ({m.OPERATOR_POOL_REPLICAS})", "{{pool}} {{state}}"),
+            (total(m.OPERATOR_POOL_REPLICAS, "pool, state", where=_OPERATOR_JOB), "{{pool}} {{state}}"),
         ),
         panel(
             "Children applied per second, by kind and action",
@@ -162,4 +177,6 @@ OPERATOR = Dashboard(
     ),
 )
 
-ALL: tuple[Dashboard, ...] = (ROLLOUT, MULTI_AGENT, OPERATOR)
+ALL: tuple[Dashboard, ...] = (
+    ROLLOUT, *training.ALL, tangram.TANGRAM, MULTI_AGENT, OPERATOR,
+)  # fmt: skip

@@ -21,6 +21,9 @@ PORTS: Mapping[str, int] = {
     "agent": 8002,
     "feeder": 8003,
     "vllm": 8080,
+    # Every Treadle process of a job serves /metrics here, apart from its API (gRPC cannot answer a
+    # scrape): the containers' port named "metrics", scraped by pod annotations or a PodMonitor.
+    "metrics": 9090,
 }
 # Python modules each component runs as ``python -m <module> --host 0.0.0.0 --port N``.
 MODULES: Mapping[str, str] = {

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import kubernetes
+import prometheus_client
 
 from treadle import errors, kubeapi
 from treadle.api import env_vars, jobconfig, v1alpha1
@@ -187,6 +188,29 @@ def peer_url(url: str, *, beside: str) -> str:
     if parts.port is not None:
         netloc += f":{parts.port}"
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def metrics_port(environ: Mapping[str, str], flag: int | None = None) -> int:
+    """The flag if given, else ``$TREADLE_METRICS_PORT`` (the pod's ``metrics`` port); 0 when
+    neither is set: no /metrics server."""
+    if flag is not None:
+        return flag
+    raw = environ.get(env_vars.METRICS_PORT, "")
+    if not raw:
+        return 0
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise errors.SpecError("must be a TCP port, 1-65535", field=env_vars.METRICS_PORT, value=raw)
+    return int(raw)
+
+
+def serve_metrics(registry: prometheus_client.CollectorRegistry, host: str, port: int) -> None:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a thread (``port`` 0: nothing).
+
+    Apart from a service's own port so that every pod of a job is scraped alike, on its ``metrics``
+    port, whatever the service speaks (gRPC cannot answer a scrape).
+    """
+    if port:
+        prometheus_client.start_http_server(port, addr=host, registry=registry)
 
 
 def or_exit(build: Callable[[], T], *, prog: str) -> T:

@@ -34,6 +34,15 @@ class PrometheusServer:
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """Range query (a matrix: ``values`` per series); raises on a PromQL error as ``query``."""
+        params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+        body = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=30).json()
+        if body.get("status") != "success":
+            raise ValueError(f"query {expr!r}: {body.get('errorType')}: {body.get('error')}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
     def wait_scraped(self, jobs: Sequence[str], timeout: float = 30.0) -> None:
         """Block until every job has at least one healthy target."""
         deadline = time.monotonic() + timeout
@@ -47,17 +56,24 @@ class PrometheusServer:
 
 @contextlib.contextmanager
 def prometheus_server(
-    targets: Mapping[str, Sequence[str]], timeout: float = 30.0
+    targets: Mapping[str, Sequence[str]],
+    timeout: float = 30.0,
+    *,
+    scrape_configs: Sequence[Mapping[str, Any]] = (),
 ) -> Iterator[PrometheusServer]:
-    """``targets`` maps a job name to ``host:port`` addresses serving ``/metrics``."""
+    """``targets`` maps a job name to ``host:port`` addresses serving ``/metrics``; ``scrape_configs``
+    are added as given (e.g. the chart's ``kubernetes_sd`` jobs)."""
     binary = procs.which("prometheus", "apt-get install prometheus, or run hack/setup.sh")
     port = procs.free_port()
     with tempfile.TemporaryDirectory(prefix="treadle-prometheus-") as tmp:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": list(addrs)}]}
-                for job, addrs in targets.items()
+                *(
+                    {"job_name": job, "static_configs": [{"targets": list(addrs)}]}
+                    for job, addrs in targets.items()
+                ),
+                *scrape_configs,
             ],
         }
         config_path = Path(tmp) / "prometheus.yml"

@@ -37,12 +37,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import prometheus_client
+
 from treadle import errors
 from treadle.api import env_vars, jobconfig
 from treadle.client import connect
 from treadle.client import swapper as swapper_mod
 from treadle.services import podenv
-from treadle.trainer import grpo, loop, policy
+from treadle.trainer import exporter, grpo, loop, policy
 from treadle.weights import loader
 
 PROG = "python -m treadle.trainer.job"
@@ -83,6 +85,9 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
         import torch
 
         torch.set_num_threads(cfg.threads)
+    registry = prometheus_client.CollectorRegistry()
+    step_metrics = exporter.StepMetrics(registry)
+    podenv.serve_metrics(registry, "0.0.0.0", podenv.metrics_port(environ))
     path = await asyncio.to_thread(model_path, cfg.model)
     pol = await asyncio.to_thread(policy.load, path)
     conn = connect.connect(keep_versions=cfg.alpha + 1, replicas=cfg.weights_replicas, environ=environ)
@@ -104,6 +109,7 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
             swapper=swapper(conn, job, cfg.agent),
             config=loop_config(cfg),
             echo=echo,
+            observe=step_metrics.observe,
         )
         history = await trainer.run()
     finally:

@@ -90,6 +90,9 @@ class StepRecord:
     publish_s: float
     stats: grpo.LossStats
     aborted_on_commit: int
+    wait_s: float = 0.0
+    """Wall time waiting for this step's batch (after the previous step's training and fence)."""
+    published_bytes: int = 0
 
 
 def sequences(
@@ -153,6 +156,7 @@ class Trainer:
         swapper: Swapper,
         config: Config,
         echo: Callable[[str], None] | None = None,
+        observe: Callable[[StepRecord], None] | None = None,
     ) -> None:
         self.policy = pol
         self.batches = batches
@@ -161,6 +165,7 @@ class Trainer:
         self.swapper = swapper
         self.config = config
         self.echo = echo
+        self.observe = observe
         self.optimizer = torch.optim.Adam(pol.model.parameters(), lr=config.lr)
         self.history: list[StepRecord] = []
 
@@ -168,13 +173,16 @@ class Trainer:
         """``config.steps`` iterations; the last published version is swapped in and committed too."""
         pending: StepRecord | None = None
         step = 0
+        waiting = time.perf_counter()
         async for batch in self.batches:
             step += 1
+            wait_s = time.perf_counter() - waiting
             version = self.publisher.committed
             swap_s, aborted = 0.0, 0
             if pending is not None:
                 swap_s, aborted = await self._fence(pending)
-            pending = await self._train(step, version, batch, swap_s, aborted)
+            pending = await self._train(step, version, batch, swap_s, aborted, wait_s)
+            waiting = time.perf_counter()
             if step >= self.config.steps:
                 break
         await self.batches.ack()
@@ -198,7 +206,13 @@ class Trainer:
         return time.perf_counter() - began, len(committed.aborted_trajectory_ids)
 
     async def _train(
-        self, step: int, version: int, batch: batches_mod.TrainBatch, swap_s: float, aborted: int
+        self,
+        step: int,
+        version: int,
+        batch: batches_mod.TrainBatch,
+        swap_s: float,
+        aborted: int,
+        wait_s: float,
     ) -> StepRecord:
         began = time.perf_counter()
         stats = await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.config)
@@ -212,11 +226,13 @@ class Trainer:
             staleness=max((version - s.init_version for s in batch.samples), default=0),
             token_versions=_token_versions(batch),
             swap_s=swap_s, train_s=trained - began, publish_s=time.perf_counter() - trained, stats=stats,
-            aborted_on_commit=aborted,
+            aborted_on_commit=aborted, wait_s=wait_s, published_bytes=manifest.total_bytes,
         )  # fmt: skip
         self.history.append(record)
         if self.echo is not None:
             self.echo(line(record))
+        if self.observe is not None:
+            self.observe(record)
         return record
 
 

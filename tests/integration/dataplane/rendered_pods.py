@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config
 from treadle.operator.render import common as render_common
@@ -56,6 +56,9 @@ class Rewriter:
         for name in ("env", "reward"):
             self.subs[ep[name]] = f"http://127.0.0.1:{self.ports[name]}"
         self.subs[f"127.0.0.1:{config.PORTS['vllm']}"] = f"127.0.0.1:{self.ports['vllm']}"
+        self.metrics: dict[str, int] = {}
+        """Container name -> the free port its ``TREADLE_METRICS_PORT`` became (a pod has a network of
+        its own, processes on one host need a port each)."""
 
     def value(self, text: str) -> str:
         for old, new in self.subs.items():
@@ -74,7 +77,10 @@ class Rewriter:
 
     def env(self, container: dict[str, Any]) -> dict[str, str]:
         assert all("value" in e for e in container["env"]), "only literal values are rewritable"
-        return {e["name"]: self.value(e["value"]) for e in container["env"]}
+        env = {e["name"]: self.value(e["value"]) for e in container["env"]}
+        if env_vars.METRICS_PORT in env:
+            env[env_vars.METRICS_PORT] = str(self.metrics.setdefault(container["name"], procs.free_port()))
+        return env
 
 
 async def launch_rendered(

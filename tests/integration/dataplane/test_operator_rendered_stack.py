@@ -107,6 +107,12 @@ async def test_rendered_children_run_and_fill_the_buffer(
         assert set(sched_env) <= env_vars.RENDERED
         spec = json.loads((config_dir / "job.json").read_text())
         assert spec["rollout"]["batchSize"] == job.spec.rollout.batch_size
+        # Every process serves its own metrics on the port its pod names "metrics".
+        assert set(rw.metrics) == {"buffer", "placement", "env", "reward", "agent", "scheduler"}
+        async with httpx.AsyncClient(timeout=5) as http:
+            for name, port in rw.metrics.items():
+                body = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+                assert f"treadle_{name}_" in body, (name, body[:500])
     await redis.aclose()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from treadle.api import v1alpha1
-from treadle.dashboards import catalog, model
+from treadle.dashboards import catalog, model, tangram
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import run as run_mod
 from treadle.localmode import stack as stack_mod
@@ -74,4 +74,11 @@ async def test_every_multi_agent_panel_returns_data(tmp_path: Path) -> None:
     )  # fmt: skip
     manifest = "manifests/local/two-agent-rebalance.yaml"
     empty = await _queries_without_data(tmp_path, manifest, options, catalog.MULTI_AGENT)
+    assert empty == [], "dashboard queries with no data:\n" + "\n".join(empty)
+
+
+async def test_every_external_resources_panel_returns_data(tmp_path: Path) -> None:
+    # Code runs (CPU actions) in every env step; two reward models share 2 GPUs (GPU actions, restores).
+    options = plan_mod.Options(trajectories=32, max_workers_per_pool=1, env_servers=1, max_tokens=24)
+    empty = await _queries_without_data(tmp_path, "manifests/local/tangram.yaml", options, tangram.TANGRAM)
     assert empty == [], "dashboard queries with no data:\n" + "\n".join(empty)

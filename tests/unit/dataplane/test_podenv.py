@@ -90,6 +90,15 @@ def test_every_coordination_service_starts_from_the_rendered_env(tmp_path: Path)
     assert two.agents == ["planner", "executor"]
 
 
+def test_every_coordination_service_serves_metrics_on_the_rendered_port(tmp_path: Path) -> None:
+    port = config.PORTS["metrics"]
+    for main in (scheduler_main, placement_main, buffer_main):
+        component = main.PROG.rsplit(".", 1)[1]
+        assert main.parse_args([], pod_env(tmp_path, component)).metrics_port == port
+        # Local mode passes its own port; 0 turns the server off.
+        assert main.parse_args(["--metrics-port", "0"], pod_env(tmp_path, component)).metrics_port == 0
+
+
 def test_flags_override_the_environment(tmp_path: Path) -> None:
     env = pod_env(tmp_path, "buffer")
     buf = buffer_main.parse_args(["--redis", "", "--namespace", "x"], env)
@@ -173,8 +182,9 @@ def test_placement_takes_the_jobs_rebalancing(tmp_path: Path) -> None:
             {"TREADLE_REWARD_URL": ""},
             "TREADLE_REWARD_URL: not set: pass --reward-url or set TREADLE_REWARD_URL",
         ),
+        ({"TREADLE_METRICS_PORT": "http"}, "TREADLE_METRICS_PORT: must be a TCP port"),
     ],
-    ids=["no-config", "unreadable", "no-job", "no-reward-url"],
+    ids=["no-config", "unreadable", "no-job", "no-reward-url", "bad-metrics-port"],
 )
 def test_bad_environment_is_a_startup_error_naming_the_variable(
     tmp_path: Path, change: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]

@@ -130,3 +130,13 @@ async def test_an_undeclared_model_is_bad_input() -> None:
         async with m.lease("b"):
             pass
     await engines.aclose()
+
+
+async def test_a_degree_whose_shard_does_not_fit_a_gpu_is_never_granted() -> None:
+    engines = Recording()
+    m = manager([rm("big", 100, [1, 2, 4])], 4, 80, engines)  # 120 GB at TP1 never fits one GPU
+    assert m.profiles["big"].amounts == (2, 4)
+    for _ in range(4):
+        async with m.lease("big") as lease:
+            assert lease.degree in (2, 4)
+    await engines.aclose()

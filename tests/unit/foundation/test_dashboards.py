@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -10,6 +11,7 @@ from treadle import metrics
 from treadle.dashboards import __main__ as dashboards_main
 from treadle.dashboards import catalog, model
 
+PER_JOB_OPERATOR = {metrics.OPERATOR_JOB_INFO, metrics.OPERATOR_JOB_CONDITION, metrics.OPERATOR_POOL_REPLICAS}
 DEFINED = {v for k, v in vars(metrics).items() if k.isupper() and isinstance(v, str) and k != "PREFIX"}
 
 
@@ -22,8 +24,10 @@ DEFINED = {v for k, v in vars(metrics).items() if k.isupper() and isinstance(v, 
             {"treadle_env_step_seconds"},
         ),
         ("sum(a_sum) / sum(vllm:num_requests_running)", {"vllm:num_requests_running"}),
+        ("sum(rate(vllm:generation_tokens_total[1m]))", {"vllm:generation_tokens"}),
+        ('max(treadle_trainer_phase_seconds_sum{phase="publish"})', {"treadle_trainer_phase_seconds"}),
     ],
-    ids=["counter", "histogram-bucket", "vllm-colon-name"],
+    ids=["counter", "histogram-bucket", "vllm-colon-name", "vllm-counter", "selector"],
 )
 def test_metric_names_strips_histogram_suffixes(expr: str, want: set[str]) -> None:
     assert model.metric_names(expr) == want
@@ -57,3 +61,32 @@ def test_rendered_panels_have_one_ref_id_per_target_and_no_overlap() -> None:
             assert (grid["x"], grid["y"]) not in positions
             positions.add((grid["x"], grid["y"]))
         json.dumps(rendered)  # serialisable
+
+
+def test_scoped_puts_the_job_matcher_on_every_series_and_keeps_their_selectors() -> None:
+    expr = 'sum(rate(treadle_a_total[1m])) / max(treadle_b{phase="x"}) + vllm:c_total'
+    assert model.scoped(expr, 'job="j"') == (
+        'sum(rate(treadle_a_total{job="j"}[1m])) / max(treadle_b{job="j", phase="x"}) + vllm:c_total{job="j"}'
+    )
+    assert model.scoped(expr, "") == expr
+    assert (
+        model.resolve('x{namespace=~"$namespace", job=~"$job"}', job="learn")
+        == 'x{namespace=~".*", job=~"learn"}'
+    )
+
+
+@pytest.mark.parametrize("dashboard", catalog.ALL, ids=[d.uid for d in catalog.ALL])
+def test_every_dashboard_selects_by_namespace_and_job(dashboard: model.Dashboard) -> None:
+    rendered = model.render(dashboard)
+    variables = {v["name"]: v for v in rendered["templating"]["list"]}
+    assert {"namespace", "job"} <= set(variables)
+    assert "$namespace" in variables["job"]["definition"]
+    for panel in rendered["panels"]:
+        for target in panel["targets"]:
+            selectors = re.findall(r"(?:treadle_|vllm:)[a-zA-Z0-9_:]*(\{[^}]*\})?", target["expr"])
+            for selector in selectors:
+                if dashboard.matcher:
+                    assert dashboard.matcher in selector, (panel["title"], target["expr"])
+            per_job = model.metric_names(target["expr"]) & PER_JOB_OPERATOR
+            if not dashboard.matcher and per_job:  # the operator's per-job series name their job
+                assert 'name=~"$job"' in target["expr"], target["expr"]

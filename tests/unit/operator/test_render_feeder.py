@@ -72,7 +72,10 @@ def test_the_feeder_is_one_recreated_pod_mounting_every_source() -> None:
     (c,) = pod["containers"]
     assert c["image"] == CFG.services_image
     assert c["command"][:3] == ["python", "-m", "treadle.services.feeder"]
-    assert c["ports"] == [{"name": "http", "containerPort": config.PORTS["feeder"], "protocol": "TCP"}]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": config.PORTS["feeder"], "protocol": "TCP"},
+        {"name": "metrics", "containerPort": config.PORTS["metrics"], "protocol": "TCP"},
+    ]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": config.PORTS["feeder"]}
     assert c["livenessProbe"]["tcpSocket"] == {"port": config.PORTS["feeder"]}
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "6Gi"}, "limits": {"memory": "6Gi"}}

@@ -18,6 +18,7 @@ POOL_LABEL = nodes.POOL_LABEL
 CONFIG_MOUNT = "/etc/treadle"
 FIELD_MANAGER = "treadle-operator"
 COORDINATION = ("buffer", "scheduler", "placement")
+METRICS_PATH = "/metrics"
 
 
 def child_name(job: v1alpha1.RolloutJob, component: str, pool: str | None = None) -> str:
@@ -123,8 +124,23 @@ def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[s
         env_vars.BUFFER_ADDR: ep["buffer"],
         env_vars.ENV_URL: ep["env"],
         env_vars.REWARD_URL: ep["reward"],
+        env_vars.METRICS_PORT: str(config.PORTS["metrics"]),
     }
     return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def metrics_port() -> dict[str, Any]:
+    """The container port a Treadle process serves ``/metrics`` on (``TREADLE_METRICS_PORT``)."""
+    return {"name": "metrics", "containerPort": config.PORTS["metrics"], "protocol": "TCP"}
+
+
+def scrape_annotations() -> dict[str, str]:
+    """Pod annotations a plain Prometheus' ``kubernetes_sd`` pod job keeps and scrapes by."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(config.PORTS["metrics"]),
+        "prometheus.io/path": METRICS_PATH,
+    }
 
 
 def not_on_gpu_nodes() -> dict[str, Any]:
@@ -186,7 +202,11 @@ def service_container(
         "image": image or cfg.services_image,
         "imagePullPolicy": cfg.image_pull_policy,
         "command": ["python", "-m", config.MODULES[component], "--host", "0.0.0.0", "--port", str(port)],
-        "ports": [{"name": "grpc" if grpc else "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "grpc" if grpc else "http", "containerPort": port, "protocol": "TCP"},
+            # The Mooncake store process (weights) keeps no Treadle metrics.
+            *([metrics_port()] if component != "weights" else []),
+        ],
         "env": env,
         "resources": resources
         or {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
@@ -207,6 +227,7 @@ def deployment(
     max_surge: int = 1,
 ) -> dict[str, Any]:
     metadata = meta(job, cfg, component, pool)
+    scraped = any(p["name"] == "metrics" for c in pod_spec["containers"] for p in c.get("ports", ()))
     return stamp(
         {
             "apiVersion": "apps/v1",
@@ -220,7 +241,10 @@ def deployment(
                     "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": 1},
                 },
                 "template": {
-                    "metadata": {"labels": dict(metadata["labels"])},
+                    "metadata": {
+                        "labels": dict(metadata["labels"]),
+                        **({"annotations": scrape_annotations()} if scraped else {}),
+                    },
                     "spec": {
                         "enableServiceLinks": False,
                         # No API access unless a component's pod_spec names its ServiceAccount.

@@ -47,6 +47,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
     agent_name = trainer.agent or job.spec.agents[0].name
     agent = next(a for a in job.spec.agents if a.name == agent_name)
     local_weights = job.spec.weights.store == "local"
+    reference = not trainer.command
     gpus = {nodes.GPU_RESOURCE: str(trainer.gpus)} if trainer.gpus else {}
     container: dict[str, Any] = {
         "name": COMPONENT,
@@ -59,6 +60,9 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
             *common.pod_env(job, cfg),
             *pool.weights_env(job, cfg, agent),
         ],
+        # The reference trainer serves /metrics (treadle.trainer.exporter); a trainer of the user's
+        # own may not, and a declared port nobody serves would be a target always down.
+        **({"ports": [common.metrics_port()]} if reference else {}),
         "resources": {
             "requests": {"cpu": trainer.cpu, "memory": trainer.memory, **gpus},
             "limits": {"cpu": trainer.cpu, "memory": trainer.memory, **gpus},
@@ -89,7 +93,10 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
     template = {
         "metadata": {
             "labels": dict(metadata["labels"]),
-            "annotations": {SETTINGS_ANNOTATION: common.spec_hash({"metadata": {}, "settings": settings})},
+            "annotations": {
+                SETTINGS_ANNOTATION: common.spec_hash({"metadata": {}, "settings": settings}),
+                **(common.scrape_annotations() if reference else {}),
+            },
         },
         "spec": {
             "restartPolicy": "OnFailure",

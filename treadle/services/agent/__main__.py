@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         placement=a.placement, pool=a.pool or "", address=url, agent=a.agent, swap_lease_s=a.swap_lease_s,
         state_file=a.state_file,
     )  # fmt: skip
+    podenv.serve_metrics(
+        app.state.registry, a.host, podenv.or_exit(lambda: podenv.metrics_port(environ), prog=PROG)
+    )
     serve.run(app, host=a.host, port=a.port)
 
 

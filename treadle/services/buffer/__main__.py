@@ -15,8 +15,6 @@ import logging
 import os
 from collections.abc import Mapping
 
-import prometheus_client as prom
-
 from treadle.api import env_vars
 from treadle.services import podenv, runtime
 from treadle.services.buffer import grpc_server, redis_store, service, store
@@ -42,7 +40,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50053)
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
+    p.add_argument(
+        "--metrics-port", type=int, help=f"Prometheus /metrics port (${env_vars.METRICS_PORT}; 0: none)"
+    )
     p.add_argument("--redis", help=f"Redis URL, empty for the embedded memory store (${env_vars.REDIS_URL})")
     p.add_argument("--namespace", help=f"key namespace in Redis, one per job (${env_vars.KEY_PREFIX})")
     p.add_argument("--lease-s", type=float, default=300.0, help="default lease before redelivery")
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
 
     def build() -> Config:
         return Config(
-            host=a.host, port=a.port, metrics_port=a.metrics_port,
+            host=a.host, port=a.port, metrics_port=podenv.metrics_port(environ, a.metrics_port),
             redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
             alpha=job.config.buffer.alpha, task_weights=job.config.buffer.task_weights,
@@ -72,8 +72,7 @@ async def main(cfg: Config) -> None:
         store=backend, alpha=cfg.alpha, task_weights=cfg.task_weights, agents=cfg.agents,
         default_lease_s=cfg.lease_s,
     )  # fmt: skip
-    if cfg.metrics_port:
-        prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
+    podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
     runtime.settle_heap()
     logging.info("buffer serving on %s:%d (%s)", cfg.host, served.port, "redis" if cfg.redis else "memory")

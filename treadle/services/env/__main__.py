@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         ),
         prog=PROG,
     )  # fmt: skip
+    podenv.serve_metrics(
+        app.state.registry, a.host, podenv.or_exit(lambda: podenv.metrics_port(environ), prog=PROG)
+    )
     serve.run(app, host=a.host, port=a.port)
 
 

@@ -48,6 +48,7 @@ class Config:
     interval_s: float
     mount: PurePosixPath
     retry_s: float
+    metrics_port: int = 0
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -83,6 +84,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             scheduler=podenv.pick(a.scheduler, environ, env_vars.SCHEDULER_ADDR, flag="--scheduler"),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.job,
             interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), retry_s=a.retry_s,
+            metrics_port=podenv.metrics_port(environ),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -97,6 +99,7 @@ async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
         feeds=service.feeds(datasets, client=client, namespace=cfg.namespace),
         scheduler=scheduler, target_pending=cfg.feeder.target_pending, registry=registry,
     )  # fmt: skip
+    podenv.serve_metrics(registry, cfg.host, cfg.metrics_port)
     server = uvicorn.Server(serve.config(http_app.build_app(svc, registry), cfg.host, cfg.port))
     stop = asyncio.Event()
     feeding = asyncio.create_task(svc.run(interval_s=cfg.interval_s, stop=stop), name="feeding")

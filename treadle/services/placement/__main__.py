@@ -22,9 +22,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-import prometheus_client as prom
-
-from treadle.api import jobconfig
+from treadle.api import env_vars, jobconfig
 from treadle.policy.flexmarl import load_balance
 from treadle.services import podenv, runtime
 from treadle.services.grpcutil import server as grpcutil_server
@@ -57,7 +55,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50052)
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
+    p.add_argument(
+        "--metrics-port", type=int, help=f"Prometheus /metrics port (${env_vars.METRICS_PORT}; 0: none)"
+    )
     p.add_argument(
         "--apply-weights", action=argparse.BooleanOptionalAction, default=True,
         help="a moved engine loads the receiver's weights (real vLLM with a weight store, as in a "
@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     def build() -> Config:
         cfg = job.config.placement
         rb = cfg.rebalance
-        return Config(host=a.host, port=a.port, metrics_port=a.metrics_port, pools=cfg.pools, tasks=cfg.tasks,
+        return Config(host=a.host, port=a.port, pools=cfg.pools, tasks=cfg.tasks,
+                      metrics_port=podenv.metrics_port(environ, a.metrics_port),
                       policy=cfg.policy, pool_agents=cfg.pool_agents, pool_shapes=cfg.pool_shapes,
                       rebalance_interval_s=rb.interval_s, rebalance_delta=rb.delta,
                       rebalance_settle_polls=rb.settle_polls, rebalance_rule=rb.rule,
@@ -91,8 +92,7 @@ async def main(cfg: Config) -> None:
     )  # fmt: skip
     swapper = rebalance.HttpSwapper(apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s)
     sync = weightsync.WeightSync(svc, swapper, apply_weights=cfg.apply_weights)
-    if cfg.metrics_port:
-        prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
+    podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync)
     runtime.settle_heap()
     logging.info("placement serving on %s:%d", cfg.host, served.port)

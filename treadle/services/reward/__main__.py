@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         reward_model_gpus=reward.gpus if reward else 0,
         gpu_memory_gb=reward.gpu_memory_gb if reward else jobconfig.RewardConfig.gpu_memory_gb,
     )  # fmt: skip
+    podenv.serve_metrics(
+        app.state.registry, a.host, podenv.or_exit(lambda: podenv.metrics_port(environ), prog=PROG)
+    )
     serve.run(app, host=a.host, port=a.port)
 
 

@@ -53,6 +53,11 @@ SIMULATED_STEP_S = 0.004
 FIELD = "spec.externalResources.rewardModels"
 
 
+def fits(rm: v1alpha1.RewardModel, degree: int, gpu_gb: float) -> bool:
+    """Whether ``rm``'s shard at ``degree`` fits one GPU of ``gpu_gb`` (with ``FOOTPRINT``)."""
+    return rm.weights_gb / degree * FOOTPRINT <= gpu_gb
+
+
 def variant(name: str, degree: int) -> str:
     return f"{name}@tp{degree}"
 
@@ -180,7 +185,7 @@ class GpuManager:
     ) -> None:
         for i, rm in enumerate(models):
             least = rm.weights_gb / max(rm.parallelism) * FOOTPRINT
-            if least > gpu_gb:
+            if not fits(rm, max(rm.parallelism), gpu_gb):
                 raise errors.SpecError(
                     f"{rm.name} needs {least:.1f} GB per GPU even at degree {max(rm.parallelism)}, more "
                     f"than rewardModelGpuMemoryGb ({gpu_gb})",
@@ -189,7 +194,11 @@ class GpuManager:
         self.models = {m.name: m for m in models}
         self.pool = buddy.of_gpus(gpus, gpu_gb)
         self.total, self.engines, self.settings, self.clock = gpus, engines, settings, clock
-        self.profiles = {m.name: profile.KindProfile(GPU, tuple(sorted(set(m.parallelism)))) for m in models}
+        # A degree whose shard does not fit one GPU is never granted (a TP1 70B judge on 80 GB GPUs).
+        self.profiles = {
+            m.name: profile.KindProfile(GPU, tuple(sorted({k for k in m.parallelism if fits(m, k, gpu_gb)})))
+            for m in models
+        }
         self.action_metrics = action_metrics
         self._waiting: list[_Request] = []
         self._running: dict[buddy.Chunk, tuple[int, float, float]] = {}

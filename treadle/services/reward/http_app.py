@@ -82,6 +82,14 @@ def build_app(
         if external is not None:
             forwarded = f"every name is forwarded to {external_url}"
             return [protocol.RewardFnInfo(name=protocol.ANY_FUNCTION, description=forwarded)]
-        return [protocol.RewardFnInfo(name=n, description=d) for n, (_, d) in functions.BUILTIN.items()]
+        judges = [
+            protocol.RewardFnInfo(
+                name=f"{v1alpha1.JUDGE}{m.name}", description=f"reward model {m.model} on the gateway's GPUs"
+            )
+            for m in reward_models
+        ]
+        return [
+            protocol.RewardFnInfo(name=n, description=d) for n, (_, d) in functions.BUILTIN.items()
+        ] + judges
 
     return app

@@ -27,8 +27,6 @@ import socket
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 
-import prometheus_client as prom
-
 from treadle.api import env_vars, jobconfig
 from treadle.services import podenv, runtime
 from treadle.services.agent import client as agent_client
@@ -68,7 +66,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)")
+    p.add_argument(
+        "--metrics-port", type=int, help=f"Prometheus /metrics port (${env_vars.METRICS_PORT}; 0: none)"
+    )
     # What only the caller knows (local mode passes its own); unset, a cluster's (podenv.job_config).
     p.add_argument("--max-tokens", type=int, help="tokens per turn at most")
     p.add_argument("--max-in-flight", type=int, help="trajectories in flight at most")
@@ -102,7 +102,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         settings = dataclasses.replace(job.config.scheduler.settings, **knobs)
         env_urls = a.env_url or [podenv.pick(None, environ, env_vars.ENV_URL, flag="--env-url")]
         return Config(
-            host=a.host, port=a.port, metrics_port=a.metrics_port, tasks=tasks, settings=settings,
+            host=a.host, port=a.port, metrics_port=podenv.metrics_port(environ, a.metrics_port), tasks=tasks,
+            settings=settings,
             env_urls=env_urls, env_resolve_interval_s=a.env_resolve_interval_s,
             reward_url=podenv.pick(a.reward_url, environ, env_vars.REWARD_URL, flag="--reward-url"),
             placement=podenv.pick(a.placement, environ, env_vars.PLACEMENT_ADDR, flag="--placement"),
@@ -202,8 +203,7 @@ async def main(cfg: Config) -> None:
         tasks=tasks, settings=cfg.settings, envs=pool.clients, agent_for=agents,
         placement=placement, reward=reward, buffer=buffer, darts_stats=darts_stats,
     )  # fmt: skip
-    if cfg.metrics_port:
-        prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
+    podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
     runtime.settle_heap()
     logging.info("scheduler serving on %s:%d (env servers %s)", cfg.host, served.port, pool.urls)

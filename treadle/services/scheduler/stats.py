@@ -54,6 +54,10 @@ class SchedulerMetrics:
             metrics.SCHED_REWARD_SECONDS, "Reward gateway latency", registry=registry_,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )  # fmt: skip
+        self.reward = prom.Summary(
+            metrics.SCHED_TRAJECTORY_REWARD, "Rewards of completed trajectories, by task", ["task"],
+            registry=registry_,
+        )  # fmt: skip
         self.version = prom.Gauge(metrics.SCHED_POLICY_VERSION, "Policy version served", registry=registry_)
         self.prediction_error = prom.Histogram(
             metrics.SCHED_PREDICTION_ERROR_TOKENS,
@@ -72,6 +76,7 @@ class SchedulerMetrics:
         self.stage_of = functools.cache(self.stage.labels)
         self.turns_of = functools.cache(self.turns.labels)
         self.trajectories_of = functools.cache(self.trajectories.labels)
+        self.reward_of = functools.cache(self.reward.labels)
         self.prediction_error_of = functools.cache(self.prediction_error.labels)
 
 
@@ -109,6 +114,7 @@ class Tally:
         setattr(counts, traj.status, getattr(counts, traj.status) + 1)
         if traj.status == "completed":
             counts.reward_sum += traj.reward
+            self.metrics.reward_of(traj.task).observe(traj.reward)
         else:
             self.failed_by_reason[reason_kind(traj.reason)] += 1
         self.metrics.trajectories_of(traj.task, traj.status).inc()

@@ -1,0 +1,132 @@
+"""Issue 17's must-show: a real Prometheus scrapes the pods of a job on the dev cluster through the
+chart's scrape configuration, and every query of every dashboard returns data.
+
+Prometheus is the Debian package on the host; its jobs are the chart's own ``scrapeConfig``
+(``helm template``), keeping pods by their ``prometheus.io`` annotations and labelling their series
+as the dashboards expect; it reaches each pod on its pod IP over the bridge. One substitution:
+Debian builds Prometheus without ``kubernetes_sd``, so the jobs' ``kubernetes_sd_configs`` (role
+pod) become an ``http_sd`` endpoint of this test answering what role pod would make of the dev
+cluster's pods, listed from its API server on every refresh (``treadle.testing.pod_discovery``);
+the chart's ``relabel_configs`` run unchanged. The job is ``learn.yaml`` under another name with
+rows from a ConfigMap (as ``test_learn``'s), trained a few steps, so trainer, weight sync and every
+service have reported.
+
+The multi-agent dashboard is the one left out: its panels are about moves between two agents'
+workers, which a single-agent job never makes; ``tests/integration/foundation/test_dashboards_prometheus``
+runs them against a two-agent job in local mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dashboard_pictures
+import pytest
+import test_learn as learn
+import yaml
+
+from treadle.dashboards import catalog, model, tangram
+from treadle.devcluster import binaries, kwok
+from treadle.testing import pod_discovery, prometheus_server
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "treadle"
+NAME = "learn-metrics"
+NAMESPACE = "default"
+STEPS = 3
+SCRAPE_INTERVAL = "2s"
+KUBE_VERSION = "1.34.0"
+COMPONENTS = {"scheduler", "placement", "buffer", "env", "reward", "feeder", "pool", "trainer"}
+# learn.yaml has one agent (no worker moves between agents) and no external resources (no sandboxed
+# run, no reward model, no quota): tests/integration/foundation/test_dashboards_prometheus.py runs
+# those two dashboards against local jobs that use them.
+DASHBOARDS = [d for d in catalog.ALL if d not in (catalog.MULTI_AGENT, tangram.TANGRAM)]
+DATA_TIMEOUT_S = 90.0
+"""How long a query may stay empty after training: a rate needs two samples in its window."""
+
+
+def chart_scrape_configs() -> list[dict[str, Any]]:
+    """The chart's ``scrapeConfig`` jobs, scraping every few seconds."""
+    out = subprocess.run(
+        [str(binaries.bin_dir() / "helm"), "template", "treadle", str(CHART), "--namespace", "treadle-system",
+         "--kube-version", KUBE_VERSION, "--set", "scrapeConfig.enabled=true",
+         "--set", f"scrapeConfig.interval={SCRAPE_INTERVAL}", "--show-only", "templates/scrapeconfig.yaml"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    configmap = yaml.safe_load(out)
+    jobs: list[dict[str, Any]] = yaml.safe_load(configmap["data"]["treadle-scrape-configs.yaml"])[
+        "scrape_configs"
+    ]
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: kwok.DevCluster) -> Iterator[prometheus_server.PrometheusServer]:
+    def pods() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json"))["items"]
+        return items
+
+    with pod_discovery.serving(pods) as url:
+        jobs = pod_discovery.with_pod_discovery(chart_scrape_configs(), url, refresh=SCRAPE_INTERVAL)
+        with prometheus_server.prometheus_server({}, scrape_configs=jobs) as prom:
+            yield prom
+
+
+def scraped(prom: prometheus_server.PrometheusServer) -> set[str]:
+    """The components of the job whose pods Prometheus scrapes now (``up == 1``)."""
+    up = prom.query(f'up{{namespace="{NAMESPACE}", job="{NAME}"}} == 1')
+    return {r["metric"].get("component", "") for r in up}
+
+
+def queries(dashboard: model.Dashboard) -> list[tuple[str, str]]:
+    """(panel title, expression as Grafana sends it with this job selected) of every target."""
+    rendered = model.render(dashboard)
+    return [
+        (p["title"], model.resolve(t["expr"], namespace=NAMESPACE, job=NAME))
+        for p in rendered["panels"]
+        for t in p["targets"]
+    ]
+
+
+@pytest.mark.timeout(learn.TRAIN_TIMEOUT_S + 600)
+def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
+    cluster: kwok.DevCluster, prometheus: prometheus_server.PrometheusServer
+) -> None:
+    began = time.time()
+    learn.apply(cluster, learn.variant(NAME, learn.CONFIG_MAP))
+    learn.train(cluster, NAME, steps=STEPS)
+    # Every pod of the job, by the annotations the operator rendered, and vLLM by its port.
+    learn.poll(lambda: scraped(prometheus) >= COMPONENTS, f"every component of {NAME} scraped", 120)
+    engines = prometheus.query(f'up{{job="{NAME}", component="pool", pool="cpu"}} == 1')
+    assert len(engines) == 2, engines  # the agent's metrics port and vLLM's own
+    assert prometheus.query('up{namespace="treadle-system", pod=~".*-operator-.*"} == 1'), (
+        "operator not scraped"
+    )
+
+    todo = {(d.title, title, expr) for d in DASHBOARDS for title, expr in queries(d)}
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while todo and time.monotonic() < deadline:
+        todo = {(d, title, expr) for d, title, expr in todo if not prometheus.query(expr)}
+        if todo:
+            time.sleep(3)
+    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
+    # The variables list the job (and its namespace) for every dashboard.
+    for dashboard in DASHBOARDS:
+        values = prometheus.query(
+            f"count by (namespace, {dashboard.job_label}) ({dashboard.variable_metric})"
+        )
+        assert {(NAMESPACE, NAME)} <= {
+            (v["metric"]["namespace"], v["metric"][dashboard.job_label]) for v in values
+        }
+    if folder := os.environ.get("TREADLE_DASHBOARD_PICTURES"):
+        for dashboard in DASHBOARDS:
+            dashboard_pictures.draw(
+                dashboard, prometheus, variables={"namespace": NAMESPACE, "job": NAME}, start=began,
+                end=time.time(), out=Path(folder),
+            )  # fmt: skip
+    learn.delete(cluster, NAME)
