@@ -34,13 +34,18 @@ install -D manifests/dev/data/letters.jsonl /var/lib/treadle/datasets/letters.js
 "$VENV/bin/python" -c 'from treadle.trainer import policy; policy.ensure_model(policy.model_dir(0))'
 kubectl apply -f manifests/dev/learn.yaml
 echo "kubectl get rolloutjobs, on every change (vLLM on CPU needs 1-2 min before the first step):"
-last=""
+last="" trained=""
 for _ in $(seq 1800); do
   row="$(kubectl get rolloutjobs learn --no-headers 2>/dev/null || true)"
   [ "$row" != "$last" ] && echo "  $row" && last="$row"
-  [ "$(kubectl get rolloutjob learn -o 'jsonpath={.status.step}' 2>/dev/null)" = 20 ] && break
+  [ "$(kubectl get rolloutjob learn -o 'jsonpath={.status.step}' 2>/dev/null)" = 20 ] && trained=1 && break
   sleep 1
 done
+if [ -z "$trained" ]; then
+  echo "demo: the job did not reach step 20 in 30 min; treadle status says:" >&2
+  "$TREADLE" status learn -n default --kubeconfig "$KUBECONFIG" >&2 || true
+  exit 1
+fi
 kubectl get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase'
 echo "the trainer pod's log (mean reward per step):"
 kubectl logs -l treadle.dev/job=learn,treadle.dev/component=trainer --tail=-1 | grep '^step'
