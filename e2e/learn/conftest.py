@@ -1,49 +1,35 @@
 """The dev cluster every module here runs its jobs on: created once for the folder (package scope),
-so a module of further checks (``test_metrics``) costs no second cluster and chart install."""
+so a module of further checks (``test_metrics``) costs no second cluster and chart install. It is
+made by the README's own commands (``docblocks``), so the docs cannot drift from what works."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
+from devsetup import DATASETS, DEV, ROOT, SETUP, WEIGHTS, tool_env
 
-from treadle.devcluster import binaries, kwok
-from treadle.operator.render import pool as render_pool
-from treadle.trainer import policy
-
-ROOT = Path(__file__).resolve().parents[2]
-DEV = ROOT / "manifests" / "dev"
-DATASETS = Path("/var/lib/treadle/datasets")
-"""The host directory ``learn.yaml``'s feeder mounts (hostPath): process nodes' pods see the host."""
-WEIGHTS = Path(render_pool.LOCAL_WEIGHTS_DIR)
+from treadle.devcluster import kwok
+from treadle.testing import docblocks
 
 
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[kwok.DevCluster]:
-    """The dev cluster with the chart installed, the tiny model generated and the dataset in place."""
-    job = yaml.safe_load((DEV / "learn.yaml").read_text())
-    policy.ensure_model(Path(job["spec"]["agents"][0]["model"]), seed=0)
+    """The dev cluster as the README's "On the dev cluster" block makes it, run as written: ``treadle
+    cluster up`` (cluster ``treadle``, context in ~/.kube/config), ``helm install``, the dataset and
+    the tiny model in place. ``test_learn`` runs the rest of the block (apply, watch, logs)."""
+    block = docblocks.block(ROOT, "dev-cluster-learn")
+    assert block.commands()[SETUP] == "kubectl apply -f manifests/dev/learn.yaml", block.commands()
     # The node's local weight store outlives jobs: a trainer would continue an earlier run's versions.
     for old in WEIGHTS.glob("default/learn*"):
         shutil.rmtree(old)
-    DATASETS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(DEV / "data" / "letters.jsonl", DATASETS / "letters.jsonl")
-    c = kwok.session_cluster(
-        "treadle-learn", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1, run_gpu_nodes=1
-    )
-    c.up()
+    kubeconfig = Path.home() / ".kube" / "config"
+    c = kwok.DevCluster(name="treadle", user_kubeconfig=kubeconfig, pools=(), run_nodes=1, run_gpu_nodes=1)
     try:
-        subprocess.run(
-            [str(binaries.bin_dir() / "helm"), "install", "treadle", str(ROOT / "charts" / "treadle"),
-             "--namespace", "treadle-system", "--create-namespace", "--wait", "--timeout", "90s",
-             # The dev cluster has no volume provisioner: Redis keeps its AOF on an emptyDir.
-             "--kubeconfig", str(c.kubeconfig), "--set", "redis.persistence.enabled=false"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        docblocks.run(block.part(0, SETUP), env=tool_env(), cwd=ROOT, timeout_s=900)
+        assert DATASETS.joinpath("letters.jsonl").is_file()
         c.kubectl("create", "configmap", "letters", f"--from-file={DEV / 'data' / 'letters.jsonl'}")
         yield c
     finally:

@@ -21,17 +21,17 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 import yaml
+from devsetup import DEV, ROOT, SETUP, tool_env
 
 from treadle.devcluster import kwok
 from treadle.services.agent import service as agent_service
+from treadle.testing import docblocks
 
-DEV = Path(__file__).resolve().parents[2] / "manifests" / "dev"
 STEPS = 20
 TRAIN_TIMEOUT_S = 1500.0
 STEP_LINE = re.compile(r"^step\s+(\d+)\s+v(\d+)\s+mean reward\s+([0-9.]+)", re.MULTILINE)
@@ -137,15 +137,35 @@ def delete(c: kwok.DevCluster, name: str) -> None:
     poll(lambda: not children(c, name), f"every child of {name} gone", 120)
 
 
+ROW = re.compile(r"^learn\s+\S+\s+\S+\s+(\d+)\s+(\d+)\b", re.MULTILINE)
+"""A ``kubectl get rolloutjobs`` row of ``learn``: POLICY, STEP."""
+
+
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 300)
 def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
-    began = time.monotonic()
-    cluster.kubectl("apply", "-f", str(DEV / "learn.yaml"))
-    seen, rewards = train(cluster, "learn", steps=STEPS)
+    """The rest of the README's block, as written: apply, watch STEP and POLICY climb, read the
+    trainer's log; the watch and the log are stopped once STEP is 20 and the 20 step lines are in."""
+    block = docblocks.block(ROOT, "dev-cluster-learn")
+    began, last_check = time.monotonic(), 0.0
+
+    def reached(seen: str) -> bool:
+        nonlocal last_check
+        if time.monotonic() - last_check > 10:  # a job that went Degraded fails now, not at the timeout
+            last_check = time.monotonic()
+            assert problem(get(cluster, "rolloutjob", "learn").get("status", {})) is None
+        return any(int(step) >= STEPS for _, step in ROW.findall(seen))
+
+    ran = docblocks.run(
+        block.part(SETUP), env=tool_env(), cwd=ROOT, timeout_s=TRAIN_TIMEOUT_S,
+        watch={"get rolloutjobs -w": reached, "logs -f": lambda seen: len(STEP_LINE.findall(seen)) >= STEPS},
+    )  # fmt: skip
+    watched = next(r.output for r in ran if "get rolloutjobs -w" in r.command)
+    seen = [(int(step), int(policy)) for policy, step in ROW.findall(watched)]
     steps = [s for s, _ in seen]
     policies = [p for _, p in seen]
     assert steps == sorted(steps) and policies == sorted(policies), seen
     assert len(set(steps)) >= 5 and policies[-1] >= STEPS, seen
+    rewards = [float(m.group(3)) for m in STEP_LINE.finditer(ran[-1].output)]
     assert len(rewards) >= STEPS, rewards
     first, last = rewards[0], sum(rewards[-3:]) / 3
     took = time.monotonic() - began

@@ -45,6 +45,10 @@ class Block:
     def where(self) -> str:
         return f"{self.path}:{self.line}"
 
+    def part(self, start: int, stop: int | None = None) -> Block:
+        """The block cut to ``commands()[start:stop]`` (a test that runs it in steps)."""
+        return dataclasses.replace(self, text="\n".join(self.commands()[start:stop]))
+
     def commands(self) -> list[str]:
         """The block's commands: continuation lines joined, comments and blank lines dropped."""
         out, pending = [], ""
