@@ -39,7 +39,17 @@ Each configuration gets fresh buffer, placement and scheduler processes and runs
 rollout steps of the same workload (the first warms the predictor, which learns only from
 finished trajectories); the step time is submit -> every trajectory stored. Printed: every step
 time, the mean of steps 2.. per configuration, its speedup over the baseline, preemptions and
-migrations, and the load average (the machine is shared: figures move with it).
+migrations, and the load average per round (the machine is shared: figures move with it). With
+``--rounds`` 2 or more, every configuration's ratio to the baseline and to its neighbour without
+one mechanism (``heddle_probes.PAIRS``: ordering, preemption, placement + migration), paired per
+round with a 95 % t interval on the log ratios, and the engines' own step count and tokens per
+step (``vllm:iteration_tokens_total``, which fakevllm exports as vLLM does).
+
+Engine cost (``--cost-model ACCELERATOR:MODEL:CONTEXT``): the per-sequence step cost comes from
+``treadle.policy.costmodel.decode_step_line`` (the roofline decode step with every sequence
+holding CONTEXT tokens, memory bound: each sequence adds its KV read), scaled so that batch 1 still
+takes ``--step-ms``. ``H800:qwen3-14b:16384`` gives 1.852 + 0.148 ms a running sequence (7.4 %
+of a step each), the batch interference of a long-context agent on a GPU.
 
 Probes (``--probe-s``, every 0.1 s by default): the placement service's outstanding turns per
 worker, and ``ListTrajectories`` (worker, tokens so far, predicted remaining of every in-flight

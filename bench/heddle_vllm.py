@@ -29,6 +29,11 @@ placement workers) in front of each. ``--omp-threads`` 0 keeps vLLM's own thread
 engine: it takes the cores); n > 0 runs each engine unbound with ``OMP_NUM_THREADS=n`` (two
 engines on two cores: 1 each).
 
+Printed (``bench/heddle_probes.py``): every configuration's ratio to the baseline and to its
+neighbour without one mechanism, paired per round with a 95 % t interval on the log ratios (at
+least 2 rounds; the rounds, not the steps, are the samples), and vLLM's own step count and tokens
+per step (``vllm:iteration_tokens_total``) beside the times, with the load average per round.
+
 Run: ``PYTHONPATH=bench:. python bench/heddle_vllm.py [--out DIR]``; results in ``DIR/results.json``.
 """
 
@@ -80,7 +85,8 @@ class Config:
         default=3, metadata={"help": "rollout steps per configuration (the first warms the predictor)"}
     )
     rounds: int = dataclasses.field(
-        default=2, metadata={"help": "each configuration once per round; the order alternates per round"}
+        default=4,
+        metadata={"help": "each configuration once per round, the order alternating; rounds pair up"},
     )
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the workload"})
     configs: str = dataclasses.field(
