@@ -39,7 +39,17 @@ Each configuration gets fresh buffer, placement and scheduler processes and runs
 rollout steps of the same workload (the first warms the predictor, which learns only from
 finished trajectories); the step time is submit -> every trajectory stored. Printed: every step
 time, the mean of steps 2.. per configuration, its speedup over the baseline, preemptions and
-migrations, and the load average (the machine is shared: figures move with it).
+migrations, and the load average per round (the machine is shared: figures move with it). With
+``--rounds`` 2 or more, every configuration's ratio to the baseline and to its neighbour without
+one mechanism (``heddle_probes.PAIRS``: ordering, preemption, placement + migration), paired per
+round with a 95 % t interval on the log ratios, and the engines' own step count and tokens per
+step (``vllm:iteration_tokens_total``, which fakevllm exports as vLLM does).
+
+Engine cost (``--cost-model ACCELERATOR:MODEL:CONTEXT``): the per-sequence step cost comes from
+``treadle.policy.costmodel.decode_step_line`` (the roofline decode step with every sequence
+holding CONTEXT tokens, memory bound: each sequence adds its KV read), scaled so that batch 1 still
+takes ``--step-ms``. ``H800:qwen3-14b:16384`` gives 1.852 + 0.148 ms a running sequence (7.4 %
+of a step each), the batch interference of a long-context agent on a GPU.
 
 Probes (``--probe-s``, every 0.1 s by default): the placement service's outstanding turns per
 worker, and ``ListTrajectories`` (worker, tokens so far, predicted remaining of every in-flight
@@ -91,10 +101,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import json
 import math
-import os
 import random
 import statistics
 import tempfile
@@ -103,12 +111,12 @@ from pathlib import Path
 from typing import Any
 
 import benchcli
-import httpx
+import heddle_probes
 
 from treadle.api import v1alpha1
 from treadle.localmode import stack as stack_mod
+from treadle.policy import costmodel
 from treadle.services import podenv
-from treadle.services.agent import service as agent_service
 from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
 from treadle.v1 import placement_pb2, scheduler_pb2
@@ -155,6 +163,14 @@ class Config:
     step_ms_per_seq: float = dataclasses.field(
         default=0.2,
         metadata={"help": "added to a decode step per running sequence (batch interference), milliseconds"},
+    )
+    cost_model: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "ACCELERATOR:MODEL:CONTEXT (e.g. H800:qwen3-14b:16384): the per-sequence step cost from "
+            "treadle.policy.costmodel's decode step at CONTEXT tokens a sequence, scaled so that batch 1 "
+            "takes --step-ms; replaces --step-ms-per-seq (module doc)"
+        },
     )
     tokens: int = dataclasses.field(default=32, metadata={"help": "tokens every turn generates"})
     median_turns: float = dataclasses.field(
@@ -213,102 +229,6 @@ class Config:
     )
 
 
-@dataclasses.dataclass
-class StepProbe:
-    """What one rollout step looked like from outside: sampled every ``--probe-s`` seconds."""
-
-    began: float
-    load: list[tuple[float, dict[str, int]]] = dataclasses.field(default_factory=list)
-    """(seconds into the step, turns outstanding per worker) from the placement service."""
-    predicted: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict)
-    """(trajectory, tokens so far) -> the scheduler's predicted remaining tokens at that point."""
-    workers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    """Trajectory -> the workers its turns were seen on, in order."""
-
-
-async def probe(pc: Any, sc: Any, p: StepProbe, every_s: float) -> None:
-    """Sample load, predictions and workers until cancelled."""
-    while True:
-        pool, listed = await asyncio.gather(pc.pool_state(), sc.list_trajectories(limit=1_000_000))
-        now = time.monotonic() - p.began
-        p.load.append((now, {w.worker.worker_id: w.outstanding for w in pool.workers}))
-        for t in listed.trajectories:
-            p.predicted.setdefault((t.trajectory_id, t.tokens_so_far), t.predicted_remaining)
-            seen = p.workers.setdefault(t.trajectory_id, [])
-            if t.worker_id and (not seen or seen[-1] != t.worker_id):
-                seen.append(t.worker_id)
-        await asyncio.sleep(every_s)
-
-
-async def collect(sc: Any, finished: dict[str, tuple[float, int, int]], stored: asyncio.Event) -> None:
-    """Every stored trajectory: id -> (monotonic time stored, output tokens, turns)."""
-    async for r in sc.results():
-        finished[r.trajectory_id] = (time.monotonic(), r.output_tokens, r.turns)
-        stored.set()
-
-
-def summarise(
-    p: StepProbe, finished: dict[str, tuple[float, int, int]], step: int, tokens: int
-) -> dict[str, Any]:
-    """One step's load per worker, completion profile, trajectories per worker and predictor error."""
-    mine = {tid: f for tid, f in finished.items() if tid.startswith(f"s{step}-")}
-    ends = sorted(at - p.began for at, _, _ in mine.values())
-    workers = sorted({w for _, load in p.load for w in load})
-    spans = [b[0] - a[0] for a, b in itertools.pairwise(p.load)]
-    span = sum(spans) or 1.0
-    mean_load = {
-        w: sum(d * a[1].get(w, 0) for d, a in zip(spans, p.load, strict=False)) / span for w in workers
-    }
-    gap = (
-        sum(d * (max(a[1].values()) - min(a[1].values())) for d, a in zip(spans, p.load, strict=False)) / span
-    )
-    by_worker: dict[str, dict[str, int]] = {w: {"trajectories": 0, "turns": 0, "moved": 0} for w in workers}
-    for tid, seen in p.workers.items():
-        if tid in mine and seen:
-            row = by_worker.setdefault(seen[-1], {"trajectories": 0, "turns": 0, "moved": 0})
-            row["trajectories"] += 1
-            row["turns"] += mine[tid][2]
-            row["moved"] += len(seen) > 1
-    longest = sorted(mine, key=lambda tid: -mine[tid][2])[:6]
-    errors: dict[int, list[tuple[float, float]]] = {}
-    for (tid, so_far), predicted in p.predicted.items():
-        if tid in mine:
-            errors.setdefault(so_far // tokens, []).append((predicted, mine[tid][1] - so_far))
-    return {
-        "load_mean": {w: round(x, 2) for w, x in mean_load.items()},
-        "load_gap_mean": round(gap, 2),
-        "done_at_s": {
-            str(q): round(ends[min(len(ends) - 1, int(q / 100 * len(ends)))], 2) for q in (50, 90, 99)
-        }
-        if ends
-        else {},
-        "last_s": round(ends[-1], 2) if ends else None,
-        "by_worker": by_worker,
-        "longest": {
-            tid: {
-                "turns": mine[tid][2],
-                "workers": p.workers.get(tid, []),
-                "done_s": round(mine[tid][0] - p.began, 2),
-            }
-            for tid in longest
-        },
-        "prediction_error": {k: _error(v) for k, v in sorted(errors.items())},
-    }
-
-
-def _error(pairs: list[tuple[float, float]]) -> dict[str, float]:
-    """|predicted - actual| remaining tokens: median, mean, and MAPE where the actual is positive."""
-    absolute = [abs(pr - ac) for pr, ac in pairs]
-    relative = [abs(pr - ac) / ac for pr, ac in pairs if ac > 0]
-    return {
-        "n": len(pairs),
-        "median_abs": round(statistics.median(absolute), 1),
-        "mean_abs": round(statistics.mean(absolute), 1),
-        "mape": round(statistics.mean(relative), 3) if relative else math.nan,
-        "mean_actual": round(statistics.mean(ac for _, ac in pairs), 1),
-    }
-
-
 def workload(cfg: Config) -> list[int]:
     """Turns per group: lognormal, capped, the same in every step and configuration."""
     rng = random.Random(cfg.seed)
@@ -322,6 +242,22 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def engine_timing(cfg: Config) -> tuple[float, float]:
+    """The engines' ``--step-ms`` and ``--step-ms-per-seq``: the flags, or ``--cost-model``'s line."""
+    if not cfg.cost_model:
+        return cfg.step_ms, cfg.step_ms_per_seq
+    try:
+        acc, model, context = cfg.cost_model.split(":")
+        context_tokens = float(context)
+    except ValueError:
+        raise ValueError(f"--cost-model: want ACCELERATOR:MODEL:CONTEXT, got {cfg.cost_model!r}") from None
+    intercept, per_seq = costmodel.decode_step_line(
+        costmodel.accelerator(acc), costmodel.model(model), context_tokens=context_tokens, max_batch=cfg.slots
+    )
+    scale = cfg.step_ms / (intercept + per_seq)  # batch 1 takes --step-ms, as without the model
+    return intercept * scale, per_seq * scale
+
+
 async def start_shared(stack: stack_mod.Stack, cfg: Config) -> dict[str, Any]:
     """Engines, agents, one environment server and the reward gateway, kept across configurations."""
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
@@ -333,10 +269,11 @@ async def start_shared(stack: stack_mod.Stack, cfg: Config) -> dict[str, Any]:
          str(cfg.max_num_batched_tokens), "--prefix-cache-blocks", str(cfg.prefix_cache_blocks)]
         if cfg.prefill else []
     )  # fmt: skip
+    step_ms, per_seq_ms = engine_timing(cfg)
     for i in range(cfg.engines):
         engine = await stack.start(
             f"engine-{i}", "treadle.services.fakevllm",
-            ["--step-ms", str(cfg.step_ms), "--step-ms-per-seq", str(cfg.step_ms_per_seq),
+            ["--step-ms", str(step_ms), "--step-ms-per-seq", str(per_seq_ms),
              "--max-num-seqs", str(cfg.slots), "--eos-probability", "0", "--max-model-len", "131072",
              *prefill],
             kind="http", health_path="/health",
@@ -348,19 +285,6 @@ async def start_shared(stack: stack_mod.Stack, cfg: Config) -> dict[str, Any]:
         )  # fmt: skip
         agents[f"w{i}"] = agent.url
     return {"reward": reward, "env": env, "agents": agents, "engines": engines}
-
-
-async def engine_counters(engines: list[str], *, reset: bool = False) -> dict[str, float]:
-    """Prompt tokens queried / hit in the engines' prefix caches, summed; ``reset`` empties the caches."""
-    total = {"queries": 0.0, "hits": 0.0}
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        for url in engines:
-            if reset:
-                (await http.post(f"{url}/reset_prefix_cache")).raise_for_status()
-            got = agent_service.parse_metrics((await http.get(f"{url}/metrics")).text)
-            total["queries"] += got.get("vllm:prefix_cache_queries_total", 0.0)
-            total["hits"] += got.get("vllm:prefix_cache_hits_total", 0.0)
-    return total
 
 
 def bench_job(name: str, cfg: Config) -> v1alpha1.RolloutJob:
@@ -417,9 +341,9 @@ async def run_config(
             listed: list[dict[str, Any]] = []
             finished: dict[str, tuple[float, int, int]] = {}
             stored = asyncio.Event()
-            collector = asyncio.create_task(collect(sc, finished, stored))
+            collector = asyncio.create_task(heddle_probes.collect(sc, finished, stored))
             probes: list[dict[str, Any]] = []
-            cache: list[dict[str, float]] = []
+            counted: list[dict[str, float]] = []
             migrations = 0
             for step in range(cfg.steps):
                 groups = [
@@ -428,11 +352,13 @@ async def run_config(
                     )
                     for g, t in enumerate(turns)
                 ]
-                before = await engine_counters(shared["engines"], reset=True)
+                before = await heddle_probes.engine_counters(shared["engines"], reset=True)
                 began = time.monotonic()
-                sampled = StepProbe(began)
+                sampled = heddle_probes.StepProbe(began)
                 sampler = (
-                    asyncio.create_task(probe(pc, sc, sampled, cfg.probe_s)) if cfg.probe_s > 0 else None
+                    asyncio.create_task(heddle_probes.probe(pc, sc, sampled, cfg.probe_s))
+                    if cfg.probe_s > 0
+                    else None
                 )
                 await sc.submit(groups)
                 target = members * (step + 1)
@@ -453,8 +379,8 @@ async def run_config(
                         ]  # fmt: skip
                     await asyncio.sleep(0.02)
                 steps.append(time.monotonic() - began)
-                after = await engine_counters(shared["engines"])
-                cache.append({k: after[k] - before[k] for k in after})
+                after = await heddle_probes.engine_counters(shared["engines"])
+                counted.append({k: after[k] - before[k] for k in after})
                 if sampler is not None:
                     sampler.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -464,7 +390,7 @@ async def run_config(
                         if sum(t.startswith(f"s{step}-") for t in finished) >= members:
                             break
                         await asyncio.wait_for(stored.wait(), timeout=10.0)
-                    summary = summarise(sampled, finished, step, cfg.tokens)
+                    summary = heddle_probes.summarise(sampled, finished, step, cfg.tokens)
                     now = (await pc.pool_state()).migrations
                     summary["migrations"], migrations = now - migrations, now
                     probes.append(summary)
@@ -480,20 +406,24 @@ async def run_config(
         "placement": policy["placement"], "scheduling": policy["scheduling"], "step_s": steps,
         "completed": stats.completed, "failed": stats.failed, "aborted": stats.aborted, "turns": stats.turns,
         "preemptions": stats.preemptions, "migrations": pool.migrations, "top_ranked_at_submit": listed,
-        "failed_by_reason": dict(stats.failed_by_reason), "probes": probes, "prefix_cache": cache,
+        "failed_by_reason": dict(stats.failed_by_reason), "probes": probes, "engine": counted,
+        "prefix_cache": [{k: c[k] for k in ("queries", "hits")} for c in counted],
     }  # fmt: skip
 
 
 async def main(cfg: Config, out: Path) -> dict[str, Any]:
     turns = workload(cfg)
     results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "turns_per_group": turns, "configs": {}}
+    results["engine_ms"] = engine_timing(cfg)
     with stack_mod.Stack(out / "shared") as stack:
         shared = await start_shared(stack, cfg)
         names = cfg.configs.split(",")
         for rnd in range(cfg.rounds):
             # alternate the order every round, so drifting machine load does not favour one configuration
             for name in names if rnd % 2 == 0 else names[::-1]:
+                before = heddle_probes.load()
                 run = await run_config(name, shared, cfg, turns, out / f"round{rnd}")
+                run |= {"round": rnd, "load_before": before, "load_after": heddle_probes.load()}
                 run["measured_s"] = run["step_s"][1:] or run["step_s"]  # the first step warms the predictor
                 results["configs"].setdefault(name, []).append(run)
     measured = {n: [s for r in runs for s in r["measured_s"]] for n, runs in results["configs"].items()}
@@ -512,7 +442,8 @@ def report(results: dict[str, Any], load: str) -> None:
     print(f"workload: {cfg['groups']} groups x {cfg['group_size']}, turns per group median "
           f"{statistics.median(turns)}, max {max(turns)}, total {sum(turns) * cfg['group_size']} turns of "
           f"{cfg['tokens']} tokens; {cfg['engines']} engines x {cfg['slots']} slots, decode step "
-          f"{cfg['step_ms']} ms + {cfg['step_ms_per_seq']} ms per running sequence; "
+          f"{results['engine_ms'][0]:.3f} ms + {results['engine_ms'][1]:.3f} ms per running sequence"
+          f"{' (cost model ' + cfg['cost_model'] + ')' if cfg.get('cost_model') else ''}; "
           f"gate {cfg['gate']}")  # fmt: skip
     if cfg.get("prefill"):
         print(f"prefill: {cfg['prefill_us_per_token']} us per prefilled token, at most "
@@ -525,7 +456,8 @@ def report(results: dict[str, Any], load: str) -> None:
             steps = ", ".join(f"{s:.2f}" for s in r["step_s"])
             print(f"  {name:17s} ({r['placement']} / {r['scheduling']}): step s [{steps}]  completed "
                   f"{r['completed']} failed {r['failed']}  preemptions {r['preemptions']} "
-                  f"migrations {r['migrations']}")  # fmt: skip
+                  f"migrations {r['migrations']}; round {r['round']}, load {r['load_before']} -> "
+                  f"{r['load_after']}")  # fmt: skip
         measured = [s for r in runs for s in r["measured_s"]]
         spread = statistics.stdev(measured) if len(measured) > 1 else 0.0
         print(f"  {name:17s} mean of warm steps {results['mean_step_s'][name]:.2f} s (sd {spread:.2f}, "
@@ -539,53 +471,18 @@ def report(results: dict[str, Any], load: str) -> None:
     for name, x in results["speedup"].items():
         if name != "baseline":
             print(f"speedup of {name} (baseline mean step time / its mean step time): {x:.2f}x")
-    report_probes(results)
-
-
-def report_probes(results: dict[str, Any]) -> None:
-    """The warm steps' probes per configuration, then the predictor's error by turns done."""
-    errors: dict[int, list[dict[str, float]]] = {}
-    for name, runs in results["configs"].items():
-        probes = [p for r in runs for p in r.get("probes", [])[1:]]
-        if not probes:
-            continue
-        workers = sorted(probes[0]["load_mean"])
-        load = " / ".join(f"{statistics.mean(p['load_mean'][w] for p in probes):.1f}" for w in workers)
-        held = " / ".join(
-            f"{statistics.mean(p['by_worker'][w]['trajectories'] for p in probes):.0f}:"
-            f"{statistics.mean(p['by_worker'][w]['turns'] for p in probes):.0f}"
-            for w in workers
-        )
-        first = statistics.mean(
-            sum(v["workers"][-1:] == workers[:1] for v in p["longest"].values()) for p in probes
-        )
-        done = statistics.mean(v["done_s"] for p in probes for v in p["longest"].values())
-        print(f"  {name:17s} outstanding {' / '.join(workers)} {load} (gap "
-              f"{statistics.mean(p['load_gap_mean'] for p in probes):.1f}); trajectories:turns {held}; "
-              f"longest 6 on {workers[0]} {first:.1f}, done at {done:.2f} s; migrations/step "
-              f"{statistics.mean(p['migrations'] for p in probes):.0f}; half done at "
-              f"{statistics.mean(p['done_at_s']['50'] for p in probes):.2f} s")  # fmt: skip
-        for p in probes:
-            for k, e in p["prediction_error"].items():
-                errors.setdefault(int(k), []).append(e)
-    if errors:
-        print("predictor error, warm steps, |predicted - actual| remaining tokens by turns done k (some k):")
-        for k in sorted(k for k in errors if k <= 5 or k % 10 == 0):
-            es = errors[k]
-            mape = [e["mape"] for e in es if not math.isnan(e["mape"])]
-            print(f"  k {k:3d}: n {sum(int(e['n']) for e in es):5d}  median "
-                  f"{statistics.median(e['median_abs'] for e in es):7.1f}  MAPE "
-                  f"{statistics.median(mape) if mape else math.nan:5.2f}")  # fmt: skip
+    heddle_probes.report_intervals(results)
+    heddle_probes.report_probes(results)
 
 
 if __name__ == "__main__":
     config = benchcli.parse(Config, __doc__)
     out_dir = Path(config.out or tempfile.mkdtemp(prefix="heddle-live-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    load_avg = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_avg = heddle_probes.load()
     res = asyncio.run(main(config, out_dir))
     res["load_average_start"] = load_avg
-    res["load_average_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    res["load_average_end"] = heddle_probes.load()
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     report(res, load_avg)
     print(f"load average at end: {res['load_average_end']}; results in {out_dir / 'results.json'}")

@@ -29,6 +29,11 @@ placement workers) in front of each. ``--omp-threads`` 0 keeps vLLM's own thread
 engine: it takes the cores); n > 0 runs each engine unbound with ``OMP_NUM_THREADS=n`` (two
 engines on two cores: 1 each).
 
+Printed (``bench/heddle_probes.py``): every configuration's ratio to the baseline and to its
+neighbour without one mechanism, paired per round with a 95 % t interval on the log ratios (at
+least 2 rounds; the rounds, not the steps, are the samples), and vLLM's own step count and tokens
+per step (``vllm:iteration_tokens_total``) beside the times, with the load average per round.
+
 Run: ``PYTHONPATH=bench:. python bench/heddle_vllm.py [--out DIR]``; results in ``DIR/results.json``.
 """
 
@@ -37,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -46,6 +50,7 @@ from typing import Any
 
 import benchcli
 import heddle_live
+import heddle_probes
 
 from treadle.localmode import stack as stack_mod
 from treadle.models import tiny, vllm_server
@@ -80,7 +85,8 @@ class Config:
         default=3, metadata={"help": "rollout steps per configuration (the first warms the predictor)"}
     )
     rounds: int = dataclasses.field(
-        default=2, metadata={"help": "each configuration once per round; the order alternates per round"}
+        default=4,
+        metadata={"help": "each configuration once per round, the order alternating; rounds pair up"},
     )
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the workload"})
     configs: str = dataclasses.field(
@@ -117,10 +123,6 @@ def make_model(out: Path, max_model_len: int) -> Path:
     return model
 
 
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 async def start_shared(stack: stack_mod.Stack, cfg: Config, model: Path, out: Path) -> dict[str, Any]:
     """vLLM engines, their agents, one environment server and the reward gateway, kept across runs."""
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
@@ -141,7 +143,10 @@ async def start_shared(stack: stack_mod.Stack, cfg: Config, model: Path, out: Pa
             f"vllm-{i}", argv, port=port, kind="http", health_path="/health", timeout_s=600.0,
             env={**vllm_server.environment(out / f"vllm-cache-{i}"), **threads},
         )  # fmt: skip
-        print(f"vllm-{i} healthy after {time.monotonic() - began:.0f} s (load {load()})", flush=True)
+        print(
+            f"vllm-{i} healthy after {time.monotonic() - began:.0f} s (load {heddle_probes.load()})",
+            flush=True,
+        )
         engines.append(engine.url)
     agents = {}
     for i, url in enumerate(engines):
@@ -166,12 +171,12 @@ async def main(cfg: Config, out: Path) -> dict[str, Any]:
         for rnd in range(cfg.rounds):
             # alternate the order every round, so drifting machine load does not favour one configuration
             for name in names if rnd % 2 == 0 else names[::-1]:
-                before = load()
+                before = heddle_probes.load()
                 # trajectory ids repeat across runs and the gateway's scores are idempotent per id (a
                 # different text for a known id is a conflict): a fresh gateway per run, same port
                 await stack.restart("reward")
                 run = await heddle_live.run_config(name, shared, live, turns, out / f"round{rnd}")
-                run |= {"round": rnd, "load_before": before, "load_after": load()}
+                run |= {"round": rnd, "load_before": before, "load_after": heddle_probes.load()}
                 run["measured_s"] = run["step_s"][1:] or run["step_s"]  # the first step warms the predictor
                 results["configs"].setdefault(name, []).append(run)
                 print(f"round {rnd} {name}: steps {[round(s, 2) for s in run['step_s']]} s, load "
@@ -193,7 +198,6 @@ def report(results: dict[str, Any]) -> None:
           f"max-num-seqs {cfg['max_num_seqs']}, max-model-len {cfg['max_model_len']}, omp threads "
           f"{cfg['omp_threads'] or 'vLLM default'}; gate {cfg['gate']}")  # fmt: skip
     print(f"turns per group: {sorted(turns, reverse=True)}")
-    base = {r["round"]: statistics.mean(r["measured_s"]) for r in results["configs"].get("baseline", [])}
     for name, runs in results["configs"].items():
         for r in runs:
             steps = ", ".join(f"{s:.2f}" for s in r["step_s"])
@@ -204,28 +208,27 @@ def report(results: dict[str, Any]) -> None:
         measured = [s for r in runs for s in r["measured_s"]]
         sd = statistics.stdev(measured) if len(measured) > 1 else 0.0
         steps_run = sum(len(r["step_s"]) for r in runs)
-        paired = [statistics.mean(r["measured_s"]) - base[r["round"]] for r in runs if r["round"] in base]
         print(f"  {name:12s} warm steps mean {statistics.mean(measured):.2f} s (sd {sd:.2f}, n "
               f"{len(measured)}); per step (all steps): preemptions "
               f"{sum(r['preemptions'] for r in runs) / steps_run:.1f}, migrations "
-              f"{sum(r['migrations'] for r in runs) / steps_run:.1f}; minus baseline per round "
-              f"{[round(d, 2) for d in paired]} s")  # fmt: skip
+              f"{sum(r['migrations'] for r in runs) / steps_run:.1f}")  # fmt: skip
         warm = [c for r in runs for c in r["prefix_cache"][1:]]
         if warm and any(c["queries"] for c in warm):
             queries = statistics.mean(c["queries"] for c in warm)
             hits = statistics.mean(c["hits"] for c in warm)
             print(f"  {name:12s} warm steps: prompt tokens {queries:,.0f}/step, prefix cache hits "
                   f"{hits / queries:.1%}")  # fmt: skip
-    heddle_live.report_probes(results)
+    heddle_probes.report_intervals(results)
+    heddle_probes.report_probes(results)
 
 
 if __name__ == "__main__":
     config = benchcli.parse(Config, __doc__)
     out_dir = Path(config.out or tempfile.mkdtemp(prefix="heddle-vllm-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    load_start = load()
+    load_start = heddle_probes.load()
     res = asyncio.run(main(config, out_dir))
-    res |= {"load_average_start": load_start, "load_average_end": load()}
+    res |= {"load_average_start": load_start, "load_average_end": heddle_probes.load()}
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     report(res)
     print(f"results in {out_dir / 'results.json'}")

@@ -46,6 +46,8 @@ VLLM_GENERATION_TOKENS = "vllm:generation_tokens"
 VLLM_REQUEST_SUCCESS = "vllm:request_success"
 VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+VLLM_ITERATION_TOKENS = "vllm:iteration_tokens_total"
+"""A histogram of tokens per engine step: its ``_count`` is the steps run, ``_sum`` their tokens."""
 
 # --- core: scheduler, placement, buffer (owner: core) -----------------------------------------------
 # Scheduler (treadle.services.scheduler). Stage is one of generation / environment / reward / waiting.

@@ -209,6 +209,27 @@ def decode_step_time(
     return _roofline_s(acc, tp, flops, nbytes) + _comm_s(acc, shape, tp, batch) + STEP_OVERHEAD_S
 
 
+def decode_step_line(
+    acc: Accelerator, shape: ModelShape, *, context_tokens: float, max_batch: int, tp: int = 1
+) -> tuple[float, float]:
+    """(intercept, seconds per sequence): the line through ``decode_step_time`` at batch 1 and
+    ``max_batch``, every sequence holding ``context_tokens``.
+
+    For an engine that charges a step ``intercept + per_sequence · running`` (the simulated engine
+    of ``bench/heddle_live.py``). It is exact while the step stays on one side of the roofline at
+    both ends: memory bound, each sequence adds its KV read (long agentic contexts make that the
+    GPU's batch interference); the fit says nothing about a knee in between.
+    """
+    if max_batch < 2:
+        raise errors.SpecError("must be at least 2 to fit a line", field="max_batch", value=max_batch)
+    if context_tokens < 0:
+        raise errors.SpecError("must be >= 0", field="context_tokens", value=context_tokens)
+    one = decode_step_time(acc, shape, batch=1, context_tokens=context_tokens, tp=tp)
+    full = decode_step_time(acc, shape, batch=max_batch, context_tokens=context_tokens * max_batch, tp=tp)
+    per_sequence = (full - one) / (max_batch - 1)
+    return one - per_sequence, per_sequence
+
+
 def kv_capacity_tokens(acc: Accelerator, shape: ModelShape, *, tp: int = 1) -> int:
     """KV-cache tokens one worker of ``tp`` GPUs can hold (0 when the weights do not fit)."""
     _check_tp(tp)

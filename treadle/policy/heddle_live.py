@@ -27,6 +27,11 @@ returns the next one.
   under a saturated global gate: every contiguous plan stacks the equally long trajectories, which
   run their turns in step, on one engine (``bench/reports/heddle-live.md``). So a global gate
   keeps Eq. 2, the paper's rule.
+* **Fallback** (ours): ``heddle.fallback.choose`` prices the DP's plan and a longest-first
+  interleaving by a fluid simulation of each worker's batch (which sees the tail where the long
+  ones run alone on one worker) and keeps the interleaving when it is predicted to end sooner.
+  An interleaved plan is not rank intervals, so while it holds (``Live.interleaved``) ``on_step``
+  only records the prediction: no re-plan, no migration.
 * **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
   paper's Rust router).
 * **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if
@@ -59,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from treadle.errors import SpecError
-from treadle.policy.heddle import migration, presorted_dp, router
+from treadle.policy.heddle import fallback, migration, presorted_dp, router
 
 REPLAN_DIVISOR = 16
 """The DP is re-run after every ``max(1, n_active // REPLAN_DIVISOR)`` step boundaries."""
@@ -77,6 +82,8 @@ class Live:
     in_transit: tuple[migration.Migration, ...] = ()
     since_plan: int = 0
     """Step boundaries since the group sizes were last re-planned."""
+    interleaved: bool = False
+    """The last placement was ``fallback``'s longest-first interleaving: no re-plans, no migration."""
 
 
 def profiles(
@@ -111,15 +118,16 @@ def place(
     predictions = {tid: e.predicted_remaining for tid, e in old.items()}
     predictions.update(new)
     trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
-    placed = presorted_dp.plan(
+    chosen = fallback.choose(
         trajectories, profiles(workers, max_group=len(trajectories), per_extra=per_extra, slots=slots)
     )
-    state = router.from_placement(placed, predictions)
+    state = router.from_placement(chosen.placement, predictions)
     entries = dict(state.entries)
     for tid, entry in old.items():
         if tid not in new and entry.worker_id in workers:
             entries[tid] = entry
-    return dataclasses.replace(live, router=dataclasses.replace(state, entries=MappingProxyType(entries)))
+    state = dataclasses.replace(state, entries=MappingProxyType(entries))
+    return dataclasses.replace(live, router=state, interleaved=chosen.interleaved)
 
 
 def route(live: Live, trajectory_id: str) -> tuple[Live, str | None, bool]:
@@ -144,6 +152,14 @@ def on_step(
     """Record a step boundary (the trajectory is entering its tool call); the migration launched, if any."""
     if live.router is None or trajectory_id not in live.router.entries:
         return live, None
+    if live.interleaved:
+        entries = dict(live.router.entries)
+        entries[trajectory_id] = dataclasses.replace(
+            entries[trajectory_id], predicted_remaining=predicted_remaining, context_tokens=context_tokens
+        )
+        return dataclasses.replace(
+            live, router=dataclasses.replace(live.router, entries=MappingProxyType(entries))
+        ), None
     state, since = live.router, live.since_plan + 1
     if since >= max(1, len(state.entries) // REPLAN_DIVISOR):
         state, since = _replanned(state, trajectory_id, predicted_remaining, per_extra, slots), 0

@@ -218,3 +218,17 @@ async def test_off_by_default_steps_cost_the_same_and_nothing_is_cached() -> Non
     await clock.idle()
     await clock.until(await start(eng, [*range(100), *out.token_ids, 5], 1))
     assert clock.durations == [STEP] * 4 and eng.prefix_cache_hits == 96
+
+
+async def test_busy_steps_and_tokens_give_the_mean_batch() -> None:
+    # vllm:iteration_tokens_total's count and sum: 3 + 5 tokens decoded together, 5 steps (3 at
+    # batch 2, 2 at batch 1), not counting the step the engine runs out after the last one finished
+    clock = Clock()
+    eng = make(clock, prefill_s_per_token=0.0, prefix_cache_blocks=0)
+    short = asyncio.create_task(eng.generate([1, 2, 3], max_tokens=3))
+    long = asyncio.create_task(eng.generate([4, 5], max_tokens=5))
+    await _settle()
+    await clock.until(long)
+    await clock.idle()
+    assert short.done()
+    assert (eng.steps, eng.busy_steps, eng.generation_tokens_total) == (6, 5, 8)

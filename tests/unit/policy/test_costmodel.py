@@ -19,6 +19,23 @@ def test_decode_batch_one_is_the_weight_read() -> None:
     assert t == pytest.approx(0.0076119403, rel=1e-7)
 
 
+def test_decode_step_line_is_the_kv_read_per_sequence_when_memory_bound() -> None:
+    # Qwen3-14B on H800 at 16K tokens a sequence: KV 2*40*8*128*2 = 163,840 B a token, so a
+    # sequence adds 163840 * 16384 / 2.68e12 = 1.0017 ms; the intercept is the weight read
+    # 2 * 14.77e9 / 2.68e12 = 11.022 ms plus the 1.5 ms step overhead. Memory bound up to 64:
+    # compute (2*14.77e9 + 4*40*5120*16384) * 64 / (989.5e12 * 0.508) = 5.5 ms < 75 ms of reads
+    q14 = costmodel.QWEN3_14B
+    intercept, per_seq = costmodel.decode_step_line(H800, q14, context_tokens=16384, max_batch=64)
+    assert per_seq == pytest.approx(163840 * 16384 / 2.68e12, rel=1e-9)
+    assert intercept == pytest.approx(2 * 14.77e9 / 2.68e12 + 1.5e-3, rel=1e-9)
+    for batch in (1, 8, 64):
+        exact = costmodel.decode_step_time(H800, q14, batch=batch, context_tokens=16384 * batch)
+        assert intercept + per_seq * batch == pytest.approx(exact, rel=1e-9)
+    with pytest.raises(errors.SpecError) as err:
+        costmodel.decode_step_line(H800, q14, context_tokens=1, max_batch=1)
+    assert err.value.field == "max_batch"
+
+
 def test_prefill_is_compute_bound_on_h20() -> None:
     # flops = 2*8.19e9*1000 + 4*36 layers*4096 attn dim*1000*(0 + 1001/2) = 1.638e13 + 2.95206912e11
     # H20 effective = 148e12 * 0.60 = 8.88e13 FLOP/s -> 0.18778386 s, plus 1.5 ms

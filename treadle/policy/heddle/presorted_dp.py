@@ -188,7 +188,7 @@ def interference_by_simulation(
         raise SpecError("must be at least 1 (grid at least 2)", field="max_group", value=max_group)
     ordered = sorted(shape, reverse=True)
     sizes = sorted({max(1, round(max_group ** (k / (grid - 1)))) for k in range(grid)} | {1, max_group})
-    simulated = {size: _group_time(step_times, _quantiles(ordered, size)) / step_times[0] for size in sizes}
+    simulated = {size: group_time(step_times, _quantiles(ordered, size)) / step_times[0] for size in sizes}
     out: list[float] = []
     for lo, hi in itertools.pairwise(sizes):
         for size in range(lo, hi):
@@ -203,7 +203,7 @@ def _quantiles(ordered: Sequence[float], size: int) -> list[float]:
     return [x / picked[0] for x in picked]
 
 
-def _group_time(step_times: Sequence[float], lengths: Sequence[float]) -> float:
+def group_time(step_times: Sequence[float], lengths: Sequence[float]) -> float:
     """Fluid lockstep decode of ``lengths`` (descending) with ``len(step_times)`` slots, longest first."""
     cap = len(step_times)
     running = list(lengths[:cap])

@@ -178,6 +178,8 @@ class SimulatedEngine:
         self.pause_mode: PauseMode | None = None
         self.steps = 0
         """Engine steps run so far; a running request has one more token after each."""
+        self.busy_steps = 0
+        """Of those, the steps that ran a request (not the one that runs out after the last finished)."""
         self._due: dict[int, list[_Request]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._ids = 0
@@ -339,6 +341,7 @@ class SimulatedEngine:
         if self.pause_mode == "keep":
             return  # frozen mid-sequence: no step runs until resume
         self.steps += 1
+        self.busy_steps += bool(self.running)
         for req, take in self._chunk:
             if req.done.done() or req.start_step is not None:
                 continue  # aborted or cancelled since the step was armed

@@ -325,6 +325,15 @@ class _EngineCollector(prometheus_client.registry.Collector):
             metrics.VLLM_PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache (simulated)",
             self.eng.prefix_cache_hits,
         )  # fmt: skip
+        steps = prom_core.HistogramMetricFamily(
+            metrics.VLLM_ITERATION_TOKENS,
+            "Tokens per engine step (simulated; one +Inf bucket)",
+            labels=list(labels),
+        )
+        # vLLM observes computed prompt tokens + generated tokens per step, so the sum is theirs
+        tokens = self.eng.generation_tokens_total + self.eng.prefill_tokens_computed
+        steps.add_metric(list(labels.values()), [("+Inf", self.eng.busy_steps)], tokens)
+        yield steps
         success = prom_core.CounterMetricFamily(
             metrics.VLLM_REQUEST_SUCCESS, "Finished requests (simulated)", labels=[*labels, "finished_reason"]
         )

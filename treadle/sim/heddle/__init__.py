@@ -27,11 +27,21 @@ so callers write ``heddle.run(heddle.StepConfig(...), [heddle.HEDDLE])``.
 """
 
 from treadle.sim.heddle.step import StepSim, degree_profile, run
-from treadle.sim.heddle.systems import HEDDLE, SYSTEMS, Placement, Predictions, StepConfig, StepResult, System
+from treadle.sim.heddle.systems import (
+    HEDDLE,
+    LIVE_MIRROR,
+    SYSTEMS,
+    Placement,
+    Predictions,
+    StepConfig,
+    StepResult,
+    System,
+)
 from treadle.sim.heddle.workload import Domain, Shape, draw_batch, parse_domain
 
 __all__ = [
     "HEDDLE",
+    "LIVE_MIRROR",
     "SYSTEMS",
     "Domain",
     "Placement",

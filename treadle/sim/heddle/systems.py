@@ -48,8 +48,19 @@ SYSTEMS: Mapping[str, System] = {
         # resource ablation: fixed TP everywhere
         dataclasses.replace(HEDDLE, name="fix-1", tp=1),
         dataclasses.replace(HEDDLE, name="fix-8", tp=8),
+        # the configurations of bench/heddle_live.py, TP 1 as its engines: FIFO with least-loaded
+        # placement (its sticky-least-loaded baseline), Heddle's ranking alone, with preemption, and
+        # with Heddle's placement and migration (the DP: the live fallback is not simulated)
+        System("live-fifo", "fcfs", "least-load", tp=1),
+        dataclasses.replace(
+            HEDDLE, name="live-priority", placement="least-load", preemption=False, migration=False, tp=1
+        ),
+        dataclasses.replace(HEDDLE, name="live-heddle-sched", placement="least-load", migration=False, tp=1),
+        dataclasses.replace(HEDDLE, name="live-heddle", tp=1),
     )
 }
+LIVE_MIRROR = ("live-fifo", "live-priority", "live-heddle-sched", "live-heddle")
+"""The systems of a scenario's ``live_mirror`` section (``bench/scenarios/heddle/live-mirror.yaml``)."""
 
 
 @dataclasses.dataclass(frozen=True)

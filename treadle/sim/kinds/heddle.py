@@ -3,9 +3,11 @@
 The body is ``simulation``: the hardware (``accelerator``, ``gpus``), the batch (``per_worker``
 trajectories per baseline worker, GRPO ``group_size``, ``max_seqs``), ``models`` (model -> the
 baselines' TP), ``ablation_model``, ``domains`` (``heddle.parse_domain``) and an optional
-``scale_check: {gpus, domain}``. A plan runs four sections, each ``heddle.run`` on one batch:
-``headline`` (verl and Heddle per domain and model), ``oracle`` (Heddle with the noisy-oracle
-predictor), ``ablation`` (Heddle and every ablation on ``ablation_model``) and ``scale_check``.
+``scale_check: {gpus, domain}`` and ``live_mirror: {domain, max_seqs}``. A plan runs up to five
+sections, each ``heddle.run`` on one batch: ``headline`` (verl and Heddle per domain and model),
+``oracle`` (Heddle with the noisy-oracle predictor), ``ablation`` (Heddle and every ablation on
+``ablation_model``), ``scale_check`` and ``live_mirror`` (``heddle.LIVE_MIRROR``, the configurations
+of ``bench/heddle_live.py`` at ``max_seqs`` a worker, standing for its gate's share of a worker).
 ``--runs`` keeps only the named systems in every section; ``--steps`` does not apply (one step per
 run); ``--quick`` keeps the first domain and one GRPO group per worker.
 """
@@ -67,6 +69,11 @@ def parse(raw: Any) -> Plan:
         raise errors.SpecError(
             "needs gpus and a domain of simulation.domains", field="simulation.scale_check"
         )
+    mirror = sim.get("live_mirror")
+    if mirror is not None and (not isinstance(mirror, Mapping) or str(mirror.get("domain")) not in domains):
+        raise errors.SpecError(
+            "needs max_seqs and a domain of simulation.domains", field="simulation.live_mirror"
+        )
     return Plan(
         name=str(raw["name"]),
         description=str(raw.get("description", "")),
@@ -103,7 +110,10 @@ class Plan:
     @property
     def runs(self) -> tuple[str, ...]:
         names = (*HEADLINE, *(n for group in ABLATIONS.values() for n in group))
-        return tuple(dict.fromkeys(names))
+        mirror = heddle.LIVE_MIRROR if "live_mirror" in self.simulation else ()
+        # a fixed TP wider than the pool cannot run (fix-8 on the 2-GPU live mirror)
+        fits = (n for n in (*names, *mirror) if _fits(heddle.SYSTEMS[n], self.numbers["gpus"]))
+        return tuple(dict.fromkeys(fits))
 
     @property
     def body(self) -> Mapping[str, Any]:
@@ -162,7 +172,17 @@ class Plan:
                     "scale_check", SCALE_CHECK, str(scale["domain"]), ablation_model, gpus=int(scale["gpus"])
                 )
             )
+        mirror = self.simulation.get("live_mirror")
+        if mirror and str(mirror["domain"]) in domains:
+            more = {"max_seqs": int(mirror["max_seqs"])}
+            cells.append(
+                cell("live_mirror", heddle.LIVE_MIRROR, str(mirror["domain"]), ablation_model, **more)
+            )
         return Report(self.name, tuple(cells))
+
+
+def _fits(system: heddle.System, gpus: int) -> bool:
+    return system.tp == "adaptive" or system.tp <= gpus
 
 
 @dataclasses.dataclass(frozen=True)
