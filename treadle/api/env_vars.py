@@ -29,6 +29,12 @@ PLACEMENT_ADDR = "TREADLE_PLACEMENT_ADDR"
 BUFFER_ADDR = "TREADLE_BUFFER_ADDR"
 ENV_URL = "TREADLE_ENV_URL"
 REWARD_URL = "TREADLE_REWARD_URL"
+TOKEN_FILE = "TREADLE_TOKEN_FILE"
+"""The job's bearer token (``token`` of the job's Secret, mounted): servers require it, clients send it."""
+TOKEN = "TREADLE_TOKEN"
+"""The token itself, for a trainer outside the job (never rendered: pods get ``TOKEN_FILE``)."""
+REDIS_PASSWORD_FILE = "TREADLE_REDIS_PASSWORD_FILE"
+"""The job's Redis password (``redis-password`` of the job's Secret); its Redis user is the key prefix."""
 
 # The inference agent beside vLLM.
 ENGINE_URL = "TREADLE_ENGINE_URL"
@@ -48,7 +54,7 @@ WEIGHTS_INITIAL_VERSION = "TREADLE_WEIGHTS_INITIAL_VERSION"
 RENDERED = frozenset(
     {
         JOB, NAMESPACE, CONFIG, ENDPOINTS, KEY_PREFIX, REDIS_URL, MOONCAKE_MASTER, MOONCAKE_METADATA_URL,
-        SCHEDULER_ADDR, PLACEMENT_ADDR, BUFFER_ADDR, ENV_URL, REWARD_URL,
+        SCHEDULER_ADDR, PLACEMENT_ADDR, BUFFER_ADDR, ENV_URL, REWARD_URL, TOKEN_FILE, REDIS_PASSWORD_FILE,
         ENGINE_URL, POOL, AGENT, AGENT_STATE,
         WEIGHTS_PREFIX, WEIGHTS_AGENT, WEIGHTS_DIR, WEIGHTS_MASTER, WEIGHTS_METADATA,
     }

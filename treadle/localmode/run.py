@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from treadle import errors
+from treadle import auth, errors
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
@@ -64,23 +64,27 @@ class Services:
     agents: dict[str, str]
     engines: dict[str, str]
     metrics: dict[str, str]
+    token: str
+    """The run's token (``treadle.auth``): every service requires it, so every client sends it."""
 
 
-def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan) -> dict[str, str]:
+def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str, str]:
     """What a pod of the job gets (``treadle.operator.render``): the job file and the job's name.
 
     Every service reads the job's settings from that file (``treadle.api.jobconfig``), as in a
     cluster; flags give only addresses and local mode's own counts. No ``TREADLE_NAMESPACE``: with
     it the scheduler would report reward demand to whatever cluster the machine's kubeconfig names.
+    ``token``: the run's own, as the operator mounts the job's Secret.
     """
-    return podenv.job_env(plan.job, stack.run_dir)
+    return podenv.job_env(plan.job, stack.run_dir, token=token)
 
 
 async def start_services(
     stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
-    env = job_env(stack, plan)
+    token = auth.new_token()
+    env = job_env(stack, plan, token)
     if plan.config.env.api_quotas and not redis_url:
         raise errors.SpecError(
             f"the job's API quotas ({sorted(plan.config.env.api_quotas)}) are kept in Redis for all env"
@@ -89,7 +93,7 @@ async def start_services(
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
     gateway = await stack.start("reward", "treadle.services.reward", [], kind="http", env=env)
     reward = gateway.url
-    await _check_reward_functions(reward, plan)
+    await _check_reward_functions(reward, plan, token)
     engines: dict[str, str] = {}
     agents: dict[str, str] = {}
     for w in plan.workers:
@@ -132,7 +136,7 @@ async def start_services(
     if redis_url:  # DARTS's per-prompt statistics, under the job's namespace as the buffer's keys
         sched_args += ["--redis", redis_url, "--namespace", plan.job.name]
     scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
-    client = placement_client.PlacementClient(placement)
+    client = placement_client.PlacementClient(placement, token=token)
     try:
         for w in plan.workers:
             await client.register_worker(
@@ -146,7 +150,7 @@ async def start_services(
     finally:
         await client.aclose()
     return Services(scheduler=scheduler, placement=placement, buffer=buffer, reward=reward, envs=envs,
-                    agents=agents, engines=engines, metrics=metrics)  # fmt: skip
+                    agents=agents, engines=engines, metrics=metrics, token=token)  # fmt: skip
 
 
 async def _start_grpc(
@@ -159,8 +163,8 @@ async def _start_grpc(
     return proc.address
 
 
-async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
-    async with httpx.AsyncClient(timeout=10.0) as client:
+async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan, token: str) -> None:
+    async with httpx.AsyncClient(timeout=10.0, headers={auth.HEADER: auth.header_value(token)}) as client:
         known = {f["name"] for f in (await client.get(reward_url + "/v1/functions")).json()}
     if reward_protocol.ANY_FUNCTION in known:  # an external service owns the names
         return
@@ -174,8 +178,11 @@ async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
 
 async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
     """Forward every agent's load to placement until cancelled (the agent's job in a cluster)."""
-    agents = {wid: agent_client.AgentClient(url, timeout_s=5.0) for wid, url in services.agents.items()}
-    placement = placement_client.PlacementClient(services.placement)
+    agents = {
+        wid: agent_client.AgentClient(url, timeout_s=5.0, token=services.token)
+        for wid, url in services.agents.items()
+    }
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     try:
         while True:
             for wid, agent in agents.items():
@@ -218,16 +225,16 @@ async def simulated_trainer(
     (``agent.client.swap``), expecting that agent: a worker placement is moving, or moved since the list was
     read, refuses it (``SwapContended``), and its move labels it with its new agent's version.
     """
-    buffer = buffer_client.BufferClient(services.buffer)
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    placement = placement_client.PlacementClient(services.placement)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     tables = list(agents) or [""]
 
     async def relabel(wid: str, serves: str, version: int) -> None:
         with contextlib.suppress(agent_client.SwapContended):
             await agent_client.swap(
                 services.agents[wid], services.engines[wid], label=agent_client.label(serves, version),
-                apply_version=None, timeout_s=10.0, expect_agent=serves,
+                apply_version=None, timeout_s=10.0, expect_agent=serves, token=services.token,
             )  # fmt: skip
 
     try:
@@ -315,9 +322,9 @@ async def drive(
     on_tick: Callable[[scheduler_pb2.SchedulerStats], Any] | None = None,
 ) -> dict[str, Any]:
     """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored."""
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
-    placement = placement_client.PlacementClient(services.placement)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     trainer = TrainerLog()
     rewards: list[float] = []
     results: list[scheduler_pb2.TrajectoryResult] = []

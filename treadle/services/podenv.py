@@ -27,7 +27,7 @@ from typing import NoReturn, TypeVar
 
 import kubernetes
 
-from treadle import errors, kubeapi
+from treadle import auth, errors, kubeapi
 from treadle.api import env_vars, jobconfig, v1alpha1
 
 log = logging.getLogger(__name__)
@@ -76,12 +76,27 @@ def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
     )
 
 
-def job_env(job: v1alpha1.RolloutJob, directory: Path) -> dict[str, str]:
-    """Write ``job``'s job file into ``directory``; the variables a process then reads it by."""
+def job_env(job: v1alpha1.RolloutJob, directory: Path, *, token: str | None = None) -> dict[str, str]:
+    """Write ``job``'s job file into ``directory``; the variables a process then reads it by.
+
+    ``token``: the run's token (``auth.new_token()``), written beside it as the operator mounts the
+    job's Secret; every server then requires it and every client the process builds sends it."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "job.json"
     path.write_text(jobconfig.job_file(job))
-    return {env_vars.CONFIG: str(path), env_vars.JOB: job.name}
+    out = {env_vars.CONFIG: str(path), env_vars.JOB: job.name}
+    if token is not None:
+        out[env_vars.TOKEN_FILE] = str(auth.write_token(directory / "auth", token))
+    return out
+
+
+def token(environ: Mapping[str, str]) -> str | None:
+    """The job's token (``TREADLE_TOKEN_FILE``): servers require it, clients send it. None outside
+    a job (an env or reward server run alone): the server then accepts every caller, and says so."""
+    found = auth.token_from(environ)
+    if found is None:
+        log.warning("%s not set: this process neither requires nor sends a job token", env_vars.TOKEN_FILE)
+    return found
 
 
 class Job:

@@ -35,8 +35,8 @@ from treadle.services.httputil import client as http
 
 
 class AgentClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
-        self._http = http.new_client(base_url, timeout_s=timeout_s)
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0, token: str | None = None) -> None:
+        self._http = http.new_client(base_url, timeout_s=timeout_s, token=token)
 
     async def generate(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
         # pydantic-core encodes and parses in one pass each (~4x cheaper than dicts through the json module).
@@ -126,6 +126,7 @@ async def swap(
     agent: str = "",
     expect_agent: str = "",
     pool: str = "",
+    token: str | None = None,
 ) -> Swapped:
     """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given.
 
@@ -133,9 +134,9 @@ async def swap(
     (``treadle.weights.layout.agent_prefix``), and the inference agent records it. ``expect_agent``:
     whose weights the caller read it serves now (``SwapContended`` if that changed). A move names
     the receiver's ``pool``. The inference agent is told ``agent`` and ``pool`` only once the swap
-    succeeded.
+    succeeded. ``token``: the job's (``treadle.auth``).
     """
-    client = AgentClient(agent_url, timeout_s=timeout_s)
+    client = AgentClient(agent_url, timeout_s=timeout_s, token=token)
     try:
         return await swap_through(
             client, engine_url, label=label, apply_version=apply_version, timeout_s=timeout_s,

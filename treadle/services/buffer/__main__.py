@@ -36,6 +36,7 @@ class Config:
     task_weights: dict[str, float]
     agents: list[str]
     lease_s: float
+    token: str | None
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
             alpha=job.config.buffer.alpha, task_weights=job.config.buffer.task_weights,
             agents=job.config.buffer.agents,
-            lease_s=a.lease_s,
+            lease_s=a.lease_s, token=podenv.token(environ),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -74,7 +75,7 @@ async def main(cfg: Config) -> None:
     )  # fmt: skip
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, token=cfg.token)
     runtime.settle_heap()
     logging.info("buffer serving on %s:%d (%s)", cfg.host, served.port, "redis" if cfg.redis else "memory")
     await grpcutil_server.serve_forever(served, on_stop=backend.aclose)

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
             user_prefixes=prefixes, api_quotas=env.api_quotas if env else None,
             redis_url=environ.get(env_vars.REDIS_URL, ""),
             namespace=environ.get(env_vars.KEY_PREFIX) or (job.config.job if env else "default"),
+            token=podenv.token(environ),
         ),
         prog=PROG,
     )  # fmt: skip

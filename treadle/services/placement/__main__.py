@@ -51,6 +51,7 @@ class Config:
     apply_weights: bool
     alpha: int | None
     swap_timeout_s: float
+    token: str | None
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -78,7 +79,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       rebalance_interval_s=rb.interval_s, rebalance_delta=rb.delta,
                       rebalance_settle_polls=rb.settle_polls, rebalance_rule=rb.rule,
                       rebalance_step=rb.max_moves_per_poll, apply_weights=a.apply_weights,
-                      alpha=cfg.alpha, swap_timeout_s=a.swap_timeout_s)  # fmt: skip
+                      alpha=cfg.alpha, swap_timeout_s=a.swap_timeout_s,
+                      token=podenv.token(environ))  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -89,11 +91,13 @@ async def main(cfg: Config) -> None:
         pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
         rebalance_step=cfg.rebalance_step, alpha=cfg.alpha,
     )  # fmt: skip
-    swapper = rebalance.HttpSwapper(apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s)
+    swapper = rebalance.HttpSwapper(
+        apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s, token=cfg.token
+    )
     sync = weightsync.WeightSync(svc, swapper, apply_weights=cfg.apply_weights)
     if cfg.metrics_port:
         prom.start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync, token=cfg.token)
     runtime.settle_heap()
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None

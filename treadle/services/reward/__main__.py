@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         judge_url=judge_url, judge_model=judge_model, external_url=external_url,
         user_prefixes=(*a.allow_user_module, *(reward.user_modules if reward else ())),
         max_concurrency=a.max_concurrency, timeout_s=a.timeout_s, sandbox_concurrency=a.sandbox_concurrency,
-        cpus_per_action=cpus,
+        cpus_per_action=cpus, token=podenv.or_exit(lambda: podenv.token(environ), prog=PROG),
     )  # fmt: skip
     serve.run(app, host=a.host, port=a.port)
 

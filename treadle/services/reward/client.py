@@ -10,8 +10,8 @@ from treadle.services.reward import protocol
 
 
 class RewardClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 60.0) -> None:
-        self._http = http.new_client(base_url, timeout_s=timeout_s)
+    def __init__(self, base_url: str, *, timeout_s: float = 60.0, token: str | None = None) -> None:
+        self._http = http.new_client(base_url, timeout_s=timeout_s, token=token)
 
     async def score(self, req: protocol.ScoreRequest) -> protocol.ScoreResult:
         body = await http.call(self._http, "POST", "/v1/score", json=req.model_dump())

@@ -26,9 +26,11 @@ def build_app(
     timeout_s: float = 30.0,
     sandbox_concurrency: int = 4,
     cpus_per_action: int | None = None,
+    token: str | None = None,
 ) -> fastapi.FastAPI:
     """``cpus_per_action``: the most cores the pod's action manager (``treadle.sandbox.cores``) grants
-    one ``code-tests`` run (None: runs are not pinned)."""
+    one ``code-tests`` run (None: runs are not pinned). ``token``: the job's, required of every caller
+    but the probes and Prometheus (``treadle.auth``)."""
     registry = registry or http_app.registry()
     manager = (
         None if cpus_per_action is None
@@ -55,7 +57,7 @@ def build_app(
                 if client is not None:
                     await client.aclose()
 
-    app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan)
+    app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan, token=token)
     app.state.svc = svc
 
     @app.post("/v1/score", tags=["reward"], responses=http_errors.ERROR_RESPONSES)
