@@ -43,6 +43,14 @@ def job_secret(key: str, *, namespace: str, name: str, uid: str, purpose: str) -
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
+def redis_key_patterns(prefix: str) -> list[str]:
+    """The Redis keys of the job whose key prefix is ``prefix`` (``<namespace>/<job>``), as ACL globs:
+    the buffer's (``buffer.redis_store``), the feeder's (``feeder.store``), the DARTS statistics
+    (``scheduler.darts_store``) and the API quotas (``env.quotas``). Kubernetes names hold none of
+    ``*?[]\\{}``, so no job's prefix is a glob matching another's."""
+    return [*(f"treadle:{kind}:{{{prefix}}}:*" for kind in ("buf", "feed", "darts")), f"{prefix}:tangram:*"]
+
+
 def header_value(token: str) -> str:
     return f"{SCHEME} {token}"
 

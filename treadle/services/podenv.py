@@ -15,6 +15,7 @@ instead of running half-configured.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -88,6 +89,22 @@ def job_env(job: v1alpha1.RolloutJob, directory: Path, *, token: str | None = No
     if token is not None:
         out[env_vars.TOKEN_FILE] = str(auth.write_token(directory / "auth", token))
     return out
+
+
+def redis_url(environ: Mapping[str, str], given: str | None = None) -> str:
+    """``given`` (else ``TREADLE_REDIS_URL``, else empty: no Redis) with the job's Redis user and
+    password when the pod has them (``TREADLE_REDIS_PASSWORD_FILE``; the user is the key prefix,
+    ``treadle.operator.redisacl``); unchanged without them, or when the URL names a user itself."""
+    url = given if given is not None else environ.get(env_vars.REDIS_URL, "")
+    password = auth.read_secret(environ, env_vars.REDIS_PASSWORD_FILE)
+    parts = urllib.parse.urlsplit(url)
+    if not url or password is None or parts.username or parts.password:
+        return url
+    user = environ.get(env_vars.KEY_PREFIX, "")
+    if not user:
+        raise errors.SpecError("not set: the job's key prefix, its Redis user", field=env_vars.KEY_PREFIX)
+    quote = functools.partial(urllib.parse.quote, safe="")
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password)}@{parts.netloc}"))
 
 
 def token(environ: Mapping[str, str]) -> str | None:

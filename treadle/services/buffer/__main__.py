@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     def build() -> Config:
         return Config(
             host=a.host, port=a.port, metrics_port=a.metrics_port,
-            redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
+            redis=podenv.redis_url(environ, a.redis),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
             alpha=job.config.buffer.alpha, task_weights=job.config.buffer.task_weights,
             agents=job.config.buffer.agents,

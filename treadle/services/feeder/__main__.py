@@ -78,9 +78,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             feeder = dataclasses.replace(feeder, target_pending=a.target_pending)
         if a.hf_cache:
             feeder = dataclasses.replace(feeder, hf_cache=a.hf_cache)
+        redis_url = podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis")
         return Config(
-            host=a.host, port=a.port, feeder=feeder,
-            redis_url=podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis"),
+            host=a.host, port=a.port, feeder=feeder, redis_url=podenv.redis_url(environ, redis_url),
             scheduler=podenv.pick(a.scheduler, environ, env_vars.SCHEDULER_ADDR, flag="--scheduler"),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.job,
             interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), retry_s=a.retry_s,

@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             reward_url=podenv.pick(a.reward_url, environ, env_vars.REWARD_URL, flag="--reward-url"),
             placement=podenv.pick(a.placement, environ, env_vars.PLACEMENT_ADDR, flag="--placement"),
             buffer=podenv.pick(a.buffer, environ, env_vars.BUFFER_ADDR, flag="--buffer"),
-            redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
+            redis=podenv.redis_url(environ, a.redis),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
             token=podenv.token(environ),
         )  # fmt: skip
