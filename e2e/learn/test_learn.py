@@ -15,6 +15,7 @@ starts; see the README's "on the dev cluster" for the measured totals.
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import re
@@ -263,7 +264,11 @@ def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
     import redis  # the test's own client of the chart's Redis, reached on its pod IP over the bridge
 
     pod = get(c, "pod", "-n", "treadle-system", "-l", "app.kubernetes.io/component=redis")["items"][0]
-    client = redis.Redis(host=pod["status"]["podIP"], port=6379, protocol=2, decode_responses=True)
+    # The chart's Redis requires its admin password (the chart's Secret, docs/SECURITY.md).
+    secret = get(c, "secret", "-n", "treadle-system", "treadle-treadle-auth")
+    password = base64.b64decode(secret["data"]["redis-password"]).decode()
+    client = redis.Redis(host=pod["status"]["podIP"], port=6379, password=password, protocol=2,
+                         decode_responses=True)  # fmt: skip
     try:
         seen: set[str] = client.smembers(f"treadle:buf:{{default/{job}}}:seen")  # type: ignore[assignment]
     finally:

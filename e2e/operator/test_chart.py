@@ -124,7 +124,9 @@ def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
     for (group, resource), verbs in rules.items():
         assert "*" not in verbs and group != "*" and resource != "*"
         assert ("get" not in verbs and "update" not in verbs) or resource == "rolloutjobs/finalizers"
-    assert ("", "secrets") not in rules
+    # The job's Secret (token, Redis password) and NetworkPolicy, applied like any child.
+    for key in (("", "secrets"), ("networking.k8s.io", "networkpolicies")):
+        assert rules[key] == ["create", "delete", "list", "patch"], key
 
 
 def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:
