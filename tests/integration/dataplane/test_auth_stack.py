@@ -113,6 +113,11 @@ GRPC_CALLS: dict[str, Callable[[Clients], Awaitable[Any]]] = {
     "Buffer/Put": lambda c: c.buffer.put([FORGED]),
     "Buffer/GetBatch": lambda c: c.buffer.get_batch(batch_size=1, version=0, timeout_s=0.1),
     "Buffer/Stats": lambda c: c.buffer.stats(),
+    # Server-streaming methods: refused before the first message.
+    "Scheduler/StreamResults": lambda c: anext(aiter(c.scheduler.results())),
+    "Buffer/StreamBatch": lambda c: anext(
+        aiter(c.buffer.stream_batch(batch_size=2, micro_batch_size=1, version=0, timeout_s=0.1))
+    ),
 }  # fmt: skip
 
 

@@ -119,21 +119,18 @@ def _refusing(handler: grpc.RpcMethodHandler, refused: errors.Unauthenticated) -
     """A handler of ``handler``'s kind that answers UNAUTHENTICATED before any servicer code runs."""
     code, message = status.to_status(refused)
 
-    async def unary(req: Any, ctx: grpc.aio.ServicerContext) -> Any:
+    async def refuse(req: Any, ctx: grpc.aio.ServicerContext) -> None:
         log.warning("refused %s", message)
         await ctx.abort(code, message)
 
-    async def stream(req: Any, ctx: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await unary(req, ctx)
-        yield  # pragma: no cover - abort raised above; this makes it an async generator
-
-    serializers = {
-        "request_deserializer": _lenient(handler.request_deserializer),
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(stream, **serializers)
-    return grpc.unary_unary_rpc_method_handler(unary, **serializers)
+    # grpc.aio takes a coroutine for a server-streaming method too (it would stream through ctx.write).
+    kind = (
+        grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.unary_unary_rpc_method_handler
+    )
+    return kind(
+        refuse, request_deserializer=_lenient(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )  # fmt: skip
 
 
 async def _abort(ctx: grpc.aio.ServicerContext, exc: Exception, method: str, rid: str) -> None:
