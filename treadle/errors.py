@@ -37,3 +37,7 @@ class Overloaded(TreadleError):
     def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Unauthenticated(TreadleError):
+    """The caller did not show the job's token (gRPC ``UNAUTHENTICATED``, HTTP ``401``)."""

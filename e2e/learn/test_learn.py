@@ -16,6 +16,8 @@ starts; see the README's "on the dev cluster" for the measured totals.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import collections
 import json
 import re
@@ -249,7 +251,11 @@ def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
     import redis  # the test's own client of the chart's Redis, reached on its pod IP over the bridge
 
     pod = get(c, "pod", "-n", "treadle-system", "-l", "app.kubernetes.io/component=redis")["items"][0]
-    client = redis.Redis(host=pod["status"]["podIP"], port=6379, protocol=2, decode_responses=True)
+    # The chart's Redis requires its admin password (the chart's Secret, docs/SECURITY.md).
+    secret = get(c, "secret", "-n", "treadle-system", "treadle-treadle-auth")
+    password = base64.b64decode(secret["data"]["redis-password"]).decode()
+    client = redis.Redis(host=pod["status"]["podIP"], port=6379, password=password, protocol=2,
+                         decode_responses=True)  # fmt: skip
     try:
         seen: set[str] = client.smembers(f"treadle:buf:{{default/{job}}}:seen")  # type: ignore[assignment]
     finally:
@@ -338,4 +344,84 @@ def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_com
     swaps_s = [int(ms) / 1000 for ms in SWAP_LINE.findall(log)]
     print(f"learn-swap: fences (s) {swaps_s}; longest {max(swaps_s):.1f}s")
     assert len(swaps_s) >= STEPS and max(swaps_s) <= SWAP_STALL_S, swaps_s
+    delete(cluster, name)
+
+
+def pod_ip(c: kwok.DevCluster, job: str, component: str) -> str:
+    def running() -> str | None:
+        pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")["items"]
+        return str(pods[0]["status"]["podIP"]) if pods and ready(pods[0]) else None
+
+    return poll(running, f"the {component} pod of {job} ready", 180)
+
+
+@pytest.mark.timeout(600)
+def test_a_jobs_services_and_redis_refuse_callers_without_its_secrets(cluster: kwok.DevCluster) -> None:
+    """Issue 18's security must-show on running pods: the job's gRPC and HTTP services, reached on
+    their pod IPs, refuse a caller without the job's token (its Secret, which the operator made and
+    mounted); the chart's Redis refuses a login without a password, and the job's own user reaches
+    only the job's keys. No inference replica, no trainer: the services alone."""
+    import redis  # the test's own clients, reached over the bridge
+
+    from treadle import errors
+    from treadle.services.buffer import client as buffer_client
+    from treadle.services.scheduler import client as scheduler_client
+
+    name = "secured"
+    apply(cluster, variant(name, {"path": "/var/lib/treadle/datasets/letters.jsonl"}, pools=0))
+    secret = poll(lambda: get(cluster, "secret", f"{name}-auth"), "the job's Secret", 60)
+    token, redis_password = (
+        base64.b64decode(secret["data"][k]).decode() for k in ("token", "redis-password")
+    )
+    # docs/SECURITY.md's commands for a trainer outside the job get this token, as written
+    block = docblocks.block(ROOT, "external-trainer-token")
+    exported = docblocks.run(block, env=tool_env() | {"JOB": name, "NS": "default"}, cwd=ROOT, timeout_s=60)
+    assert f"TREADLE_TOKEN={token}\n" in exported[-1].output
+    policy = get(cluster, "networkpolicy", f"{name}-network")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"treadle.dev/job": name}}
+    scheduler, buffer = pod_ip(cluster, name, "scheduler"), pod_ip(cluster, name, "buffer")
+    env, feeder = pod_ip(cluster, name, "env"), pod_ip(cluster, name, "feeder")
+
+    async def calls() -> None:
+        anyone = scheduler_client.SchedulerClient(f"{scheduler}:50051")
+        forger = buffer_client.BufferClient(f"{buffer}:50053", token="another job's token")
+        job_scheduler = scheduler_client.SchedulerClient(f"{scheduler}:50051", token=token)
+        job_buffer = buffer_client.BufferClient(f"{buffer}:50053", token=token)
+        try:
+            with pytest.raises(errors.Unauthenticated):
+                await anyone.commit_version(1_000_000_000)
+            with pytest.raises(errors.Unauthenticated):
+                await forger.stats()
+            assert (await job_scheduler.stats()).version == 0  # the forged commit changed nothing
+            await job_buffer.stats()  # the buffer pod reads its counters as the job's Redis user
+        finally:
+            for client in (anyone, forger, job_scheduler, job_buffer):
+                await client.aclose()
+
+    asyncio.run(calls())
+    with httpx.Client(timeout=10) as http:
+        assert http.post(f"http://{env}:8000/v1/sessions", json={}).status_code == 401
+        assert http.get(f"http://{feeder}:8003/v1/feeds").status_code == 401
+        assert http.get(f"http://{env}:8000/metrics").status_code == 200  # Prometheus needs no token
+
+        # The feeder's submissions reached the scheduler: its own calls carry the job's token.
+        def fed() -> bool:
+            reply = http.get(f"http://{feeder}:8003/v1/feeds", headers={"authorization": f"Bearer {token}"})
+            return reply.status_code == 200 and int(reply.json()[0]["fed"]) > 0
+
+        poll(fed, "the feeder's first submission accepted", 120)
+
+    pod = get(cluster, "pod", "-n", "treadle-system", "-l", "app.kubernetes.io/component=redis")["items"][0]
+    host = pod["status"]["podIP"]
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host=host, port=6379, protocol=2).get("x")
+    job_user = redis.Redis(
+        host=host, port=6379, username=f"default/{name}", password=redis_password, protocol=2
+    )
+    try:
+        job_user.get(f"treadle:buf:{{default/{name}}}:seen")  # its own keys
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            job_user.get("treadle:buf:{default/learn}:seen")  # another job's
+    finally:
+        job_user.close()
     delete(cluster, name)

@@ -11,6 +11,7 @@ Everything lives in this module's own namespaces and is removed at the end; the 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -75,7 +76,11 @@ class Operator:
             "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
         ]  # fmt: skip
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # The operator's key, as the chart gives it (every job's token derives from it).
+        env = {**os.environ, "TREADLE_AUTH_KEY": "e2e operator key"}
+        self.proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         wait_for("operator liveness probe", self._alive, timeout=60)
 
     def _alive(self) -> bool:

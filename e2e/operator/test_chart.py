@@ -67,9 +67,48 @@ def test_operator_deployment_is_single_replica_recreate_with_probes() -> None:
     assert container["command"] == ["treadle", "operator", "run"]
     assert "--all-namespaces" in container["args"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}  # secrets come as valueFrom
     assert env["TREADLE_REDIS_URL"] == "redis://rel-treadle-redis.treadle-system.svc:6379/0"
     assert spec["template"]["spec"]["serviceAccountName"] == "rel-treadle-operator"
+
+
+def test_the_operators_key_and_redis_password_come_from_the_charts_secret() -> None:
+    docs = _render()
+    (secret,) = _by_kind(docs, "Secret")
+    assert secret["metadata"]["name"] == "rel-treadle-auth" and set(secret["data"]) == {
+        "auth-key",
+        "redis-password",
+    }
+    pods = _pods()
+    (operator,) = pods["rel-treadle-operator"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in operator["env"] if "valueFrom" in e}
+    assert refs == {
+        "TREADLE_AUTH_KEY": {"name": "rel-treadle-auth", "key": "auth-key"},
+        "TREADLE_REDIS_PASSWORD": {"name": "rel-treadle-auth", "key": "redis-password"},
+    }
+    (redis,) = pods["rel-treadle-redis"]["containers"]
+    assert redis["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert redis["env"] == [
+        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": refs["TREADLE_REDIS_PASSWORD"]}}
+    ]
+    (policy,) = _by_kind(docs, "NetworkPolicy")  # Redis: RolloutJob pods and the operator only
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"] == {
+        "matchExpressions": [{"key": "treadle.dev/job", "operator": "Exists"}]
+    }
+    assert rule["from"][1]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    given = _render("auth.key=k", "redis.password=p", "networkPolicy.enabled=false")
+    (secret,) = _by_kind(given, "Secret")
+    assert secret["data"] == {"auth-key": "aw==", "redis-password": "cA=="} and not _by_kind(
+        given, "NetworkPolicy"
+    )
+    # An external Redis without a password given: no per-job Redis users, no admin password.
+    external = _render("redis.enabled=false", "redis.externalUrl=redis://r:6379/0")
+    (operator_dep,) = [
+        d for d in _by_kind(external, "Deployment") if d["metadata"]["name"].endswith("-operator")
+    ]
+    names = {e["name"] for e in operator_dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "TREADLE_AUTH_KEY" in names and "TREADLE_REDIS_PASSWORD" not in names
 
 
 def _pods(*sets: str) -> dict[str, dict[str, Any]]:
@@ -126,7 +165,9 @@ def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
     for (group, resource), verbs in rules.items():
         assert "*" not in verbs and group != "*" and resource != "*"
         assert ("get" not in verbs and "update" not in verbs) or resource == "rolloutjobs/finalizers"
-    assert ("", "secrets") not in rules
+    # The job's Secret (token, Redis password) and NetworkPolicy, applied like any child.
+    for key in (("", "secrets"), ("networking.k8s.io", "networkpolicies")):
+        assert rules[key] == ["create", "delete", "list", "patch"], key
 
 
 def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:

@@ -109,7 +109,7 @@ def test_example_lands_on_its_pools_and_becomes_ready(
 
 def _versions(kubectl: op_harness.Kubectl, job: str) -> dict[str, str]:
     out = {}
-    for kind in ("deployments", "services", "configmaps"):
+    for kind in ("deployments", "services", "configmaps", "secrets", "networkpolicies"):
         for item in kubectl.json(kind, "-n", op_harness.JOBS_NS, "-l", f"treadle.dev/job={job}")["items"]:
             out[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
     return out

@@ -32,6 +32,12 @@ REWARD_URL = "TREADLE_REWARD_URL"
 METRICS_PORT = "TREADLE_METRICS_PORT"
 """Where the container's Treadle process serves Prometheus ``/metrics`` (the pod's ``metrics`` port;
 unset or 0: it serves none, as outside a cluster unless a flag asks)."""
+TOKEN_FILE = "TREADLE_TOKEN_FILE"
+"""The job's bearer token (``token`` of the job's Secret, mounted): servers require it, clients send it."""
+TOKEN = "TREADLE_TOKEN"
+"""The token itself, for a trainer outside the job (never rendered: pods get ``TOKEN_FILE``)."""
+REDIS_PASSWORD_FILE = "TREADLE_REDIS_PASSWORD_FILE"
+"""The job's Redis password (``redis-password`` of the job's Secret); its Redis user is the key prefix."""
 
 # The inference agent beside vLLM.
 ENGINE_URL = "TREADLE_ENGINE_URL"
@@ -51,7 +57,8 @@ WEIGHTS_INITIAL_VERSION = "TREADLE_WEIGHTS_INITIAL_VERSION"
 RENDERED = frozenset(
     {
         JOB, NAMESPACE, CONFIG, ENDPOINTS, KEY_PREFIX, REDIS_URL, MOONCAKE_MASTER, MOONCAKE_METADATA_URL,
-        SCHEDULER_ADDR, PLACEMENT_ADDR, BUFFER_ADDR, ENV_URL, REWARD_URL, METRICS_PORT,
+        SCHEDULER_ADDR, PLACEMENT_ADDR, BUFFER_ADDR, ENV_URL, REWARD_URL, METRICS_PORT, TOKEN_FILE,
+        REDIS_PASSWORD_FILE,
         ENGINE_URL, POOL, AGENT, AGENT_STATE,
         WEIGHTS_PREFIX, WEIGHTS_AGENT, WEIGHTS_DIR, WEIGHTS_MASTER, WEIGHTS_METADATA,
     }

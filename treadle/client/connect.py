@@ -12,6 +12,9 @@ every address in its environment, under the names of ``treadle.api.env_vars``:
                             ``TREADLE_WEIGHTS_AGENT``)
 ``TREADLE_WEIGHTS_DIR``     a ``weights.store: local`` job's directory, or else
 ``TREADLE_WEIGHTS_MASTER``  the Mooncake master and ``TREADLE_WEIGHTS_METADATA`` its metadata URL
+``TREADLE_TOKEN_FILE``      the job's token (its Secret ``<job>-auth``, mounted): every service of
+                            the job refuses calls without it; outside the cluster ``TREADLE_TOKEN``
+                            holds the token itself (``docs/SECURITY.md`` says how to get it)
 ==========================  =====================================================================
 
 so in the job::
@@ -31,6 +34,7 @@ A trainer outside the job gives the same things as arguments::
     conn = connect.connect(connect.Endpoints.from_env(
         {}, scheduler="10.0.0.5:50051", buffer="10.0.0.6:50053", placement="10.0.0.7:50052",
         weights_dir="/mnt/weights", weights_prefix="team-a/math-tool",  # or weights_master=, _metadata=
+        token=os.environ["TREADLE_TOKEN"],  # kubectl get secret math-tool-auth ... (docs/SECURITY.md)
     ))
 
 (``from_env(os.environ, ...)``: an argument wins over its variable); a missing one raises
@@ -52,7 +56,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from treadle import errors
+from treadle import auth, errors
 from treadle.api import env_vars
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
@@ -77,6 +81,8 @@ class Endpoints:
     placement: str
     weights: dict[str, str]
     """The weight-store variables (``loader.store_from_env`` reads them)."""
+    token: str | None = None
+    """The job's token (``treadle.auth``), sent on every call; None only for services without one."""
 
     @classmethod
     def from_env(
@@ -90,6 +96,7 @@ class Endpoints:
         weights_master: str | None = None,
         weights_metadata: str | None = None,
         weights_prefix: str | None = None,
+        token: str | None = None,
     ) -> Endpoints:
         """Each given value, else its variable; ``SpecError`` names what is missing."""
 
@@ -116,6 +123,7 @@ class Endpoints:
             buffer=pick(buffer, env_vars.BUFFER_ADDR, "buffer"),
             placement=pick(placement, env_vars.PLACEMENT_ADDR, "placement"),
             weights=weights,
+            token=token or auth.token_from(environ),
         )
 
 
@@ -127,9 +135,9 @@ class Connection:
             raise errors.SpecError("must be >= 1", field="keep_versions", value=keep_versions)
         store, prefix = loader.store_from_env(endpoints.weights, replicas=replicas)
         self.endpoints = endpoints
-        self.scheduler = scheduler_client.SchedulerClient(endpoints.scheduler)
-        self.buffer = buffer_client.BufferClient(endpoints.buffer)
-        self.placement = placement_client.PlacementClient(endpoints.placement)
+        self.scheduler = scheduler_client.SchedulerClient(endpoints.scheduler, token=endpoints.token)
+        self.buffer = buffer_client.BufferClient(endpoints.buffer, token=endpoints.token)
+        self.placement = placement_client.PlacementClient(endpoints.placement, token=endpoints.token)
         self.weights = publish.Publisher(
             store, prefix, bucket_bytes=BUCKET_BYTES, staleness_window=keep_versions - 1
         )

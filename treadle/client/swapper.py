@@ -5,7 +5,7 @@ A trainer in the job (or outside it, with placement's address) builds it over pl
     from treadle.client import swapper
     from treadle.services.placement import client as placement_client
 
-    sync = swapper.ClusterSwapper(placement_client.PlacementClient(addr), agent="")
+    sync = swapper.ClusterSwapper(placement_client.PlacementClient(addr, token=token), agent="")
     await sync.prefetch(v)   # right after publishing v: workers pull it while generating
     ...
     await sync.swap(v)       # under the scheduler's suspend, before committing v

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from treadle import errors
+from treadle import auth, errors
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
@@ -65,25 +65,29 @@ class Services:
     agents: dict[str, str]
     engines: dict[str, str]
     metrics: dict[str, str]
+    token: str
+    """The run's token (``treadle.auth``): every service requires it, so every client sends it."""
     workers: list[placement_pb2.Worker] = dataclasses.field(default_factory=list)
     """What was registered with placement; registered again when a restarted placement forgot it."""
 
 
-def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan) -> dict[str, str]:
+def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str, str]:
     """What a pod of the job gets (``treadle.operator.render``): the job file and the job's name.
 
     Every service reads the job's settings from that file (``treadle.api.jobconfig``), as in a
     cluster; flags give only addresses and local mode's own counts. No ``TREADLE_NAMESPACE``: with
     it the scheduler would report reward demand to whatever cluster the machine's kubeconfig names.
+    ``token``: the run's own, as the operator mounts the job's Secret.
     """
-    return podenv.job_env(plan.job, stack.run_dir)
+    return podenv.job_env(plan.job, stack.run_dir, token=token)
 
 
 async def start_services(
     stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
-    env = job_env(stack, plan)
+    token = auth.new_token()
+    env = job_env(stack, plan, token)
     if plan.config.env.api_quotas and not redis_url:
         raise errors.SpecError(
             f"the job's API quotas ({sorted(plan.config.env.api_quotas)}) are kept in Redis for all env"
@@ -92,7 +96,7 @@ async def start_services(
     # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
     gateway = await stack.start("reward", "treadle.services.reward", [], kind="http", env=env)
     reward = gateway.url
-    await _check_reward_functions(reward, plan)
+    await _check_reward_functions(reward, plan, token)
     engines: dict[str, str] = {}
     agents: dict[str, str] = {}
     for w in plan.workers:
@@ -144,14 +148,15 @@ async def start_services(
         )
         for w in plan.workers
     ]
-    client = placement_client.PlacementClient(placement)
+    client = placement_client.PlacementClient(placement, token=token)
     try:
         for worker in workers:
             await client.register_worker(worker)
     finally:
         await client.aclose()
     return Services(scheduler=scheduler, placement=placement, buffer=buffer, reward=reward, envs=envs,
-                    agents=agents, engines=engines, metrics=metrics, workers=workers)  # fmt: skip
+                    agents=agents, engines=engines, metrics=metrics, token=token,
+                    workers=workers)  # fmt: skip
 
 
 async def _start_grpc(
@@ -164,8 +169,8 @@ async def _start_grpc(
     return proc.address
 
 
-async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan) -> None:
-    async with httpx.AsyncClient(timeout=10.0) as client:
+async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan, token: str) -> None:
+    async with httpx.AsyncClient(timeout=10.0, headers={auth.HEADER: auth.header_value(token)}) as client:
         known = {f["name"] for f in (await client.get(reward_url + "/v1/functions")).json()}
     if reward_protocol.ANY_FUNCTION in known:  # an external service owns the names
         return
@@ -183,9 +188,12 @@ async def report_loads(services: Services, *, interval_s: float = 0.5) -> None:
     A worker placement does not know (it restarted and forgot its workers) is registered again, as
     an agent's own reporter does in a cluster (``treadle.services.agent.reporter``).
     """
-    agents = {wid: agent_client.AgentClient(url, timeout_s=5.0) for wid, url in services.agents.items()}
+    agents = {
+        wid: agent_client.AgentClient(url, timeout_s=5.0, token=services.token)
+        for wid, url in services.agents.items()
+    }
     registered = {w.worker_id: w for w in services.workers}
-    placement = placement_client.PlacementClient(services.placement)
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     try:
         while True:
             for wid, agent in agents.items():
@@ -270,9 +278,9 @@ async def drive(
     """Submit the plan's groups, run the simulated trainer and report until every trajectory is stored.
 
     ``train=False``: no trainer here (a test runs it as a process of its own, to kill it)."""
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
-    placement = placement_client.PlacementClient(services.placement)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     trainer = trainer_mod.TrainerLog()
     rewards: list[float] = []
     results: list[scheduler_pb2.TrajectoryResult] = []

@@ -84,16 +84,16 @@ async def simulated_trainer(
     (``agent.client.swap``), expecting that agent: a worker placement is moving, or moved since the list was
     read, refuses it (``SwapContended``), and its move labels it with its new agent's version.
     """
-    buffer = buffer_client.BufferClient(services.buffer)
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    placement = placement_client.PlacementClient(services.placement)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     tables = list(agents) or [""]
 
     async def relabel(wid: str, serves: str, version: int) -> None:
         with contextlib.suppress(agent_client.SwapContended):
             await agent_client.swap(
                 services.agents[wid], services.engines[wid], label=agent_client.label(serves, version),
-                apply_version=None, timeout_s=10.0, expect_agent=serves,
+                apply_version=None, timeout_s=10.0, expect_agent=serves, token=services.token,
             )  # fmt: skip
 
     try:

@@ -51,6 +51,12 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    cfg = config.OperatorConfig.from_env()
+    if not cfg.auth_key:
+        # Every job's token and Redis password derive from it: without it they would be guessable.
+        print("treadle operator run: TREADLE_AUTH_KEY is not set (the chart sets it from its Secret "
+              "<release>-treadle-auth-key; see docs/SECURITY.md)", file=sys.stderr)  # fmt: skip
+        return 2
     # Importing the handlers registers them with kopf, so do it only when actually running.
     importlib.import_module("treadle.operator.handlers")
 
@@ -66,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     memo = runtime.Runtime(
         kube=kube.Kube.from_environment(args.kubeconfig),
         kubeconfig=args.kubeconfig,
-        cfg=config.OperatorConfig.from_env(),
+        cfg=cfg,
         metrics=metrics.OperatorMetrics(),
         metrics_port=args.metrics_port or None,
         metrics_addr=args.bind,

@@ -57,10 +57,22 @@ class OperatorConfig:
     """Pull policy for every container the operator renders."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     """Labels added to every child (e.g. a team or cost-centre label)."""
+    auth_key: str = ""
+    """The operator's key: each job's token and Redis password are derived from it and the job's uid
+    (``treadle.auth.job_secret``); the chart keeps it in a Secret of its own. ``treadle operator run``
+    refuses to start without one."""
+    redis_password: str = ""
+    """The shared Redis's admin password (the chart's Secret): with it, each job gets a Redis user of
+    its own (``redisacl``) and its pods log in as it; without it (a Redis without ACLs) they do not."""
+    metrics_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods (Prometheus) may reach a job's HTTP ports for ``/metrics``, besides the
+    job's own pods (the job's NetworkPolicy)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
-        """Read ``TREADLE_SERVICES_IMAGE``, ``TREADLE_REDIS_URL``, ``TREADLE_MOONCAKE_*`` (else defaults)."""
+        """Read ``TREADLE_SERVICES_IMAGE``, ``TREADLE_REDIS_URL``, ``TREADLE_MOONCAKE_*``,
+        ``TREADLE_AUTH_KEY``, ``TREADLE_REDIS_PASSWORD``, ``TREADLE_METRICS_NAMESPACES`` (comma-separated)
+        (else defaults)."""
         env = os.environ if env is None else env
         default = cls()
         return cls(
@@ -69,4 +81,9 @@ class OperatorConfig:
             mooncake_master=env.get("TREADLE_MOONCAKE_MASTER", default.mooncake_master),
             mooncake_metadata_url=env.get("TREADLE_MOONCAKE_METADATA_URL", default.mooncake_metadata_url),
             image_pull_policy=env.get("TREADLE_IMAGE_PULL_POLICY", default.image_pull_policy),
+            auth_key=env.get("TREADLE_AUTH_KEY", default.auth_key),
+            redis_password=env.get("TREADLE_REDIS_PASSWORD", default.redis_password),
+            metrics_namespaces=tuple(
+                n.strip() for n in env.get("TREADLE_METRICS_NAMESPACES", "").split(",") if n.strip()
+            ),
         )

@@ -25,10 +25,11 @@ from typing import Any
 
 import kopf
 import kubernetes
+import redis
 
-from treadle import errors, kubeapi
+from treadle import auth, errors, kubeapi
 from treadle.api import v1alpha1
-from treadle.operator import diff, reasons, render, runtime, status
+from treadle.operator import diff, reasons, redisacl, render, runtime, status
 from treadle.operator.render import common as render_common
 
 JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
@@ -256,6 +257,15 @@ def reconcile(
 def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
     uid = str(job.metadata.get("uid", ""))
     rendered = render.render_children(job, memo.cfg)
+    if memo.cfg.redis_password:
+        # The job's Redis user before its pods, which log in as it (idempotent, so on every reconcile).
+        secret = next(obj for obj in rendered if obj["kind"] == "Secret")
+        try:
+            redisacl.ensure_user(memo.cfg, job, secret["stringData"][auth.REDIS_PASSWORD_KEY])
+        except redis.RedisError as exc:
+            raise kopf.TemporaryError(
+                f"Redis: cannot set up the job's user: {exc}; retrying", delay=10
+            ) from exc
     observed = memo.kube.list_children(job.namespace, job.name, uid)
     plan = diff.plan(rendered, observed)
     done = []
@@ -278,9 +288,16 @@ def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
 
 @kopf.on.delete(*JOBS, optional=True)
 def forget(*, namespace: str | None, name: str, memo: runtime.Runtime, **_: Any) -> None:
-    """Drop the job's metric series; ``optional=True`` keeps kopf from adding a finalizer."""
+    """Drop the job's metric series and its Redis user; ``optional=True`` keeps kopf from adding a
+    finalizer (so a user left by an operator that was down is removed by nothing: it can reach only
+    the keys of a job that no longer exists, and a job re-created under the name resets it)."""
     memo.metrics.forget_job(namespace or "", name)
     memo.forget((namespace or "", name))
+    if memo.cfg.redis_password:
+        try:
+            redisacl.delete_user(memo.cfg, namespace or "", name)
+        except redis.RedisError as exc:
+            logging.getLogger(__name__).warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
 
 
 # --- status ---------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ COLLECTIONS: Mapping[str, str] = {
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "Secret": "/api/v1/namespaces/{ns}/secrets",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
 }
 
 

@@ -15,6 +15,7 @@ instead of running half-configured.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -28,7 +29,7 @@ from typing import NoReturn, TypeVar
 import kubernetes
 import prometheus_client
 
-from treadle import errors, kubeapi
+from treadle import auth, errors, kubeapi
 from treadle.api import env_vars, jobconfig, v1alpha1
 
 log = logging.getLogger(__name__)
@@ -77,12 +78,43 @@ def load_job(environ: Mapping[str, str]) -> v1alpha1.RolloutJob:
     )
 
 
-def job_env(job: v1alpha1.RolloutJob, directory: Path) -> dict[str, str]:
-    """Write ``job``'s job file into ``directory``; the variables a process then reads it by."""
+def job_env(job: v1alpha1.RolloutJob, directory: Path, *, token: str | None = None) -> dict[str, str]:
+    """Write ``job``'s job file into ``directory``; the variables a process then reads it by.
+
+    ``token``: the run's token (``auth.new_token()``), written beside it as the operator mounts the
+    job's Secret; every server then requires it and every client the process builds sends it."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "job.json"
     path.write_text(jobconfig.job_file(job))
-    return {env_vars.CONFIG: str(path), env_vars.JOB: job.name}
+    out = {env_vars.CONFIG: str(path), env_vars.JOB: job.name}
+    if token is not None:
+        out[env_vars.TOKEN_FILE] = str(auth.write_token(directory / "auth", token))
+    return out
+
+
+def redis_url(environ: Mapping[str, str], given: str | None = None) -> str:
+    """``given`` (else ``TREADLE_REDIS_URL``, else empty: no Redis) with the job's Redis user and
+    password when the pod has them (``TREADLE_REDIS_PASSWORD_FILE``; the user is the key prefix,
+    ``treadle.operator.redisacl``); unchanged without them, or when the URL names a user itself."""
+    url = given if given is not None else environ.get(env_vars.REDIS_URL, "")
+    password = auth.read_secret(environ, env_vars.REDIS_PASSWORD_FILE)
+    parts = urllib.parse.urlsplit(url)
+    if not url or password is None or parts.username or parts.password:
+        return url
+    user = environ.get(env_vars.KEY_PREFIX, "")
+    if not user:
+        raise errors.SpecError("not set: the job's key prefix, its Redis user", field=env_vars.KEY_PREFIX)
+    quote = functools.partial(urllib.parse.quote, safe="")
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password)}@{parts.netloc}"))
+
+
+def token(environ: Mapping[str, str]) -> str | None:
+    """The job's token (``TREADLE_TOKEN_FILE``): servers require it, clients send it. None outside
+    a job (an env or reward server run alone): the server then accepts every caller, and says so."""
+    found = auth.token_from(environ)
+    if found is None:
+        log.warning("%s not set: this process neither requires nor sends a job token", env_vars.TOKEN_FILE)
+    return found
 
 
 class Job:

@@ -135,7 +135,7 @@ def run(
     A command that never ends by itself (``kubectl get -w``, ``kubectl logs -f``) is given in ``watch``
     by a substring of it, with the predicate on its output so far that ends it (then it is stopped,
     and it passes); it fails if ``timeout_s`` passes first. An ``export`` line changes the environment
-    of the commands after it, as in one shell.
+    of the commands after it, as in one shell; its ``Ran.output`` lists the variables it changed.
     """
     out, env = [], dict(env)
     for command in b.commands():
@@ -148,8 +148,12 @@ def run(
                 text=True,
                 check=True,
             ).stdout
-            env = dict(item.split("=", 1) for item in shown.split("\0") if "=" in item)
-            out.append(Ran(command, ""))
+            after = dict(item.split("=", 1) for item in shown.split("\0") if "=" in item)
+            for shells_own in ("PWD", "SHLVL", "_", "OLDPWD"):
+                after.pop(shells_own, None)
+            changed = "".join(f"{k}={v}\n" for k, v in sorted(after.items()) if env.get(k) != v)
+            env = after
+            out.append(Ran(command, changed))
             continue
         until = next((p for key, p in (watch or {}).items() if key in command), None)
         with tempfile.TemporaryFile("w+") as log:

@@ -1,4 +1,5 @@
-"""A real ``redis-server`` (Debian package) on a free loopback port, without persistence."""
+"""A real ``redis-server`` (Debian package) on a free loopback port, without persistence; with
+``password``, its default user requires it (``--requirepass``, as the chart's Redis)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class RedisServer:
     host: str
     port: int
     pid: int
+    password: str | None = None
 
     @property
     def url(self) -> str:
@@ -21,12 +23,12 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(timeout: float = 15.0) -> Iterator[RedisServer]:
+def redis_server(timeout: float = 15.0, *, password: str | None = None) -> Iterator[RedisServer]:
     binary = procs.which("redis-server", "apt-get install redis-server, or run hack/setup.sh")
     port = procs.free_port()
     argv = [
         binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-        "--protected-mode", "yes", "--daemonize", "no",
+        "--protected-mode", "yes", "--daemonize", "no", *(["--requirepass", password] if password else []),
     ]  # fmt: skip
     with procs.running("redis-server", argv, lambda: procs.port_open(port), timeout=timeout) as proc:
-        yield RedisServer("127.0.0.1", port, proc.pid)
+        yield RedisServer("127.0.0.1", port, proc.pid, password)

@@ -75,11 +75,14 @@ class EngineSwapper:
         agent: str = "",
         contended_retries: int = CONTENDED_RETRIES,
         contended_wait_s: float = CONTENDED_WAIT_S,
+        token: str | None = None,
     ) -> None:
+        """``token``: the job's (``treadle.auth``), sent to every inference agent."""
         if not replicas:
             raise errors.SpecError("need at least one replica", field="replicas")
         self.replicas = list(replicas)
         self.agent = agent
+        self.token = token
         self.contended_retries = contended_retries
         self.contended_wait_s = contended_wait_s
         self.moved: dict[str, str] = {}
@@ -118,7 +121,7 @@ class EngineSwapper:
                 await agent_client.swap(
                     r.agent_url, r.engine_url, label=str(version),
                     apply_version=version if self.extension else None, agent=self.agent,
-                    expect_agent=self.agent, timeout_s=self.timeout_s,
+                    expect_agent=self.agent, timeout_s=self.timeout_s, token=self.token,
                 )  # fmt: skip
             except agent_client.SwapContended:
                 serving = await self._serving(r)
@@ -137,7 +140,7 @@ class EngineSwapper:
 
     async def _serving(self, r: Replica) -> str:
         """The agent whose weights the replica's engine serves, as its inference agent says."""
-        client = agent_client.AgentClient(r.agent_url, timeout_s=self.timeout_s)
+        client = agent_client.AgentClient(r.agent_url, timeout_s=self.timeout_s, token=self.token)
         try:
             return (await client.load()).agent
         finally:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from treadle import errors
-from treadle.api import v1alpha1
+from treadle import auth, errors
+from treadle.api import env_vars, v1alpha1
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
 from treadle.localmode import run as localmode_run
@@ -100,6 +100,8 @@ async def start_services(
 ) -> tuple[localmode_run.Services, list[engines.Replica]]:
     engine_urls: dict[str, str] = {}
     agent_urls: dict[str, str] = {}
+    token = auth.new_token()  # the run's, as local mode's (every service requires it)
+    job = podenv.job_env(toy_job(options, model_dir), stack.run_dir, token=token)
     for i in range(options.workers):
         worker = f"{POOL}-{i}"
         if options.engine == "vllm":
@@ -137,9 +139,9 @@ async def start_services(
             "treadle.services.agent",
             ["--engine-url", eng.url, "--worker-id", worker, "--poll-interval-s", "0.2"],
             kind="http",
+            env={env_vars.TOKEN_FILE: job[env_vars.TOKEN_FILE]},
         )
         agent_urls[worker] = agent.url
-    job = podenv.job_env(toy_job(options, model_dir), stack.run_dir)
     env = (await stack.start("env-0", "treadle.services.env", [], kind="http", env=job)).url
     reward = (
         await stack.start(
@@ -178,7 +180,7 @@ async def start_services(
         ],
         job,
     )
-    client = placement_client.PlacementClient(placement)
+    client = placement_client.PlacementClient(placement, token=token)
     try:
         for worker, url in agent_urls.items():
             await client.register_worker(placement_pb2.Worker(worker_id=worker, pool=POOL, address=url))
@@ -193,6 +195,7 @@ async def start_services(
         agents=agent_urls,
         engines=engine_urls,
         metrics=metrics,
+        token=token,
     )
     replicas = [engines.Replica(w, engine_urls[w], agent_urls[w]) for w in engine_urls]
     return services, replicas
@@ -273,8 +276,8 @@ async def train(
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The trainer against a started stack; returns the summary (also used by tests on their own stack)."""
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
     store = objects.FileStore(weights_dir)
     weights = publish.Publisher(store, PREFIX, bucket_bytes=1 << 20, staleness_window=options.alpha + 1)
     publisher = publisher_mod.Publisher(weights, committer=scheduler)
@@ -285,7 +288,7 @@ async def train(
         timeout_s=300.0,
         max_batches=options.steps,
     )
-    swapper = engines.EngineSwapper(replicas, extension=options.engine == "vllm")
+    swapper = engines.EngineSwapper(replicas, extension=options.engine == "vllm", token=services.token)
     trainer = loop.Trainer(
         pol,
         batches=batches,

@@ -32,6 +32,35 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{- /* The Secret holding the operator's key (every job's token and Redis password derive from it)
+and the shared Redis's admin password: the values' when given, else the ones already in the
+cluster (lookup, so an upgrade keeps them), else new random ones. */ -}}
+{{- define "treadle.authSecret" -}}
+{{- printf "%s-auth" (include "treadle.fullname" .) -}}
+{{- end -}}
+
+{{- define "treadle.redisPassword" -}}
+{{- $old := lookup "v1" "Secret" .Release.Namespace (include "treadle.authSecret" .) -}}
+{{- if .Values.redis.password -}}
+{{- .Values.redis.password -}}
+{{- else if and $old (index ($old.data | default dict) "redis-password") -}}
+{{- index $old.data "redis-password" | b64dec -}}
+{{- else if .Values.redis.enabled -}}
+{{- randAlphaNum 40 -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "treadle.authKey" -}}
+{{- $old := lookup "v1" "Secret" .Release.Namespace (include "treadle.authSecret" .) -}}
+{{- if .Values.auth.key -}}
+{{- .Values.auth.key -}}
+{{- else if and $old (index ($old.data | default dict) "auth-key") -}}
+{{- index $old.data "auth-key" | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 48 -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "treadle.mooncakeMaster" -}}
 {{- if .Values.mooncake.enabled -}}
 {{- printf "%s-mooncake.%s.svc:50051" (include "treadle.fullname" .) .Release.Namespace -}}

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from treadle import auth
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import run as run_mod
@@ -52,21 +53,23 @@ def stack(tmp_path: Path) -> Iterator[stack_mod.Stack]:
         yield s
 
 
-async def _feeds(url: str) -> dict[str, object]:
-    async with httpx.AsyncClient(timeout=2.0) as client:
+async def _feeds(url: str, token: str) -> dict[str, object]:
+    async with httpx.AsyncClient(timeout=2.0, headers={auth.HEADER: auth.header_value(token)}) as client:
         body: list[dict[str, object]] = (await client.get(f"{url}/v1/feeds")).json()
     return body[0]
 
 
-async def _wait(url: str, done: bool, *, fed_at_least: int = 0, timeout_s: float = 60.0) -> dict[str, object]:
+async def _wait(
+    url: str, token: str, done: bool, *, fed_at_least: int = 0, timeout_s: float = 60.0
+) -> dict[str, object]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        feed = await _feeds(url)
+        feed = await _feeds(url, token)
         if feed["done"] is done and int(str(feed["fed"])) >= fed_at_least:
             return feed
         await asyncio.sleep(0.02)
     raise AssertionError(
-        f"feeder not at done={done}, fed>={fed_at_least} in {timeout_s}s: {await _feeds(url)}"
+        f"feeder not at done={done}, fed>={fed_at_least} in {timeout_s}s: {await _feeds(url, token)}"
     )
 
 
@@ -82,20 +85,21 @@ async def test_a_feeder_killed_mid_epoch_resumes_without_repeat_or_gap(
     env = {
         env_vars.CONFIG: str(config), env_vars.JOB: job.name, env_vars.REDIS_URL: redis_server.url,
         env_vars.SCHEDULER_ADDR: services.scheduler, env_vars.KEY_PREFIX: uuid.uuid4().hex,
+        env_vars.TOKEN: services.token,
     }  # fmt: skip
     # Two groups a round (4 trajectories kept pending, admitted at once), a round every 50 ms.
     args = ["--target-pending", "4", "--interval-s", "0.05"]
     feeder = await stack.start("feeder", "treadle.services.feeder", args, kind="http", env=env)
-    before = await _wait(feeder.url, False, fed_at_least=ROWS // 4)
+    before = await _wait(feeder.url, services.token, False, fed_at_least=ROWS // 4)
     stack.kill("feeder")
     assert int(str(before["fed"])) < ROWS, before  # killed mid-epoch
     await stack.restart("feeder")
-    resumed = await _feeds(feeder.url)
+    resumed = await _feeds(feeder.url, services.token)
     assert int(str(resumed["fed"])) >= int(str(before["fed"])), (before, resumed)  # from Redis, not from 0
-    await _wait(feeder.url, True)
+    await _wait(feeder.url, services.token, True)
 
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
     try:
         deadline = time.monotonic() + 120
         while not scheduler_client.settled(stats := await scheduler.stats()):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from treadle import auth
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config
@@ -32,12 +33,17 @@ def containers(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def mount_configmap(children: list[dict[str, Any]], tmp_path: Path) -> Path:
-    """The job's ConfigMap written as files, where the pods would see it mounted."""
+    """The job's ConfigMap written as files, where the pods would see it mounted, and its Secret (the
+    token, the Redis password) in ``auth/`` under it (``Rewriter`` points the pods there)."""
     config_dir = tmp_path / "etc-treadle"
     config_dir.mkdir()
     configmap = next(c for c in children if c["kind"] == "ConfigMap")
     for filename, text in configmap["data"].items():
         (config_dir / filename).write_text(text)
+    secret = next(c for c in children if c["kind"] == "Secret")
+    (config_dir / "auth").mkdir()
+    for filename, text in secret["stringData"].items():
+        (config_dir / "auth" / filename).write_text(text)
     return config_dir
 
 
@@ -47,8 +53,11 @@ class Rewriter:
     def __init__(self, job: v1alpha1.RolloutJob, *, config_dir: Path, redis_url: str) -> None:
         ep = render_common.endpoints(job)
         self.ports = {name: procs.free_port() for name in config.PORTS}
+        self.token = (config_dir / "auth" / auth.TOKEN_KEY).read_text()
+        """The job's token, as its Secret holds it: what a caller from the job's pods sends."""
         self.subs: dict[str, str] = {
             render_common.CONFIG_MOUNT: str(config_dir),
+            render_common.AUTH_MOUNT: str(config_dir / "auth"),
             "redis://placeholder": redis_url,
         }
         for name in (*render_common.COORDINATION, "weights"):

@@ -106,8 +106,8 @@ async def test_darts_aborts_the_surplus_in_the_engines_and_keeps_statistics_acro
     plan = plan_mod.make_plan(job(), options)
     services = await run_mod.start_services(stack, plan, options, redis_url=redis_server.url)
     (engine,), (agent,) = services.engines.values(), services.agents.values()
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
     saved = darts_store.RedisStats.from_url(redis_server.url, namespace=plan.job.name)
     try:
         # step 1, cold start: pools of M, every candidate trained
@@ -154,7 +154,7 @@ async def test_darts_aborts_the_surplus_in_the_engines_and_keeps_statistics_acro
         # a restarted scheduler plans from the saved statistics: step 3 blends into them (EMA)
         await scheduler.aclose()
         await stack.restart("scheduler")
-        scheduler = scheduler_client.SchedulerClient(services.scheduler)
+        scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
         await submit(scheduler, 3)
         await settle(scheduler, submitted=GROUPS * M)  # no PTL samples yet after the restart: pools of M
         third = await saved_after(saved, second)

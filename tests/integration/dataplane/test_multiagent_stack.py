@@ -75,9 +75,9 @@ async def test_two_agents_take_turns_and_a_busy_agent_receives_workers(stack: st
             label = agent_client.label(home[wid], VERSION[home[wid]])
             await http.post(url + "/update_weight_version", json={"new_version": label})
     reporter = asyncio.create_task(run_mod.report_loads(services, interval_s=0.1))
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
-    placement = placement_client.PlacementClient(services.placement)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
+    placement = placement_client.PlacementClient(services.placement, token=services.token)
     try:
         deadline = time.monotonic() + 30
         while {a.weight_version for a in (await placement.pool_state()).agents} != set(VERSION.values()):

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 import rendered_pods
 import yaml
 
+from treadle import auth, errors
 from treadle.api import dataset as dataset_api
 from treadle.api import env_vars, v1alpha1
 from treadle.localmode import stack as stack_mod
@@ -67,8 +68,8 @@ async def test_rendered_children_run_and_fill_the_buffer(
     with stack_mod.Stack(tmp_path / "run") as stack:
         agent_port, sched_port = await rendered_pods.launch_rendered(stack, rw, by_name, tmp_path)
 
-        placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}")
-        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
+        placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}", token=rw.token)
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}", token=rw.token)
         try:
             # The agent registers itself from TREADLE_POOL and reports its load.
             deadline = time.monotonic() + 30
@@ -93,6 +94,15 @@ async def test_rendered_children_run_and_fill_the_buffer(
                     break
                 assert time.monotonic() < deadline, f"{stats}\n{stack.procs['scheduler'].tail()}"
                 await asyncio.sleep(0.2)
+            # Started from the rendered objects, they refuse whoever lacks the job's Secret.
+            anyone = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
+            with pytest.raises(errors.Unauthenticated):
+                await anyone.commit_version(1_000_000_000)
+            await anyone.aclose()
+            async with httpx.AsyncClient(timeout=10) as http:
+                for name, path in (("agent", "/v1/pause"), ("env", "/v1/sessions"), ("reward", "/v1/score")):
+                    reply = await http.post(f"http://127.0.0.1:{rw.ports[name]}{path}", json={})
+                    assert reply.status_code == 401, (name, reply.text)
         finally:
             await placement.aclose()
             await scheduler.aclose()
@@ -161,11 +171,12 @@ async def test_rendered_feeder_feeds_each_row_once_to_a_user_environment(
         argv, port = rw.command(feeder)
         argv += ["--config-map-mount", str(mounted), "--interval-s", "0.1"]  # where the kubelet mounts
         await stack.launch("feeder", argv, port=port, kind="http", env=rw.env(feeder))
-        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
-        buffer = buffer_client.BufferClient(f"127.0.0.1:{rw.ports['buffer']}")
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}", token=rw.token)
+        buffer = buffer_client.BufferClient(f"127.0.0.1:{rw.ports['buffer']}", token=rw.token)
         try:
             deadline = time.monotonic() + 120
-            async with httpx.AsyncClient(timeout=5) as http:
+            headers = {auth.HEADER: auth.header_value(rw.token)}
+            async with httpx.AsyncClient(timeout=5, headers=headers) as http:
                 while True:
                     (feed,) = (await http.get(f"http://127.0.0.1:{port}/v1/feeds")).json()
                     stats = await scheduler.stats()
@@ -296,9 +307,9 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
             "scheduler", sched_argv, port=sched_port, kind="grpc", env=rw.env(by_name["scheduler"])
         )
 
-        placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}")
-        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
-        buffer = buffer_client.BufferClient(f"127.0.0.1:{rw.ports['buffer']}")
+        placement = placement_client.PlacementClient(f"127.0.0.1:{rw.ports['placement']}", token=rw.token)
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}", token=rw.token)
+        buffer = buffer_client.BufferClient(f"127.0.0.1:{rw.ports['buffer']}", token=rw.token)
         try:
             async with httpx.AsyncClient(timeout=10) as http:
                 for worker, url in engines.items():  # the trainer's part: each agent's weights loaded

@@ -62,8 +62,8 @@ async def test_trajectories_carry_tokens_logprobs_and_versions(
     options = plan_mod.Options(trajectories=16, max_workers_per_pool=1, env_servers=1, max_tokens=32)
     plan = plan_mod.make_plan(job(max_turns=2, batch_size=8), options)
     services = await run_mod.start_services(stack, plan, options, redis_url=redis_server.url)
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
     try:
         await scheduler.submit(
             [scheduler_pb2.PromptGroup(group_id=g, task=t, seed=s) for g, t, s in plan.groups]
@@ -105,8 +105,8 @@ async def test_killing_an_env_server_loses_no_trajectory(stack: stack_mod.Stack)
     options = plan_mod.Options(trajectories=64, max_workers_per_pool=1, env_servers=2, max_tokens=32)
     plan = plan_mod.make_plan(job(max_turns=6, batch_size=64), options)
     services = await run_mod.start_services(stack, plan, options)
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
-    buffer = buffer_client.BufferClient(services.buffer)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
+    buffer = buffer_client.BufferClient(services.buffer, token=services.token)
     try:
         await scheduler.submit(
             [scheduler_pb2.PromptGroup(group_id=g, task=t, seed=s) for g, t, s in plan.groups]

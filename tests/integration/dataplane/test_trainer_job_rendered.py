@@ -149,7 +149,7 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
             stack, rw, by_name, tmp_path, scheduler_env={"KUBECONFIG": str(kubeconfig)}
         )
         engine_port = rw.ports["vllm"]
-        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}")
+        scheduler = scheduler_client.SchedulerClient(f"127.0.0.1:{sched_port}", token=rw.token)
         feeding = asyncio.create_task(feed(scheduler, the_job.spec.tasks[0].name))
         log = tmp_path / "trainer.log"
         try:

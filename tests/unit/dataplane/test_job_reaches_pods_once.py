@@ -35,20 +35,32 @@ def load(path: Path) -> v1alpha1.RolloutJob:
 
 
 def pods(job: v1alpha1.RolloutJob, tmp_path: Path) -> dict[str, dict[str, str]]:
-    """Each rendered container's env by name (``agent@<pool>`` per pool); the ConfigMap goes to tmp_path."""
+    """Each rendered container's env by name (``agent@<pool>`` per pool); the ConfigMap goes to tmp_path,
+    the Secret to tmp_path/auth."""
     children = render.render_children(job, config.OperatorConfig())
     configmap = next(c for c in children if c["kind"] == "ConfigMap")
     for filename, text in configmap["data"].items():
         (tmp_path / filename).write_text(text)
+    secret = next(c for c in children if c["kind"] == "Secret")
+    (tmp_path / "auth").mkdir(exist_ok=True)
+    for filename, text in secret["stringData"].items():
+        (tmp_path / "auth" / filename).write_text(text)
+    mounts = {render_common.CONFIG_MOUNT: str(tmp_path), render_common.AUTH_MOUNT: f"{tmp_path}/auth"}
     out: dict[str, dict[str, str]] = {}
     for child in children:
         if child["kind"] != "Deployment":
             continue
         pool = child["metadata"]["labels"].get(render_common.POOL_LABEL)
         for c in child["spec"]["template"]["spec"]["containers"]:
-            env = {e["name"]: e["value"].replace(render_common.CONFIG_MOUNT, str(tmp_path)) for e in c["env"]}
+            env = {e["name"]: _mounted(e["value"], mounts) for e in c["env"]}
             out[f"{c['name']}@{pool}" if pool else c["name"]] = env
     return out
+
+
+def _mounted(value: str, mounts: dict[str, str]) -> str:
+    for mount, directory in mounts.items():
+        value = value.replace(mount, directory)
+    return value
 
 
 def spec_values(node: Any) -> set[str]:

@@ -34,12 +34,17 @@ def job(name: str = "math-tool-h20.yaml") -> v1alpha1.RolloutJob:
 
 
 def pod_env(tmp_path: Path, component: str, j: v1alpha1.RolloutJob | None = None) -> dict[str, str]:
-    """The rendered container's env, with the ConfigMap files written under tmp_path."""
+    """The rendered container's env, with the ConfigMap's files written under tmp_path (and the
+    Secret's under tmp_path/auth, as the pod mounts them)."""
     j = j or job()
     children = render.render_children(j, config.OperatorConfig())
     configmap = next(c for c in children if c["kind"] == "ConfigMap")
     for filename, text in configmap["data"].items():
         (tmp_path / filename).write_text(text)
+    secret = next(c for c in children if c["kind"] == "Secret")
+    (tmp_path / "auth").mkdir(exist_ok=True)
+    for filename, text in secret["stringData"].items():
+        (tmp_path / "auth" / filename).write_text(text)
     container: dict[str, Any] = next(
         c
         for child in children
@@ -48,7 +53,12 @@ def pod_env(tmp_path: Path, component: str, j: v1alpha1.RolloutJob | None = None
         if c["name"] == component
     )
     env = {e["name"]: e["value"] for e in container["env"]}
-    return {k: v.replace(render_common.CONFIG_MOUNT, str(tmp_path)) for k, v in env.items()}
+    return {
+        k: v.replace(render_common.CONFIG_MOUNT, str(tmp_path)).replace(
+            render_common.AUTH_MOUNT, f"{tmp_path}/auth"
+        )
+        for k, v in env.items()
+    }
 
 
 def test_job_config_is_local_modes_translation(tmp_path: Path) -> None:

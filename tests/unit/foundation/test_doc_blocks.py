@@ -59,3 +59,9 @@ def test_a_block_runs_as_one_shell_would(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="`false` failed"):
         docblocks.run(failing, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert not (tmp_path / "never").exists()
+
+
+def test_an_export_line_reports_what_it_changed(tmp_path: Path) -> None:
+    b = docblocks.Block(Path("x.md"), 1, "bash", "run", None, 'export A=${A:-one} B=two\nexport C="$A$B"')
+    first, second = docblocks.run(b, env={"PATH": "/usr/bin:/bin", "A": "set"}, cwd=tmp_path)
+    assert first.output == "B=two\n" and second.output == "C=settwo\n"

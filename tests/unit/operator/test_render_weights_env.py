@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from treadle.api import v1alpha1
+from treadle import auth
+from treadle.api import env_vars, v1alpha1
 from treadle.operator import config, render
 from treadle.operator.render import common as render_common
 from treadle.operator.render import pool as render_pool
@@ -94,6 +95,7 @@ def test_placement_applies_weights_in_a_cluster_and_not_without_a_job(tmp_path: 
         if c["name"] == "placement"
     )
     env = {e["name"]: e["value"].replace(render_common.CONFIG_MOUNT, str(tmp_path)) for e in container["env"]}
+    env[env_vars.TOKEN_FILE] = str(auth.write_token(tmp_path / "auth", "the job's token"))  # its Secret
     assert placement_main.parse_args([], env).apply_weights is True
     assert placement_main.parse_args(["--no-apply-weights"], env).apply_weights is False
     assert placement_main.parse_args(["--apply-weights"], env).apply_weights is True

@@ -11,6 +11,8 @@ and each object carries a hash of itself so the reconciler re-applies only what 
 Children of job ``J`` (all in J's namespace, owned by J through a controller ownerReference, so
 the garbage collector deletes them with J even while the operator is down):
 
+- ``J-auth`` Secret (the job's token and Redis password) and ``J-network`` NetworkPolicy (only the
+  job's own pods, and Prometheus on metrics ports, reach its pods): ``security``.
 - ``J-config`` ConfigMap: the validated spec (``job.json``, ``treadle.api.jobconfig.job_file``) and
   the endpoint map every component reads. The spec reaches every service only there: no
   ``TREADLE_*`` variable repeats a spec field (``treadle.api.env_vars.RENDERED``).
@@ -46,7 +48,7 @@ from typing import Any
 
 from treadle.api import v1alpha1
 from treadle.operator import config
-from treadle.operator.render import backends, common, coordination, feeder, pool, trainer
+from treadle.operator.render import backends, common, coordination, feeder, pool, security, trainer
 
 
 def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
@@ -65,9 +67,12 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
 
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """Every child of the job, in apply order (config first, then services and pools, the trainer last)."""
-    # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused.
+    # The ServiceAccount before the scheduler's Deployment: a pod naming a missing one is refused;
+    # the Secret before every pod that mounts it, the NetworkPolicy before any pod it fences.
     out = [
         coordination.render_config(job, cfg),
+        security.render_secret(job, cfg),
+        security.render_network_policy(job, cfg),
         *coordination.render_identity(job, cfg, "scheduler", status=True),
     ]
     for component in common.COORDINATION:

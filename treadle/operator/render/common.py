@@ -8,6 +8,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from treadle import auth
 from treadle.api import env_vars, nodes, v1alpha1
 from treadle.operator import config
 
@@ -16,6 +17,8 @@ JOB_LABEL = "treadle.dev/job"
 COMPONENT_LABEL = "treadle.dev/component"
 POOL_LABEL = nodes.POOL_LABEL
 CONFIG_MOUNT = "/etc/treadle"
+AUTH_MOUNT = "/var/run/secrets/treadle"
+"""Where the job's Secret (``render.security.render_secret``) is mounted in its Treadle containers."""
 FIELD_MANAGER = "treadle-operator"
 COORDINATION = ("buffer", "scheduler", "placement")
 METRICS_PATH = "/metrics"
@@ -125,7 +128,10 @@ def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[s
         env_vars.ENV_URL: ep["env"],
         env_vars.REWARD_URL: ep["reward"],
         env_vars.METRICS_PORT: str(config.PORTS["metrics"]),
+        env_vars.TOKEN_FILE: f"{AUTH_MOUNT}/{auth.TOKEN_KEY}",
     }
+    if cfg.redis_password:  # the job has its own Redis user (treadle.operator.redisacl)
+        pairs[env_vars.REDIS_PASSWORD_FILE] = f"{AUTH_MOUNT}/{auth.REDIS_PASSWORD_KEY}"
     return [{"name": k, "value": v} for k, v in pairs.items()]
 
 
@@ -141,6 +147,19 @@ def scrape_annotations() -> dict[str, str]:
         "prometheus.io/port": str(config.PORTS["metrics"]),
         "prometheus.io/path": METRICS_PATH,
     }
+
+
+def mount_auth(job: v1alpha1.RolloutJob, pod: dict[str, Any]) -> None:
+    """Mount the job's Secret (its token and Redis password) into every container of ``pod`` that
+    carries the job's variables (``pod_env``), read-only."""
+    pod.setdefault("volumes", []).append(
+        {"name": "treadle-auth", "secret": {"secretName": child_name(job, "auth")}}
+    )
+    for container in pod["containers"]:
+        if any(e.get("name") == env_vars.TOKEN_FILE for e in container.get("env", ())):
+            container.setdefault("volumeMounts", []).append(
+                {"name": "treadle-auth", "mountPath": AUTH_MOUNT, "readOnly": True}
+            )
 
 
 def not_on_gpu_nodes() -> dict[str, Any]:
@@ -228,6 +247,14 @@ def deployment(
 ) -> dict[str, Any]:
     metadata = meta(job, cfg, component, pool)
     scraped = any(p["name"] == "metrics" for c in pod_spec["containers"] for p in c.get("ports", ()))
+    template_spec: dict[str, Any] = {
+        "enableServiceLinks": False,
+        # No API access unless a component's pod_spec names its ServiceAccount.
+        "automountServiceAccountToken": False,
+        "volumes": [config_volume(job)],
+        **pod_spec,
+    }
+    mount_auth(job, template_spec)
     return stamp(
         {
             "apiVersion": "apps/v1",
@@ -245,13 +272,7 @@ def deployment(
                         "labels": dict(metadata["labels"]),
                         **({"annotations": scrape_annotations()} if scraped else {}),
                     },
-                    "spec": {
-                        "enableServiceLinks": False,
-                        # No API access unless a component's pod_spec names its ServiceAccount.
-                        "automountServiceAccountToken": False,
-                        "volumes": [config_volume(job)],
-                        **pod_spec,
-                    },
+                    "spec": template_spec,
                 },
             },
         }

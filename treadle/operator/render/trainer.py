@@ -90,7 +90,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
         "trainer": trainer.model_dump(mode="json", by_alias=True),
         "rollout": {"batchSize": job.spec.rollout.batch_size, "staleness": job.spec.rollout.staleness},
     }
-    template = {
+    template: dict[str, Any] = {
         "metadata": {
             "labels": dict(metadata["labels"]),
             "annotations": {
@@ -120,6 +120,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
             ],
         },
     }
+    common.mount_auth(job, template["spec"])
     spec = {"backoffLimit": BACKOFF_LIMIT, "template": template}
     metadata["name"] += "-" + common.spec_hash({"metadata": {}, "spec": spec})[:HASH_CHARS]
     return [

@@ -62,12 +62,13 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         return a.advertise_url or f"http://{podenv.advertised_host(a.host)}:{a.port}"
 
     url = podenv.or_exit(address, prog=PROG)
+    token = podenv.or_exit(lambda: podenv.token(environ), prog=PROG)
     if a.placement:
         log.info("worker %s (pool %s) at %s", a.worker_id, a.pool, url)
     app = http_app.build_app(
         engine_url=a.engine_url, worker_id=a.worker_id, poll_interval_s=a.poll_interval_s,
         placement=a.placement, pool=a.pool or "", address=url, agent=a.agent, swap_lease_s=a.swap_lease_s,
-        state_file=a.state_file,
+        state_file=a.state_file, token=token,
     )  # fmt: skip
     podenv.serve_metrics(
         app.state.registry, a.host, podenv.or_exit(lambda: podenv.metrics_port(environ), prog=PROG)

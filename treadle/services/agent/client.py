@@ -36,10 +36,15 @@ from treadle.services.httputil import client as http
 
 class AgentClient:
     def __init__(
-        self, base_url: str, *, timeout_s: float = 120.0, connect_wait_s: float = http.RESTART_WAIT_S
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 120.0,
+        connect_wait_s: float = http.RESTART_WAIT_S,
+        token: str | None = None,
     ) -> None:
         """``connect_wait_s``: how long ``generate`` waits for an agent restarting on its port."""
-        self._http = http.new_client(base_url, timeout_s=timeout_s)
+        self._http = http.new_client(base_url, timeout_s=timeout_s, token=token)
         self.connect_wait_s = connect_wait_s
 
     async def generate(self, req: protocol.GenerateRequest) -> protocol.GenerateResult:
@@ -133,6 +138,7 @@ async def swap(
     agent: str = "",
     expect_agent: str = "",
     pool: str = "",
+    token: str | None = None,
 ) -> Swapped:
     """Swap the engine behind ``agent_url`` to ``label``, first loading ``apply_version`` if given.
 
@@ -140,9 +146,9 @@ async def swap(
     (``treadle.weights.layout.agent_prefix``), and the inference agent records it. ``expect_agent``:
     whose weights the caller read it serves now (``SwapContended`` if that changed). A move names
     the receiver's ``pool``. The inference agent is told ``agent`` and ``pool`` only once the swap
-    succeeded.
+    succeeded. ``token``: the job's (``treadle.auth``).
     """
-    client = AgentClient(agent_url, timeout_s=timeout_s)
+    client = AgentClient(agent_url, timeout_s=timeout_s, token=token)
     try:
         return await swap_through(
             client, engine_url, label=label, apply_version=apply_version, timeout_s=timeout_s,

@@ -51,12 +51,14 @@ def build_app(
     agent: str = "",
     swap_lease_s: float = service.DEFAULT_SWAP_LEASE_S,
     state_file: Path | None = None,
+    token: str | None = None,
 ) -> fastapi.FastAPI:
     """With ``placement`` the agent registers as ``worker_id`` of ``pool`` at ``address`` and reports
     its load every ``poll_interval_s``; without it the caller registers it (local mode). ``agent``:
     whose weights the engine starts with (swaps expecting another are refused). A swap's pause not
     resumed within ``swap_lease_s`` is resumed by the agent. ``state_file``: where the agent and pool
-    the worker serves after a move are kept across restarts of this container (``served``)."""
+    the worker serves after a move are kept across restarts of this container (``served``). ``token``:
+    the job's, required of every caller but the probes and Prometheus, and sent to placement."""
     registry = registry or http_app.registry()
     svc = service.AgentService(
         engine_url=engine_url, worker_id=worker_id, registry=registry, agent=agent, swap_lease_s=swap_lease_s
@@ -68,7 +70,7 @@ def build_app(
         reloader = reload.Reloader(svc, registry=registry, on_resumed=lambda: record())
         report = reporter.LoadReporter(
             svc=svc, placement=placement, pool=pool, address=address, interval_s=poll_interval_s,
-            reloader=reloader,
+            reloader=reloader, token=token,
         )  # fmt: skip
 
     @contextlib.asynccontextmanager
@@ -112,7 +114,11 @@ def build_app(
             report.rehome(saved.pool)
 
     app = http_app.new_app(
-        title="treadle-agent", registry=registry, lifespan=lifespan, max_body_bytes=32 * 1024 * 1024
+        title="treadle-agent",
+        registry=registry,
+        lifespan=lifespan,
+        max_body_bytes=32 * 1024 * 1024,
+        token=token,
     )
     app.state.svc = svc
     app.state.reporter = report

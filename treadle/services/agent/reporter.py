@@ -40,6 +40,7 @@ class LoadReporter:
         address: str,
         interval_s: float,
         reloader: reload.Reloader | None = None,
+        token: str | None = None,
     ) -> None:
         """``reloader``: told placement's answer to every report (the version this worker should serve)."""
         self.svc = svc
@@ -51,6 +52,7 @@ class LoadReporter:
         )
         self.interval_s = interval_s
         self.placement = placement
+        self.token = token
         # A grpc.aio channel belongs to the loop it was made in: made on first use, inside the server's.
         self._client: placement_client.PlacementClient | None = None
         self.registered = False
@@ -65,7 +67,7 @@ class LoadReporter:
     async def report_once(self) -> None:
         """Register if needed, then send the current load; raises what placement answered."""
         if self._client is None:
-            self._client = placement_client.PlacementClient(self.placement)
+            self._client = placement_client.PlacementClient(self.placement, token=self.token)
         if not self.registered:
             await self._client.register_worker(self.worker)
             self.registered = True

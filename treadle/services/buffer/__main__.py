@@ -34,6 +34,7 @@ class Config:
     task_weights: dict[str, float]
     agents: list[str]
     lease_s: float
+    token: str | None
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -52,11 +53,11 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     def build() -> Config:
         return Config(
             host=a.host, port=a.port, metrics_port=podenv.metrics_port(environ, a.metrics_port),
-            redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
+            redis=podenv.redis_url(environ, a.redis),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
             alpha=job.config.buffer.alpha, task_weights=job.config.buffer.task_weights,
             agents=job.config.buffer.agents,
-            lease_s=a.lease_s,
+            lease_s=a.lease_s, token=podenv.token(environ),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -73,7 +74,7 @@ async def main(cfg: Config) -> None:
         default_lease_s=cfg.lease_s,
     )  # fmt: skip
     podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, token=cfg.token)
     runtime.settle_heap()
     logging.info("buffer serving on %s:%d (%s)", cfg.host, served.port, "redis" if cfg.redis else "memory")
     await grpcutil_server.serve_forever(served, on_stop=backend.aclose)

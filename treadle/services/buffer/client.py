@@ -10,13 +10,16 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from treadle.services.buffer import protocol
-from treadle.services.grpcutil import status
+from treadle.services.grpcutil import channel, status
 from treadle.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 
 
 class BufferClient:
-    def __init__(self, address: str, *, max_message_bytes: int = status.DEFAULT_MAX_MESSAGE_BYTES) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=status.channel_options(max_message_bytes))
+    def __init__(
+        self, address: str, *, token: str | None = None,
+        max_message_bytes: int = status.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:  # fmt: skip
+        self._channel = channel.open_channel(address, token=token, max_message_bytes=max_message_bytes)
         self._stub = buffer_pb2_grpc.BufferStub(self._channel)
 
     async def put(self, trajectories: Sequence[common_pb2.Trajectory]) -> protocol.PutResult:

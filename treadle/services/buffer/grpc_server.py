@@ -58,6 +58,7 @@ async def build_server(
     host: str = "127.0.0.1",
     port: int = 0,
     max_message_bytes: int = status.DEFAULT_MAX_MESSAGE_BYTES,
+    token: str | None = None,
 ) -> grpc_server.Served:
     """Start the buffer on ``host:port`` (0: a free port) and return it, SERVING."""
     servicer = BufferServicer(svc)
@@ -66,5 +67,6 @@ async def build_server(
         services=[SERVICE_NAME],
         host=host,
         port=port,
+        token=token,
         max_message_bytes=max_message_bytes,
     )

@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
             max_sessions=a.max_sessions, step_timeout_s=a.step_timeout_s, idle_ttl_s=a.idle_ttl_s,
             sandbox_concurrency=a.sandbox_concurrency, warm_pool=warm_pool(env), cpus_per_action=cpus,
             user_prefixes=prefixes, api_quotas=env.api_quotas if env else None,
-            redis_url=environ.get(env_vars.REDIS_URL, ""),
+            redis_url=podenv.redis_url(environ),
             namespace=environ.get(env_vars.KEY_PREFIX) or (job.config.job if env else "default"),
+            token=podenv.token(environ),
         ),
         prog=PROG,
     )  # fmt: skip

@@ -21,8 +21,8 @@ class EnvClient:
     """Numbers each session's steps: a call that raised leaves the number unused, so the caller's
     retry of the same action is the same step and the server applies it once."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
-        self._http = http.new_client(base_url, timeout_s=timeout_s)
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, token: str | None = None) -> None:
+        self._http = http.new_client(base_url, timeout_s=timeout_s, token=token)
         self._next_step: dict[str, int] = {}
 
     async def open(

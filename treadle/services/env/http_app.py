@@ -33,6 +33,7 @@ def build_app(
     redis_url: str = "",
     namespace: str = "default",
     svc: service.EnvService | None = None,
+    token: str | None = None,
 ) -> fastapi.FastAPI:
     """``warm_pool``: started sandbox processes kept ready for python-code's runs (``runner.Sandbox``
     ``warm``); math-tool and frozenlake open in some 20 us from the seed alone, so nothing of theirs
@@ -92,7 +93,8 @@ def build_app(
             if redis is not None:
                 await redis.aclose()
 
-    app = http_app.new_app(title="treadle-env", registry=registry, lifespan=lifespan)
+    # token: the job's, required of every caller but the probes and Prometheus (treadle.auth).
+    app = http_app.new_app(title="treadle-env", registry=registry, lifespan=lifespan, token=token)
     app.state.svc = svc
 
     @app.get("/v1/envs", tags=["env"])

@@ -48,6 +48,7 @@ class Config:
     interval_s: float
     mount: PurePosixPath
     retry_s: float
+    token: str | None
     metrics_port: int = 0
 
 
@@ -78,13 +79,14 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             feeder = dataclasses.replace(feeder, target_pending=a.target_pending)
         if a.hf_cache:
             feeder = dataclasses.replace(feeder, hf_cache=a.hf_cache)
+        redis_url = podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis")
         return Config(
-            host=a.host, port=a.port, feeder=feeder,
-            redis_url=podenv.pick(a.redis, environ, env_vars.REDIS_URL, flag="--redis"),
+            host=a.host, port=a.port, feeder=feeder, redis_url=podenv.redis_url(environ, redis_url),
             scheduler=podenv.pick(a.scheduler, environ, env_vars.SCHEDULER_ADDR, flag="--scheduler"),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or job.job,
             interval_s=a.interval_s, mount=PurePosixPath(a.config_map_mount), retry_s=a.retry_s,
             metrics_port=podenv.metrics_port(environ),
+            token=podenv.token(environ),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -93,14 +95,15 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
 async def run(cfg: Config, datasets: list[service.TaskRows]) -> None:
     """Feed until every epoch is fed, serving until SIGTERM; a fatal feeding error stops both."""
     client = aioredis.Redis.from_url(cfg.redis_url)
-    scheduler = scheduler_client.SchedulerClient(cfg.scheduler)
+    scheduler = scheduler_client.SchedulerClient(cfg.scheduler, token=cfg.token)
     registry = httputil_app.registry()
     svc = service.FeederService(
         feeds=service.feeds(datasets, client=client, namespace=cfg.namespace),
         scheduler=scheduler, target_pending=cfg.feeder.target_pending, registry=registry,
     )  # fmt: skip
     podenv.serve_metrics(registry, cfg.host, cfg.metrics_port)
-    server = uvicorn.Server(serve.config(http_app.build_app(svc, registry), cfg.host, cfg.port))
+    app = http_app.build_app(svc, registry, token=cfg.token)
+    server = uvicorn.Server(serve.config(app, cfg.host, cfg.port))
     stop = asyncio.Event()
     feeding = asyncio.create_task(svc.run(interval_s=cfg.interval_s, stop=stop), name="feeding")
     serving = asyncio.create_task(server.serve(), name="serving")

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from treadle import auth, errors
 from treadle.services.grpcutil import status
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 Register = Callable[[grpc.aio.Server], None]
+OPEN_METHODS = "/grpc.health.v1.Health/"
+"""Methods anyone may call without the job's token: the kubelet's probes and local mode's checks."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +62,11 @@ async def _reject_malformed(req: Any, ctx: grpc.aio.ServicerContext) -> None:
 
 
 class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Request id in a ContextVar, malformed requests rejected, every exception mapped to a status."""
+    """The job's token checked (``token``: None checks nothing), request id in a ContextVar, malformed
+    requests rejected, every exception mapped to a status."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
@@ -67,8 +74,13 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None:
             return None
-        rid = dict(details.invocation_metadata or ()).get("x-request-id") or uuid.uuid4().hex[:16]
+        metadata = dict(details.invocation_metadata or ())
+        rid = metadata.get("x-request-id") or uuid.uuid4().hex[:16]
         method = details.method
+        if self.token is not None and not method.startswith(OPEN_METHODS):
+            reason = auth.refusal(metadata.get(auth.HEADER), self.token)
+            if reason is not None:
+                return _refusing(handler, errors.Unauthenticated(f"{method}: {reason}"))
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
@@ -103,6 +115,24 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return handler
 
 
+def _refusing(handler: grpc.RpcMethodHandler, refused: errors.Unauthenticated) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s kind that answers UNAUTHENTICATED before any servicer code runs."""
+    code, message = status.to_status(refused)
+
+    async def refuse(req: Any, ctx: grpc.aio.ServicerContext) -> None:
+        log.warning("refused %s", message)
+        await ctx.abort(code, message)
+
+    # grpc.aio takes a coroutine for a server-streaming method too (it would stream through ctx.write).
+    kind = (
+        grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.unary_unary_rpc_method_handler
+    )
+    return kind(
+        refuse, request_deserializer=_lenient(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )  # fmt: skip
+
+
 async def _abort(ctx: grpc.aio.ServicerContext, exc: Exception, method: str, rid: str) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
@@ -135,10 +165,14 @@ async def start(
     port: int = 0,
     max_concurrent_rpcs: int = 10_000,
     max_message_bytes: int = status.DEFAULT_MAX_MESSAGE_BYTES,
+    token: str | None = None,
 ) -> Served:
-    """Bind ``host:port`` (0 picks a free port), start, and mark ``services`` SERVING."""
+    """Bind ``host:port`` (0 picks a free port), start, and mark ``services`` SERVING.
+
+    ``token``: every call but the health service's must carry it (``treadle.auth``); None (tests
+    of one service, a server outside any job) accepts every caller."""
     server = grpc.aio.server(
-        interceptors=[_Interceptor()],
+        interceptors=[_Interceptor(token)],
         maximum_concurrent_rpcs=max_concurrent_rpcs,
         options=status.channel_options(max_message_bytes),
     )

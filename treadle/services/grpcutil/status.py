@@ -31,6 +31,8 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         case errors.Unavailable():
             return grpc.StatusCode.UNAVAILABLE, str(exc)
+        case errors.Unauthenticated():
+            return grpc.StatusCode.UNAUTHENTICATED, str(exc)
         case TimeoutError():
             return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "timed out"
         case _:
@@ -53,6 +55,8 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, *, what: str) -> errors.TreadleErr
         return errors.Overloaded(message)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return TimeoutError(message)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return errors.Unauthenticated(message)
     return errors.Unavailable(f"{message} ({code.name})")
 
 

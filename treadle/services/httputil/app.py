@@ -19,7 +19,7 @@ import prometheus_client
 from fastapi import responses
 from starlette import types
 
-from treadle import errors, metrics
+from treadle import auth, errors, metrics
 from treadle.services.httputil import errors as http_errors
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -28,17 +28,26 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 """Bodies above this are refused with 413 before parsing (env actions, code, chat histories)."""
 
 _Counter, _Histogram = prometheus_client.Counter, prometheus_client.Histogram
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+"""Paths anyone may call without the job's token: the kubelet's probes and Prometheus's scrapes."""
 Lifespan = Callable[[fastapi.FastAPI], AbstractAsyncContextManager[None]]
 
 
 class EdgeMiddleware:
-    """Request id (``x-request-id`` in, echoed out), body-size limit, request count and latency."""
+    """Request id (``x-request-id`` in, echoed out), the job's token, body-size limit, request count and
+    latency.
+
+    The token is checked here rather than in a FastAPI dependency: routes on the hot path are served
+    as plain Starlette endpoints that skip dependency solving (the agent's ``/v1/generate``), and a
+    dependency there would silently not run; here every request passes, before any route."""
 
     def __init__(
-        self, app: types.ASGIApp, *, registry: prometheus_client.CollectorRegistry, max_body_bytes: int
-    ) -> None:
+        self, app: types.ASGIApp, *, registry: prometheus_client.CollectorRegistry, max_body_bytes: int,
+        token: str | None = None,
+    ) -> None:  # fmt: skip
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.token = token
         self.requests = prometheus_client.Counter(
             metrics.HTTP_REQUESTS_TOTAL, "HTTP requests by route and status", ["route", "status"],
             registry=registry,
@@ -69,6 +78,15 @@ class EdgeMiddleware:
         status = 500
         length = headers.get(b"content-length")
         try:
+            if self.token is not None and scope["path"] not in OPEN_PATHS:
+                presented = headers.get(auth.HEADER.encode(), b"").decode("latin-1") or None
+                if (reason := auth.refusal(presented, self.token)) is not None:
+                    refused = errors.Unauthenticated(f"{scope['method']} {scope['path']}: {reason}")
+                    response = http_errors.to_response(refused)
+                    response.headers["x-request-id"] = rid
+                    status = response.status_code
+                    await response(scope, receive, send)
+                    return
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
                 too_large = http_errors.PayloadTooLarge(
                     f"request body of {int(length)} bytes exceeds the limit of {self.max_body_bytes}",
@@ -136,12 +154,16 @@ def new_app(
     lifespan: Lifespan | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ready: Callable[[], bool] | None = None,
+    token: str | None = None,
 ) -> fastapi.FastAPI:
-    """A FastAPI app with Treadle's edges; ``ready`` (default: always) drives ``/healthz``."""
+    """A FastAPI app with Treadle's edges; ``ready`` (default: always) drives ``/healthz``.
+
+    ``token``: every route but ``OPEN_PATHS`` requires it (``treadle.auth``, checked in
+    ``EdgeMiddleware``); None (tests of one service, a server outside any job) accepts every caller."""
     app = fastapi.FastAPI(title=title, lifespan=lifespan, responses=http_errors.ERROR_RESPONSES)
     app.state.registry = registry
     http_errors.install_error_handlers(app)
-    app.add_middleware(EdgeMiddleware, registry=registry, max_body_bytes=max_body_bytes)
+    app.add_middleware(EdgeMiddleware, registry=registry, max_body_bytes=max_body_bytes, token=token)
     is_ready = ready or (lambda: True)
 
     @app.get("/healthz", tags=["ops"])

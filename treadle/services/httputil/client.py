@@ -36,7 +36,7 @@ from typing import Any
 import httptools
 import pydantic
 
-from treadle import errors
+from treadle import auth, errors
 
 _READ_BYTES = 64 * 1024
 RESTART_WAIT_S = 20.0
@@ -56,8 +56,9 @@ class Client:
     """A JSON-over-HTTP client bound to one base URL."""
 
     def __init__(
-        self, base_url: str, *, timeout_s: float, max_connections: int = 0, keepalive_s: float = 30.0
-    ) -> None:
+        self, base_url: str, *, timeout_s: float, max_connections: int = 0, keepalive_s: float = 30.0,
+        token: str | None = None,
+    ) -> None:  # fmt: skip
         self.base_url = base_url.rstrip("/")
         parts = urllib.parse.urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -66,6 +67,10 @@ class Client:
         self._port = parts.port or (443 if self._tls else 80)
         self._prefix = parts.path
         self._host_header = parts.netloc.encode("latin-1")
+        # The job's token on every request (treadle.auth), in the head written once per request.
+        self._auth = b"" if token is None else b"%s: %s\r\n" % (
+            auth.HEADER.encode(), auth.header_value(token).encode("latin-1"),
+        )  # fmt: skip
         self.timeout_s = timeout_s
         # Idle connections are dropped before the server's keep-alive ends (75 s for ours,
         # httputil.serve; 5 s for vLLM, so the agent passes 3 s).
@@ -104,8 +109,9 @@ class Client:
         conn = self._idle_connection() or await self._connect(waiting)
         kept = False
         try:
-            head = b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (
+            head = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (
                 method.encode("ascii"), (self._prefix + path).encode("latin-1"), self._host_header,
+                self._auth,
             )  # fmt: skip
             if content is not None:
                 head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(content)
@@ -208,10 +214,14 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
 
 
 def new_client(
-    base_url: str, *, timeout_s: float, max_connections: int = 0, keepalive_s: float = 30.0
-) -> Client:
-    """``max_connections`` 0 means no cap (the server bounds its own concurrency)."""
-    return Client(base_url, timeout_s=timeout_s, max_connections=max_connections, keepalive_s=keepalive_s)
+    base_url: str, *, timeout_s: float, max_connections: int = 0, keepalive_s: float = 30.0,
+    token: str | None = None,
+) -> Client:  # fmt: skip
+    """``max_connections`` 0 means no cap (the server bounds its own concurrency); ``token``: the
+    job's, sent on every request (None: none, for a server outside any job, or vLLM)."""
+    return Client(
+        base_url, timeout_s=timeout_s, max_connections=max_connections, keepalive_s=keepalive_s, token=token
+    )
 
 
 async def call(
@@ -247,6 +257,8 @@ def from_response(status: int, body: bytes) -> errors.TreadleError:
     message, param = _parse(body, status)
     if status >= 500:
         return errors.Unavailable(f"HTTP {status}: {message}")
+    if status == 401:
+        return errors.Unauthenticated(message)
     if status == 404:
         return errors.NotFound(message)
     if status == 409:

@@ -41,6 +41,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in (
         (400, "bad input; `param` names the field"),
+        (401, "no token, or not the job's (`Authorization: Bearer <token>`)"),
         (404, "unknown id"),
         (409, "valid, but the current state forbids it"),
         (413, "request body too large"),
@@ -72,6 +73,10 @@ def to_response(exc: BaseException) -> responses.JSONResponse:
             response = error(429, "RateLimitError", str(exc))
             # Whole seconds, at least 1 (RFC 9110 delay-seconds).
             response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            return response
+        case errors.Unauthenticated():
+            response = error(401, "AuthenticationError", str(exc))
+            response.headers["WWW-Authenticate"] = "Bearer"
             return response
         case errors.Unavailable():
             return error(503, "ServiceUnavailableError", str(exc))

@@ -52,6 +52,7 @@ class Config:
     alpha: int | None
     swap_timeout_s: float
     lost_after_s: float
+    token: str | None
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> Config:
@@ -90,7 +91,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
                       rebalance_settle_polls=rb.settle_polls, rebalance_rule=rb.rule,
                       rebalance_step=rb.max_moves_per_poll, apply_weights=a.apply_weights,
                       alpha=cfg.alpha, swap_timeout_s=a.swap_timeout_s,
-                      lost_after_s=a.lost_after_s)  # fmt: skip
+                      lost_after_s=a.lost_after_s, token=podenv.token(environ))  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
 
@@ -101,10 +102,12 @@ async def main(cfg: Config) -> None:
         pool_shapes=cfg.pool_shapes, rebalance_delta=cfg.rebalance_delta, rebalance_rule=cfg.rebalance_rule,
         rebalance_step=cfg.rebalance_step, alpha=cfg.alpha, lost_after_s=cfg.lost_after_s,
     )  # fmt: skip
-    swapper = rebalance.HttpSwapper(apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s)
+    swapper = rebalance.HttpSwapper(
+        apply_weights=cfg.apply_weights, timeout_s=cfg.swap_timeout_s, token=cfg.token
+    )
     sync = weightsync.WeightSync(svc, swapper, apply_weights=cfg.apply_weights)
     podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, sync=sync, token=cfg.token)
     runtime.settle_heap()
     logging.info("placement serving on %s:%d", cfg.host, served.port)
     loop: asyncio.Task[None] | None = None

@@ -5,9 +5,7 @@ Raises the same ``treadle.errors`` the service raises (``grpcutil.status.from_rp
 
 from __future__ import annotations
 
-import grpc
-
-from treadle.services.grpcutil import convert, status
+from treadle.services.grpcutil import channel, convert, status
 from treadle.services.placement import protocol
 from treadle.v1 import placement_pb2, placement_pb2_grpc
 
@@ -16,8 +14,8 @@ SWAP_ANSWER_S = 30.0
 
 
 class PlacementClient:
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=status.channel_options())
+    def __init__(self, address: str, *, token: str | None = None) -> None:
+        self._channel = channel.open_channel(address, token=token)
         self._stub = placement_pb2_grpc.PlacementStub(self._channel)
 
     async def register_worker(self, worker: placement_pb2.Worker) -> placement_pb2.Worker:

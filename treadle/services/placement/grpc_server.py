@@ -84,6 +84,7 @@ async def build_server(
     host: str = "127.0.0.1",
     port: int = 0,
     sync: weightsync.WeightSync | None = None,
+    token: str | None = None,
 ) -> grpc_server.Served:
     """Start placement on ``host:port`` (0: a free port) and return it, SERVING; ``sync`` answers
     ``SwapWeights`` and ``PrefetchWeights`` (``Unavailable`` without it)."""
@@ -93,4 +94,5 @@ async def build_server(
         services=[SERVICE_NAME],
         host=host,
         port=port,
+        token=token,
     )

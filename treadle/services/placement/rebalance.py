@@ -73,9 +73,12 @@ class HttpSwapper:
 
     Used for moves (``Rebalancer``) and for new versions (``weights.WeightSync``)."""
 
-    def __init__(self, *, timeout_s: float = 60.0, apply_weights: bool = False) -> None:
+    def __init__(
+        self, *, timeout_s: float = 60.0, apply_weights: bool = False, token: str | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.apply_weights = apply_weights
+        self.token = token
 
     async def swap(
         self, worker: placement_pb2.Worker, *, agent: str, version: int, expect_agent: str = ""
@@ -83,7 +86,7 @@ class HttpSwapper:
         return await agent_client.swap(
             worker.address, worker.engine_address, label=agent_client.label(agent, version),
             apply_version=version if self.apply_weights else None, agent=agent, expect_agent=expect_agent,
-            timeout_s=self.timeout_s, pool=worker.pool,
+            timeout_s=self.timeout_s, pool=worker.pool, token=self.token,
         )  # fmt: skip
 
     async def prefetch(self, worker: placement_pb2.Worker, *, version: int) -> None:

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         cpus_per_action=cpus, reward_models=reward.models if reward else (),
         reward_model_gpus=reward.gpus if reward else 0,
         gpu_memory_gb=reward.gpu_memory_gb if reward else jobconfig.RewardConfig.gpu_memory_gb,
+        token=podenv.or_exit(lambda: podenv.token(environ), prog=PROG),
     )  # fmt: skip
     podenv.serve_metrics(
         app.state.registry, a.host, podenv.or_exit(lambda: podenv.metrics_port(environ), prog=PROG)

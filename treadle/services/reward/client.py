@@ -12,9 +12,14 @@ from treadle.services.reward import protocol
 
 class RewardClient:
     def __init__(
-        self, base_url: str, *, timeout_s: float = 60.0, connect_wait_s: float = http.RESTART_WAIT_S
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 60.0,
+        connect_wait_s: float = http.RESTART_WAIT_S,
+        token: str | None = None,
     ) -> None:
-        self._http = http.new_client(base_url, timeout_s=timeout_s)
+        self._http = http.new_client(base_url, timeout_s=timeout_s, token=token)
         self.connect_wait_s = connect_wait_s
 
     async def score(self, req: protocol.ScoreRequest) -> protocol.ScoreResult:

@@ -30,10 +30,12 @@ def build_app(
     reward_models: tuple[v1alpha1.RewardModel, ...] = (),
     reward_model_gpus: int = 0,
     gpu_memory_gb: float = 80.0,
+    token: str | None = None,
 ) -> fastapi.FastAPI:
     """``cpus_per_action``: the most cores the pod's action manager (``treadle.sandbox.cores``) grants
     one ``code-tests`` run (None: runs are not pinned). ``reward_models``: served on
-    ``reward_model_gpus`` GPUs of ``gpu_memory_gb`` each by the GPU manager (``gpus``)."""
+    ``reward_model_gpus`` GPUs of ``gpu_memory_gb`` each by the GPU manager (``gpus``). ``token``: the
+    job's, required of every caller but the probes and Prometheus (``treadle.auth``)."""
     registry = registry or http_app.registry()
     action_metrics = cores.ActionMetrics(registry)
     manager = (
@@ -70,7 +72,7 @@ def build_app(
             if engines is not None:
                 await engines.aclose()
 
-    app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan)
+    app = http_app.new_app(title="treadle-reward", registry=registry, lifespan=lifespan, token=token)
     app.state.svc = svc
 
     @app.post("/v1/score", tags=["reward"], responses=http_errors.ERROR_RESPONSES)

@@ -58,6 +58,8 @@ class Config:
     placement: str
     buffer: str
     redis: str = ""
+    token: str | None = None
+    """The job's token (``treadle.auth``): required of callers, sent to every service."""
     """Where DARTS tasks keep their length statistics (empty: in memory, lost on restart)."""
     namespace: str = "default"
 
@@ -108,8 +110,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             reward_url=podenv.pick(a.reward_url, environ, env_vars.REWARD_URL, flag="--reward-url"),
             placement=podenv.pick(a.placement, environ, env_vars.PLACEMENT_ADDR, flag="--placement"),
             buffer=podenv.pick(a.buffer, environ, env_vars.BUFFER_ADDR, flag="--buffer"),
-            redis=a.redis if a.redis is not None else environ.get(env_vars.REDIS_URL, ""),
+            redis=podenv.redis_url(environ, a.redis),
             namespace=a.namespace or environ.get(env_vars.KEY_PREFIX) or "default",
+            token=podenv.token(environ),
         )  # fmt: skip
 
     return podenv.or_exit(build, prog=PROG)
@@ -172,13 +175,14 @@ async def refresh_envs(
 class AgentPool:
     """One ``AgentClient`` per worker address, created on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, token: str | None = None) -> None:
         self.clients: dict[str, agent_client.AgentClient] = {}
+        self.token = token
 
     def __call__(self, address: str) -> agent_client.AgentClient:
         client = self.clients.get(address)
         if client is None:
-            client = self.clients[address] = agent_client.AgentClient(address)
+            client = self.clients[address] = agent_client.AgentClient(address, token=self.token)
         return client
 
     async def aclose(self) -> None:
@@ -189,11 +193,12 @@ class AgentPool:
 async def main(cfg: Config) -> None:
     tasks = {t.name: t for t in cfg.tasks}
     # Not resolvable yet: start with the names; the env client retries through them until it is.
-    pool = env_client.EnvPool(resolve_envs(cfg.env_urls) or cfg.env_urls)
-    agents = AgentPool()
-    reward = reward_client.RewardClient(cfg.reward_url)
-    placement = placement_client.PlacementClient(cfg.placement)
-    buffer = buffer_client.BufferClient(cfg.buffer)
+    make_env = functools.partial(env_client.EnvClient, token=cfg.token)
+    pool = env_client.EnvPool(resolve_envs(cfg.env_urls) or cfg.env_urls, make=make_env)
+    agents = AgentPool(token=cfg.token)
+    reward = reward_client.RewardClient(cfg.reward_url, token=cfg.token)
+    placement = placement_client.PlacementClient(cfg.placement, token=cfg.token)
+    buffer = buffer_client.BufferClient(cfg.buffer, token=cfg.token)
     darts_stats = (
         darts_store.RedisStats.from_url(cfg.redis, namespace=cfg.namespace)
         if cfg.redis
@@ -204,7 +209,7 @@ async def main(cfg: Config) -> None:
         placement=placement, reward=reward, buffer=buffer, darts_stats=darts_stats,
     )  # fmt: skip
     podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
-    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port)
+    served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, token=cfg.token)
     runtime.settle_heap()
     logging.info("scheduler serving on %s:%d (env servers %s)", cfg.host, served.port, pool.urls)
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from treadle.services.grpcutil import status
+from treadle.services.grpcutil import channel, status
 from treadle.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -19,8 +19,8 @@ def settled(stats: scheduler_pb2.SchedulerStats) -> bool:
 
 
 class SchedulerClient:
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=status.channel_options())
+    def __init__(self, address: str, *, token: str | None = None) -> None:
+        self._channel = channel.open_channel(address, token=token)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
     async def submit(self, groups: Sequence[scheduler_pb2.PromptGroup]) -> scheduler_pb2.SubmitResponse:

@@ -73,7 +73,7 @@ def stats_to_pb(stats: protocol.Stats) -> scheduler_pb2.SchedulerStats:
 
 
 async def build_server(
-    svc: service.SchedulerService, *, host: str = "127.0.0.1", port: int = 0
+    svc: service.SchedulerService, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None
 ) -> grpc_server.Served:
     """Start the scheduler on ``host:port`` (0: a free port) and return it, SERVING."""
     servicer = SchedulerServicer(svc)
@@ -82,4 +82,5 @@ async def build_server(
         services=[SERVICE_NAME],
         host=host,
         port=port,
+        token=token,
     )

@@ -1,0 +1,129 @@
+"""Each job's own Redis user on a real ``redis-server --requirepass``: created by the operator's
+``redisacl`` with the password of the job's rendered Secret, used by the job's pods through
+``podenv.redis_url``. Its stores (buffer, feeder positions, DARTS statistics, API quotas) work; no
+password, another job's password, another job's keys and the admin commands are all refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+import yaml
+
+from treadle import auth
+from treadle.api import env_vars, v1alpha1
+from treadle.operator import config, redisacl
+from treadle.operator.render import security
+from treadle.policy import feeding
+from treadle.policy.tangram import quota
+from treadle.sandbox import cores
+from treadle.services import podenv
+from treadle.services.buffer import redis_store, service
+from treadle.services.env import quotas
+from treadle.services.feeder import store as feeder_store
+from treadle.services.httputil import app as http_app
+from treadle.services.scheduler import darts_store
+from treadle.testing import redis_server as redis_server_mod
+from treadle.v1 import common_pb2
+
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "math-tool-h20.yaml"
+ADMIN = "the chart's admin password"
+
+
+@pytest.fixture
+def guarded() -> Iterator[redis_server_mod.RedisServer]:
+    with redis_server_mod.redis_server(password=ADMIN) as server:
+        yield server
+
+
+def job(name: str) -> v1alpha1.RolloutJob:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["metadata"] |= {"name": name, "namespace": "team-a", "uid": f"uid-{name}"}
+    return v1alpha1.parse_job(raw)
+
+
+def password(j: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> str:
+    return str(security.render_secret(j, cfg)["stringData"][auth.REDIS_PASSWORD_KEY])
+
+
+def pod_url(j: v1alpha1.RolloutJob, cfg: config.OperatorConfig, secret: str, tmp_path: Path) -> str:
+    """The URL a pod of ``j`` connects with: the rendered variables, the Secret's file where it is mounted."""
+    path = tmp_path / f"{j.name}-redis-password"
+    path.write_text(secret)
+    environ = {env_vars.REDIS_URL: cfg.redis_url, env_vars.KEY_PREFIX: f"{j.namespace}/{j.name}",
+               env_vars.REDIS_PASSWORD_FILE: str(path)}  # fmt: skip
+    return podenv.redis_url(environ)
+
+
+def trajectory(tid: str) -> common_pb2.Trajectory:
+    t = common_pb2.Trajectory(trajectory_id=tid, group_id="g", task="math", group_size=2, status="completed",
+                              reward=1.0)  # fmt: skip
+    t.turns.add(output_token_ids=[1], output_logprobs=[-0.1], output_versions=[0])
+    return t
+
+
+async def test_each_job_reaches_only_its_own_keys(
+    guarded: redis_server_mod.RedisServer, tmp_path: Path
+) -> None:
+    cfg = config.OperatorConfig(redis_url=guarded.url, redis_password=ADMIN, auth_key="the operator's key")
+    a, b = job("a"), job("b")
+    for j in (a, b):
+        redisacl.ensure_user(cfg, j, password(j, cfg))
+    redisacl.ensure_user(cfg, a, password(a, cfg))  # every reconcile: idempotent
+    url_a = pod_url(a, cfg, password(a, cfg), tmp_path)
+    assert url_a.startswith("redis://team-a%2Fa:")
+
+    # The job's own stores, each through its real code (Lua scripts included).
+    client = aioredis.Redis.from_url(url_a, protocol=2)
+    try:
+        svc = service.BufferService(store=redis_store.RedisStore(client, namespace="team-a/a"), alpha=1)
+        assert (await svc.put([trajectory("t0"), trajectory("t1")])).stored == 2
+        batch = await svc.get_batch(batch_size=2, version=0, timeout_s=0)
+        assert await svc.ack(batch.batch_id) == 2
+        positions = feeder_store.PositionStore(client, feeder_store.key("team-a/a", "math", "d"))
+        await positions.record(feeding.Position(0, 0), 2, feeding.Position(0, 2))
+        assert (await positions.load()) is not None
+        stats = darts_store.RedisStats(client, namespace="team-a/a")
+        assert await stats.load("math") is None
+        limits = {"search": quota.limit(0, "search", requests_per_minute=10, max_concurrent=1)}
+        registry = http_app.registry()
+        q = quotas.Quotas(client=client, namespace="team-a/a", limits=limits, registry=registry,
+                          action_metrics=cores.ActionMetrics(registry))  # fmt: skip
+        async with q.hold(["search"]) as held:
+            assert held == {"search": 1}
+
+        # Another job's keys: refused, by every store.
+        other = service.BufferService(store=redis_store.RedisStore(client, namespace="team-a/b"), alpha=1)
+        with pytest.raises(redis.exceptions.ResponseError, match="can't access"):  # inside its Lua script
+            await other.put([trajectory("forged")])
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await darts_store.RedisStats(client, namespace="team-a/b").load("math")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.get(f"{'team-a/b'}:tangram:quota:{{search}}:q")
+        # Listing or wiping the shared Redis, or changing the users: refused.
+        for command in (("KEYS", "*"), ("FLUSHALL",), ("ACL", "LIST"), ("CONFIG", "GET", "requirepass")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                await client.execute_command(*command)
+    finally:
+        await client.aclose()
+
+    # No password, another job's password, a made-up one: no login.
+    for url in (guarded.url, pod_url(a, cfg, password(b, cfg), tmp_path), pod_url(a, cfg, "guess", tmp_path)):
+        anon = aioredis.Redis.from_url(url, protocol=2)
+        try:
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                await anon.get("treadle:buf:{team-a/a}:x")
+        finally:
+            await anon.aclose()
+
+    redisacl.delete_user(cfg, a.namespace, a.name)  # the job is deleted: its user goes with it
+    gone = aioredis.Redis.from_url(url_a, protocol=2)
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            await gone.ping()
+    finally:
+        await gone.aclose()
