@@ -93,7 +93,7 @@ def test_the_network_policy_lets_in_only_the_jobs_own_pods_and_prometheus_on_met
     _, metrics = policy["spec"]["ingress"]
     assert metrics["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
     ports = {p["port"] for p in metrics["ports"]}
-    assert ports == {config.PORTS[c] for c in ("env", "reward", "agent", "feeder", "vllm")}
+    assert ports == {config.PORTS[c] for c in ("metrics", "vllm")}  # every pod's metrics port, vLLM's API
     assert not ports & {config.PORTS[c] for c in render_common.COORDINATION}  # gRPC: the job's pods only
 
 

@@ -20,9 +20,9 @@ from treadle.api import v1alpha1
 from treadle.operator import config
 from treadle.operator.render import common
 
-METRICS_PORTS = ("env", "reward", "agent", "feeder", "vllm")
-"""Components whose main port serves ``/metrics`` (every other route there requires the token,
-except vLLM's: see ``docs/SECURITY.md``)."""
+METRICS_PORTS = ("metrics", "vllm")
+"""The ports Prometheus scrapes: every Treadle container's ``metrics`` port (``/metrics`` only) and
+vLLM's API port, whose other routes have no token (see ``docs/SECURITY.md``)."""
 
 
 def render_secret(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[str, Any]:
