@@ -114,7 +114,7 @@ async def run_with_fault(
         popen = stack.procs[fault.process].popen
         restarted = "killed" in marks and popen is not None and popen.poll() is None
         stack.kill("trainer")  # before the buffer's counts are read: it acks nothing after them
-        buffer = buffer_client.BufferClient(services.buffer)
+        buffer = buffer_client.BufferClient(services.buffer, token=services.token)
         try:
             stored = await buffer.stats()
         finally:
@@ -132,7 +132,7 @@ async def start_trainer(stack: stack_mod.Stack, services: run_mod.Services, *, b
     trained.touch()
     addresses = {
         "scheduler": services.scheduler, "placement": services.placement, "buffer": services.buffer,
-        "agents": services.agents, "engines": services.engines,
+        "agents": services.agents, "engines": services.engines, "token": services.token,
     }  # fmt: skip
     port = procs.free_port()
     argv = [
@@ -144,7 +144,7 @@ async def start_trainer(stack: stack_mod.Stack, services: run_mod.Services, *, b
 
 
 async def _stats(services: run_mod.Services) -> scheduler_pb2.SchedulerStats:
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
     try:
         return await scheduler.stats()
     finally:

@@ -23,9 +23,9 @@ async def main(a: argparse.Namespace) -> None:
     s = json.loads(a.services)
     services = run_mod.Services(
         scheduler=s["scheduler"], placement=s["placement"], buffer=s["buffer"], reward="", envs=[],
-        agents=s["agents"], engines=s["engines"], metrics={},
+        agents=s["agents"], engines=s["engines"], metrics={}, token=s["token"],
     )  # fmt: skip
-    scheduler = scheduler_client.SchedulerClient(services.scheduler)
+    scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
     try:
         committed = await trainer_mod.waiting("the scheduler (Stats)", scheduler.stats)
     finally:
