@@ -46,9 +46,13 @@ def job_secret(key: str, *, namespace: str, name: str, uid: str, purpose: str) -
 def redis_key_patterns(prefix: str) -> list[str]:
     """The Redis keys of the job whose key prefix is ``prefix`` (``<namespace>/<job>``), as ACL globs:
     the buffer's (``buffer.redis_store``), the feeder's (``feeder.store``), the DARTS statistics
-    (``scheduler.darts_store``) and the API quotas (``env.quotas``). Kubernetes names hold none of
+    (``scheduler.darts_store``), the scheduler's journal (``scheduler.journal``) and the API quotas
+    (``env.quotas``). Kubernetes names hold none of
     ``*?[]\\{}``, so no job's prefix is a glob matching another's."""
-    return [*(f"treadle:{kind}:{{{prefix}}}:*" for kind in ("buf", "feed", "darts")), f"{prefix}:tangram:*"]
+    return [
+        *(f"treadle:{kind}:{{{prefix}}}:*" for kind in ("buf", "feed", "darts", "sched")),
+        f"{prefix}:tangram:*",
+    ]
 
 
 def header_value(token: str) -> str:

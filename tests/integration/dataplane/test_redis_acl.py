@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aioredis
 import yaml
 
-from treadle import auth
+from treadle import auth, errors
 from treadle.api import env_vars, v1alpha1
 from treadle.operator import config, redisacl
 from treadle.operator.render import security
@@ -26,7 +26,8 @@ from treadle.services.buffer import redis_store, service
 from treadle.services.env import quotas
 from treadle.services.feeder import store as feeder_store
 from treadle.services.httputil import app as http_app
-from treadle.services.scheduler import darts_store
+from treadle.services.scheduler import darts_store, journal
+from treadle.services.scheduler import protocol as scheduler_protocol
 from treadle.testing import redis_server as redis_server_mod
 from treadle.v1 import common_pb2
 
@@ -89,6 +90,9 @@ async def test_each_job_reaches_only_its_own_keys(
         assert (await positions.load()) is not None
         stats = darts_store.RedisStats(client, namespace="team-a/a")
         assert await stats.load("math") is None
+        work = journal.RedisJournal(client, namespace="team-a/a")
+        await work.accept([journal.Group(scheduler_protocol.PromptGroup("g", "math"), seq=0, pool=2)])
+        assert [g.group.group_id for g in (await work.load()).groups] == ["g"]
         limits = {"search": quota.limit(0, "search", requests_per_minute=10, max_concurrent=1)}
         registry = http_app.registry()
         q = quotas.Quotas(client=client, namespace="team-a/a", limits=limits, registry=registry,
@@ -98,10 +102,14 @@ async def test_each_job_reaches_only_its_own_keys(
 
         # Another job's keys: refused, by every store.
         other = service.BufferService(store=redis_store.RedisStore(client, namespace="team-a/b"), alpha=1)
-        with pytest.raises(redis.exceptions.ResponseError, match="can't access"):  # inside its Lua script
+        with pytest.raises(
+            redis.exceptions.ResponseError, match=r"can't access|no permissions to access"
+        ):  # in its Lua script
             await other.put([trajectory("forged")])
         with pytest.raises(redis.exceptions.NoPermissionError):
             await darts_store.RedisStats(client, namespace="team-a/b").load("math")
+        with pytest.raises(errors.Unavailable, match=r"NOPERM|permission"):
+            await journal.RedisJournal(client, namespace="team-a/b").load()
         with pytest.raises(redis.exceptions.NoPermissionError):
             await client.get(f"{'team-a/b'}:tangram:quota:{{search}}:q")
         # Listing or wiping the shared Redis, or changing the users: refused.

@@ -2,8 +2,9 @@
 service, SIMULATED engines), one component SIGKILLed mid-run and started again on its port, and
 the accounting that says whether anything was lost or done twice.
 
-Reusable for any component the stack names (``Stack.procs``): a new case is one ``Fault`` row. The
-scheduler's row belongs with its recovery work (issue #18); ``run_with_fault`` needs nothing else.
+Reusable for any component the stack names (``Stack.procs``): a new case is one ``Fault`` row. A
+killed scheduler takes its run's accounting with it, so its case is judged by the buffer
+(``check_taken_up_after_restart``) instead of the scheduler's totals (``check_exactly_once``).
 """
 
 from __future__ import annotations
@@ -176,4 +177,23 @@ def check_exactly_once(out: Outcome, *, trajectories: int, may_fail: tuple[str, 
     # group none of whose members completed: none vanished. The buffer's counts, read after the
     # trainer stopped (its own log can miss an ack it sent as it was cancelled).
     b = out.buffer
+    assert b.acked + b.stored + b.evicted + b.retired_empty_groups * GROUP_SIZE == trajectories, b
+
+
+def check_taken_up_after_restart(out: Outcome, *, trajectories: int) -> None:
+    """After a scheduler restart: the new scheduler finished what it took up from its journal, and the
+    buffer (whose totals outlive both schedulers) stored every submitted trajectory exactly once; no row
+    was trained twice and none vanished."""
+    s, b = out.summary, out.buffer
+    assert out.restarted, "the scheduler was never killed and restarted: the test proves nothing"
+    assert s["submitted"] > 0, f"the new scheduler took up nothing from its journal: {s}"
+    assert s["unfinished"] == 0 and s["adds_up"], s
+    assert s["completed"] > 0, f"nothing completed after the restart: {s}"
+    assert len(out.trained) > out.trained_at_restart, f"nothing trained after the restart: {out.trained}"
+    assert b.put == trajectories, f"stored {b.put} distinct trajectories of {trajectories}: {b}"
+    assert b.completed + b.failed + b.aborted == trajectories, b
+    wrong = [r for r in b.failed_by_reason if not r.startswith(STALE)]
+    assert not wrong, f"failures the restart should not cause: {dict(b.failed_by_reason)}"
+    twice = sorted({tid for tid in out.trained if out.trained.count(tid) > 1})
+    assert not twice, f"trained twice: {twice}"
     assert b.acked + b.stored + b.evicted + b.retired_empty_groups * GROUP_SIZE == trajectories, b

@@ -33,3 +33,16 @@ async def test_component_killed_mid_run_loses_nothing(
 ) -> None:
     out = await harness.run_with_fault(tmp_path / "run", fault, trajectories=N, timeout_s=120.0)
     harness.check_exactly_once(out, trajectories=N, may_fail=may_fail)
+
+
+async def test_scheduler_killed_mid_run_goes_on_from_its_journal(tmp_path: Path) -> None:
+    """The scheduler holds accepted groups and in-flight trajectories in memory; killed, the new one
+    takes up from its journal in Redis (``scheduler.journal``) every group not wholly stored and the
+    committed version. Judged by the buffer, which outlives both schedulers: every trajectory stored
+    exactly once, none trained twice. A member run again because its stored-mark had not reached Redis
+    when the process died is stored once all the same (the buffer's put is idempotent; counted as a
+    duplicate)."""
+    out = await harness.run_with_fault(
+        tmp_path / "run", harness.Fault("scheduler"), trajectories=N, timeout_s=120.0
+    )
+    harness.check_taken_up_after_restart(out, trajectories=N)

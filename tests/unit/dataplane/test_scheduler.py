@@ -25,7 +25,7 @@ from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
-from treadle.services.scheduler import grpc_server, protocol, service
+from treadle.services.scheduler import grpc_server, journal, protocol, service
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -39,6 +39,7 @@ class Stack:
         env: fakes.Env | None = None,
         reward: fakes.Reward | None = None,
         clock: Callable[[], float] = time.monotonic,
+        journal_: journal.Journal | None = None,
         **settings: object,
     ):
         self.env = env or fakes.Env()
@@ -62,6 +63,7 @@ class Stack:
             reward=self.reward,
             buffer=self.buffer,
             clock=clock,
+            journal_=journal_,
         )
 
     async def submit(self, *group_ids: str) -> None:

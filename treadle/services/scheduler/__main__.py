@@ -27,6 +27,7 @@ import socket
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 
+from treadle import errors
 from treadle.api import env_vars, jobconfig
 from treadle.services import podenv, runtime
 from treadle.services.agent import client as agent_client
@@ -35,7 +36,7 @@ from treadle.services.env import client as env_client
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import client as placement_client
 from treadle.services.reward import client as reward_client
-from treadle.services.scheduler import darts_store, grpc_server, jobreport, service
+from treadle.services.scheduler import darts_store, grpc_server, jobreport, journal, protocol, service
 
 PROG = "python -m treadle.services.scheduler"
 REPORT_INTERVAL_S = 2.0
@@ -204,10 +205,19 @@ async def main(cfg: Config) -> None:
         if cfg.redis
         else darts_store.MemoryStats()
     )  # only DARTS tasks read or write it: other jobs never connect
+    work_journal = (
+        journal.RedisJournal.from_url(cfg.redis, namespace=cfg.namespace)
+        if cfg.redis
+        else journal.MemoryJournal()
+    )  # without Redis nothing outlives the process (local mode without --redis)
     svc = service.SchedulerService(
         tasks=tasks, settings=cfg.settings, envs=pool.clients, agent_for=agents,
-        placement=placement, reward=reward, buffer=buffer, darts_stats=darts_stats,
+        placement=placement, reward=reward, buffer=buffer, darts_stats=darts_stats, journal_=work_journal,
     )  # fmt: skip
+    recovered = await recover(svc)
+    if recovered.groups or recovered.version:
+        log.info("recovered from the journal: version %d, %d groups (%d trajectories) to run",
+                 recovered.version, recovered.groups, recovered.trajectories)  # fmt: skip
     podenv.serve_metrics(svc.registry, cfg.host, cfg.metrics_port)
     served = await grpc_server.build_server(svc, host=cfg.host, port=cfg.port, token=cfg.token)
     runtime.settle_heap()
@@ -253,6 +263,22 @@ async def main(cfg: Config) -> None:
         await close()
 
     await grpcutil_server.serve_forever(served, on_stop=stop)
+
+
+async def recover(svc: service.SchedulerService, *, budget_s: float = 300.0) -> protocol.Recovery:
+    """``svc.recover()``, waiting out a Redis that is not up yet (a pod started beside it) for
+    ``budget_s``: a scheduler that served before reading its journal would run new work past the old."""
+    deadline = asyncio.get_running_loop().time() + budget_s
+    delay = 0.5
+    while True:
+        try:
+            return await svc.recover()
+        except errors.Unavailable as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            log.warning("waiting %.1fs for the journal: %s", delay, exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 async def report(

@@ -28,15 +28,15 @@ class Admission:
         self.pending_trajectories = 0
         self._known_groups: set[str] = set()
 
-    def submit(
+    def prepare(
         self,
         groups: Sequence[protocol.PromptGroup],
         plan: Callable[[list[protocol.Work]], list[protocol.Work]] = list,
     ) -> list[protocol.Work]:
-        """Validate ``groups`` (all or nothing) and queue the new ones, sized by ``plan`` (DARTS's
-        pools); returns those queued.
+        """Validate ``groups`` (all or nothing) and return the new ones, sized by ``plan`` (DARTS's
+        pools), without queueing them (``queue`` does, once they are recorded).
 
-        Raises ``Overloaded`` (and queues nothing) if they would exceed ``max_pending_trajectories``.
+        Raises ``Overloaded`` if they would exceed ``max_pending_trajectories``.
         """
         work = protocol.validate_groups(groups, self.tasks)
         fresh = plan([w for w in work if w.group_id not in self._known_groups])
@@ -47,10 +47,27 @@ class Admission:
                 f"{self.pending_trajectories} trajectories pending; {members} more would exceed "
                 f"max_pending_trajectories={limit}"
             )
-        for w in fresh:
+        return fresh
+
+    def queue(self, works: Sequence[protocol.Work]) -> None:
+        """Queue ``works`` (from ``prepare``, or recovered after a restart) behind those waiting."""
+        for w in works:
             self._known_groups.add(w.group_id)
             self._pending.append(w)
             self.pending_trajectories += w.members
+
+    def remember(self, group_id: str) -> None:
+        """Treat ``group_id`` as submitted (a recovered group that needs no more work)."""
+        self._known_groups.add(group_id)
+
+    def submit(
+        self,
+        groups: Sequence[protocol.PromptGroup],
+        plan: Callable[[list[protocol.Work]], list[protocol.Work]] = list,
+    ) -> list[protocol.Work]:
+        """``prepare`` and ``queue`` in one: returns those queued."""
+        fresh = self.prepare(groups, plan)
+        self.queue(fresh)
         return fresh
 
     def take(self, *, version: int, accepted: int, running: int) -> list[protocol.Work]:

@@ -87,6 +87,15 @@ class CommitResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Recovery:
+    """What a restarted scheduler took up from its journal (``SchedulerService.recover``)."""
+
+    version: int
+    groups: int
+    trajectories: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Progress:
     """What the trainer said with its latest commit: the job's ``status.policyVersion``, ``step`` and
     ``meanReward`` (``jobreport.JobReporter.report_progress`` writes them on the RolloutJob)."""
@@ -183,10 +192,31 @@ class Work:
     pool: int = 0
     """Trajectories started for the group: the task's ``members``, or the pool DARTS allocated it
     (``darts.Darts.plan``); 0 until set."""
+    only: tuple[int, ...] = ()
+    """A group recovered after a restart with some members stored: the members still to run (empty:
+    every member)."""
+    stored_size: int = 0
+    """The group size its members are stored with, when not ``size`` (a recovered DARTS group)."""
+
+    @property
+    def size(self) -> int:
+        """Members of the whole group (the pool)."""
+        return self.pool or self.task.members
 
     @property
     def members(self) -> int:
-        return self.pool or self.task.members
+        """Trajectories this work starts."""
+        return len(self.only) if self.only else self.size
+
+    @property
+    def indices(self) -> Sequence[int]:
+        """The member indices this work starts (``<group id>-<index>`` are their trajectory ids)."""
+        return self.only or range(self.size)
+
+    @property
+    def group_size(self) -> int:
+        """The group size its trajectories are stored with."""
+        return self.stored_size or self.size
 
 
 def validate_groups(groups: Sequence[PromptGroup], tasks: Mapping[str, jobconfig.TaskConfig]) -> list[Work]:

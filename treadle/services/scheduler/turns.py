@@ -218,7 +218,14 @@ class TurnLoop:
             env = self.envs[(start + attempt) % len(self.envs)]
             attempt += 1
             options = {"max_turns": task.max_turns, **(t.work.options or {})}
-            return env, await env.open(env=task.env, session_id=t.tid, seed=t.work.seed, options=options)
+            try:
+                return env, await env.open(env=task.env, session_id=t.tid, seed=t.work.seed, options=options)
+            except errors.Conflict:
+                # A session under this id that has taken steps: left by a scheduler that died running this
+                # trajectory (ids are the group's members, so nothing else opens it). Its owner is gone.
+                log.info("trajectory %s: closing the session an earlier scheduler left open", t.tid)
+                await env.close(t.tid)
+                return env, await env.open(env=task.env, session_id=t.tid, seed=t.work.seed, options=options)
 
         env, obs = await self.retrier.call(t, "environment", "open", call)
         return obs, env
