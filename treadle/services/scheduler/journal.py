@@ -30,15 +30,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from treadle import errors
+from treadle.api import jobconfig
 from treadle.services.scheduler import protocol
 
 log = logging.getLogger(__name__)
@@ -267,3 +269,74 @@ def _group_from_json(group_id: str, text: str) -> Group:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class OpenGroups:
+    """The groups a scheduler accepted and has not wholly stored, marked in its journal member by member."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._open: dict[str, _Open] = {}
+        self._seq = itertools.count()
+
+    async def accept(self, works: Sequence[protocol.Work], submitted: Sequence[protocol.PromptGroup]) -> None:
+        """Record ``works`` (made from ``submitted``) in the journal, in acceptance order."""
+        by_id = {g.group_id: g for g in submitted}
+        await self.journal.accept([Group(by_id[w.group_id], seq=next(self._seq), pool=w.size) for w in works])
+
+    def opened(self, works: Sequence[protocol.Work]) -> None:
+        for w in works:
+            running = set(w.indices)  # a recovered group's other members were accounted before the restart
+            self._open[w.group_id] = _Open(running, [i for i in range(w.size) if i not in running])
+
+    def accounted(self, group_id: str, trajectory_id: str, size: int) -> None:
+        """A member is stored with group size ``size`` (or ``LEFT_OUT``); its group goes once all are."""
+        group = self._open.get(group_id)
+        member = int(trajectory_id.rsplit("-", 1)[1])
+        if group is None or member not in group.remaining:
+            return
+        group.remaining.discard(member)
+        group.accounted.append(member)
+        if group.remaining:
+            self.journal.stored(group_id, member, size)
+        else:
+            del self._open[group_id]
+            self.journal.done(group_id, group.accounted, finished=len(group.accounted))
+
+    def restore(
+        self, groups: Sequence[Group], tasks: Mapping[str, jobconfig.TaskConfig]
+    ) -> tuple[list[protocol.Work], list[str]]:
+        """After a restart: what each partly stored group of ``groups`` still needs, and the ids of those
+        that need nothing (forgotten); new groups are ordered after all of ``groups``."""
+        self._seq = itertools.count(max((g.seq for g in groups), default=-1) + 1)
+        works, whole = [], []
+        for g in (g for g in groups if g.stored):
+            [work] = protocol.validate_groups([g.group], tasks)
+            if (rest := self._rest(g, work)) is not None:
+                works.append(rest)
+            else:
+                whole.append(g.group.group_id)
+        return works, whole
+
+    def _rest(self, g: Group, work: protocol.Work) -> protocol.Work | None:
+        """As many of ``g``'s unstored members as make up the group it is stored as (a DARTS group whose
+        surplus was being left out needs fewer than are missing); None if it needs nothing."""
+        sizes = [s for s in g.stored.values() if s != LEFT_OUT]
+        size = max(sizes) if sizes else (work.task.group_size if work.task.sampling == "darts" else g.pool)
+        missing = [i for i in range(g.pool) if i not in g.stored]
+        needed = missing[: max(0, size - len(sizes))]
+        left_out = [i for i in missing if i not in needed]
+        if not needed:
+            self.journal.done(g.group.group_id, [*g.stored, *left_out], finished=g.pool)
+            return None
+        for i in left_out:  # surplus that was being left out when the scheduler died: left out now
+            self.journal.stored(g.group.group_id, i, LEFT_OUT)
+        return dataclasses.replace(work, pool=g.pool, only=tuple(needed), stored_size=size)
+
+
+@dataclasses.dataclass
+class _Open:
+    remaining: set[int]
+    """Member indices started and not yet stored."""
+    accounted: list[int]
+    """Member indices stored (or left out)."""

@@ -53,7 +53,7 @@ tests (tests/unit/dataplane/test_scheduler_{gate,turns,parts}.py). It speaks its
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -125,17 +125,16 @@ class SchedulerService:
         )  # fmt: skip
         self.gate = self.loop.gate
         self.saver = saver.Saver(buffer, settings=settings, tasks=self.tasks, on_saved=self._saved)
+        left_out = functools.partial(self._saved, left_out=True)
         self.darts = darts.Darts(
-            self.tasks, loop=self.loop, save=self.saver.add, drop=self._left_out,
+            self.tasks, loop=self.loop, save=self.saver.add, drop=left_out,
             store=darts_stats or darts_store.MemoryStats(), registry_=self.registry, clock=clock,
         )  # fmt: skip
         self._results = results.Results()
         self._admitted = itertools.count()
         self._finished = 0
         self.journal = journal_ or journal.MemoryJournal()
-        self._open: dict[str, _OpenGroup] = {}
-        """Groups accepted and not yet wholly stored (what the journal holds)."""
-        self._seq = itertools.count()
+        self.groups = journal.OpenGroups(self.journal)
         self._submitting = asyncio.Lock()
 
     @property
@@ -157,10 +156,7 @@ class SchedulerService:
         await self.darts.ready()
         async with self._submitting:  # one request between prepare and queue: no group twice
             fresh = self.admission.prepare(groups, self.darts.plan)
-            submitted = {g.group_id: g for g in groups}
-            await self.journal.accept(
-                [journal.Group(submitted[w.group_id], seq=next(self._seq), pool=w.size) for w in fresh]
-            )
+            await self.groups.accept(fresh, groups)
             self._queue(fresh)
             self.darts.started(fresh)
         self._admit()
@@ -175,19 +171,17 @@ class SchedulerService:
         state = await self.journal.load()
         self.version, self.progress, self._finished = state.progress.version, state.progress, state.finished
         self.metrics.version.set(self.version)
-        self._seq = itertools.count(max((g.seq for g in state.groups), default=-1) + 1)
         untouched = [g for g in state.groups if not g.stored]
         whole = self.admission.prepare([g.group for g in untouched], self.darts.plan) if untouched else []
-        partial = [w for g in state.groups if g.stored and (w := self._rest(g)) is not None]
+        partial, finished = self.groups.restore(state.groups, self.tasks)
+        for group_id in finished:  # already whole: a resubmission of it is not run again
+            self.admission.remember(group_id)
         self._queue(whole)
         self.darts.started(whole)
         self._queue(partial)
         self._admit()
-        return protocol.Recovery(
-            version=self.version,
-            groups=len(whole) + len(partial),
-            trajectories=sum(w.members for w in whole + partial),
-        )
+        works = whole + partial
+        return protocol.Recovery(self.version, groups=len(works), trajectories=sum(w.members for w in works))
 
     async def commit_version(
         self, version: int, *, step: int = 0, mean_reward: float | None = None
@@ -320,15 +314,13 @@ class SchedulerService:
             self.saver.add(traj, result)
         self._admit()
 
-    def _saved(self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult) -> None:
-        self._accounted(traj, traj.group_size)
-        self.tally.record(traj)
-        self.metrics.inflight.set(len(self.loop.inflight))
-        self._results.publish(result)
-
-    def _left_out(self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult) -> None:
-        """A DARTS candidate left out of its group and not stored: counted as the stored ones are."""
-        self._accounted(traj, journal.LEFT_OUT)
+    def _saved(
+        self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult, *, left_out: bool = False
+    ) -> None:
+        """``traj`` is stored (``left_out``: a DARTS candidate left out of its group, counted, not stored)."""
+        self.groups.accounted(
+            traj.group_id, traj.trajectory_id, journal.LEFT_OUT if left_out else traj.group_size
+        )
         self.tally.record(traj)
         self.metrics.inflight.set(len(self.loop.inflight))
         self._results.publish(result)
@@ -337,55 +329,10 @@ class SchedulerService:
 
     def _queue(self, works: Sequence[protocol.Work]) -> None:
         self.admission.queue(works)
+        self.groups.opened(works)
         for w in works:
-            running = set(w.indices)  # a recovered group's other members were accounted before the restart
-            self._open[w.group_id] = _OpenGroup(running, [i for i in range(w.size) if i not in running])
             self.tally.per_task[w.task.name].submitted += w.members
         self.metrics.pending.set(self.admission.pending_trajectories)
-
-    def _accounted(self, traj: common_pb2.Trajectory, size: int) -> None:
-        """``traj`` is stored (or left out): mark it, and forget its group once every member is."""
-        group = self._open.get(traj.group_id)
-        member = _member(traj.trajectory_id)
-        if group is None or member not in group.remaining:
-            return
-        group.remaining.discard(member)
-        group.accounted.append(member)
-        if group.remaining:
-            self.journal.stored(traj.group_id, member, size)
-        else:
-            del self._open[traj.group_id]
-            self.journal.done(traj.group_id, group.accounted, finished=len(group.accounted))
-
-    def _rest(self, g: journal.Group) -> protocol.Work | None:
-        """What a partly stored group still needs: as many of its unstored members as make up the group
-        it is stored as (a DARTS group whose surplus was being dropped needs fewer than are missing)."""
-        [work] = protocol.validate_groups([g.group], self.tasks)
-        task = work.task
-        sizes = [s for s in g.stored.values() if s != journal.LEFT_OUT]
-        size = max(sizes) if sizes else (task.group_size if task.sampling == "darts" else g.pool)
-        missing = [i for i in range(g.pool) if i not in g.stored]
-        needed = missing[: max(0, size - len(sizes))]
-        left_out = [i for i in missing if i not in needed]
-        if not needed:
-            self.journal.done(g.group.group_id, [*g.stored, *left_out], finished=g.pool)
-            self.admission.remember(g.group.group_id)  # a resubmission of it is not run again
-            return None
-        for i in left_out:  # DARTS surplus that was being dropped: counted as dropped now
-            self.journal.stored(g.group.group_id, i, journal.LEFT_OUT)
-        return dataclasses.replace(work, pool=g.pool, only=tuple(needed), stored_size=size)
-
-
-@dataclasses.dataclass
-class _OpenGroup:
-    remaining: set[int]
-    """Member indices started and not yet stored."""
-    accounted: list[int]
-    """Member indices stored (or left out), as the journal recorded them."""
-
-
-def _member(trajectory_id: str) -> int:
-    return int(trajectory_id.rsplit("-", 1)[1])
 
 
 def _check_envs(envs: Sequence[protocol.Env]) -> None:
