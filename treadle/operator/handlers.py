@@ -288,16 +288,20 @@ def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
 
 @kopf.on.delete(*JOBS, optional=True)
 def forget(*, namespace: str | None, name: str, memo: runtime.Runtime, **_: Any) -> None:
-    """Drop the job's metric series and its Redis user; ``optional=True`` keeps kopf from adding a
-    finalizer (so a user left by an operator that was down is removed by nothing: it can reach only
-    the keys of a job that no longer exists, and a job re-created under the name resets it)."""
+    """Drop the job's metric series, its Redis user and its Redis keys; ``optional=True`` keeps kopf
+    from adding a finalizer (so what an operator that was down left is removed by nothing: the user
+    can reach only the keys of a job that no longer exists, a job re-created under the name resets
+    the user, and takes up the keys: its feeder's position, its journal's groups and version)."""
     memo.metrics.forget_job(namespace or "", name)
     memo.forget((namespace or "", name))
     if memo.cfg.redis_password:
+        log = logging.getLogger(__name__)
         try:
             redisacl.delete_user(memo.cfg, namespace or "", name)
+            log.info("deleted %d Redis keys of %s/%s", redisacl.delete_keys(memo.cfg, namespace or "", name),
+                     namespace, name)  # fmt: skip
         except redis.RedisError as exc:
-            logging.getLogger(__name__).warning("Redis user of %s/%s not deleted: %s", namespace, name, exc)
+            log.warning("Redis user or keys of %s/%s not deleted: %s", namespace, name, exc)
 
 
 # --- status ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Each job's own Redis user, restricted to its own keys: created (or reset) on every reconcile, deleted
-with the job. Called by ``treadle.operator.handlers`` with the shared Redis's admin password
-(``OperatorConfig.redis_password``, the chart's Secret).
+with the job, and so are its keys. Called by ``treadle.operator.handlers`` with the shared Redis's
+admin password (``OperatorConfig.redis_password``, the chart's Secret).
 
 The user is named after the job's key prefix (``<namespace>/<job>``); its password is the job's
 Secret's ``redis-password`` (``render.security``), which the job's pods read
@@ -42,3 +42,21 @@ def ensure_user(cfg: config.OperatorConfig, job: v1alpha1.RolloutJob, password: 
 def delete_user(cfg: config.OperatorConfig, namespace: str, name: str) -> None:
     with _admin(cfg) as admin:
         admin.execute_command("ACL", "DELUSER", f"{namespace}/{name}")
+
+
+def delete_keys(cfg: config.OperatorConfig, namespace: str, name: str) -> int:
+    """Delete every key of the deleted job (its trajectories, feeder positions, scheduler journal, DARTS
+    statistics, API quotas); returns how many. A job re-created under the name then starts afresh
+    instead of taking up the old one's position, groups and committed version."""
+    deleted = 0
+    with _admin(cfg) as admin:
+        for pattern in auth.redis_key_patterns(f"{namespace}/{name}"):
+            batch: list[bytes] = []
+            for key in admin.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) == 1000:
+                    deleted += int(admin.unlink(*batch))
+                    batch.clear()
+            if batch:
+                deleted += int(admin.unlink(*batch))
+    return deleted

@@ -128,6 +128,11 @@ async def test_each_job_reaches_only_its_own_keys(
         finally:
             await anon.aclose()
 
+    keys_b = set(redis.Redis.from_url(guarded.url, password=ADMIN).keys("*{team-a/b}*"))
+    assert redisacl.delete_keys(cfg, a.namespace, a.name) >= 5  # buffer, feeder, journal, quota keys...
+    with redis.Redis.from_url(guarded.url, password=ADMIN) as admin:
+        assert not [k for k in admin.keys("*") if b"team-a/a" in k], "a deleted job's keys are left"
+        assert set(admin.keys("*{team-a/b}*")) == keys_b  # another job's keys are not touched
     redisacl.delete_user(cfg, a.namespace, a.name)  # the job is deleted: its user goes with it
     gone = aioredis.Redis.from_url(url_a, protocol=2)
     try:
