@@ -4,7 +4,7 @@ VENV ?= $(TREADLE_CACHE)/venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-known-failures test-unit test-integration test-e2e test-slow lint fmt proto cluster-up cluster-down
+.PHONY: setup demo test test-unit test-integration test-e2e test-slow lint fmt proto cluster-up cluster-down
 
 setup:
 	@bash hack/setup.sh
@@ -15,11 +15,7 @@ demo: setup
 
 ## Every tier (unit, integration, e2e, slow) after the linters.
 test: setup lint
-	TREADLE_FORBID_SKIPS=1 $(PY) -m pytest -m "not known_failure" $(PYTEST_ARGS)
-
-## The tests of known, documented failures (README "On the dev cluster"): each runs to its failure.
-test-known-failures: setup
-	$(PY) -m pytest -m known_failure $(PYTEST_ARGS)
+	TREADLE_FORBID_SKIPS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

@@ -265,20 +265,13 @@ def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
     return dict(rows)
 
 
-# Not strict: whether a deletion loses rows depends on when the pod dies (between steps it may lose
-# none), so a pass here would be timing, not a fix. Up to 35 min before it fails: out of make test.
-@pytest.mark.known_failure
-@pytest.mark.xfail(
-    strict=False,
-    reason="a restarted scheduler loses the groups it had accepted (held in memory only) and nothing "
-    "submits them again: on the dev cluster 4 of the 64 rows of epoch 0 never reached the buffer",
-)
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
 def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluster: kwok.DevCluster) -> None:
-    """An epoch is 64 rows, 16 steps of 4 groups; the scheduler pod goes at step 3 and comes back empty.
-    Every row of epoch 0 then reaches the buffer with its 8 trajectories. A repeated group would
-    reuse its trajectory ids (``<group>-<i>``), which the buffer stores once: a repeat costs work
-    but cannot show here."""
+    """An epoch is 64 rows, 16 steps of 4 groups; the scheduler pod goes at step 3 and its replacement
+    takes up from the journal in Redis the groups it had accepted (``scheduler.journal``). Every row
+    of epoch 0 then reaches the buffer with its 8 trajectories (before the journal, 4 of 64 never
+    did). A repeated group would reuse its trajectory ids (``<group>-<i>``), which the buffer stores
+    once: a repeat costs work but cannot show here."""
     name = "learn-restart"
     apply(cluster, variant(name, CONFIG_MAP))
     train(cluster, name, steps=3)
