@@ -18,6 +18,14 @@ stage of the path a trainer and a vLLM worker take is timed:
   ``load`` calls ``model_runner.reload_weights``, which ends in those same per-parameter copies plus
   vLLM's own bookkeeping (and, on CPU builds only, a GEMM repack), which the stand-in lacks.
 
+prefetch and apply are measured for each pull buffer ``--pinned`` names, side by side on the same
+published versions: ``pageable`` (``pull.pageable``, plain numpy memory, the reader's default) and
+``pinned`` (``pull.pinned``, page-locked by torch, what the vLLM extension uses on a CUDA engine;
+pageable again where CUDA is absent). One loader per buffer kind; each version is published once,
+then every loader prefetches and applies it, in alternating order from version to version. The
+warm-up version's prefetch is reported too (``first prefetch``): it allocates the buffer, which
+every later version reuses.
+
 Baselines of the same bytes, measured in the same run: ``.cpu()`` of the tensors (device-to-host
 into fresh pageable memory, what ``tensors.flatten`` does), copy into pre-allocated pinned host
 memory, host-to-device ``copy_`` from pinned and from pageable memory, a host memcpy
@@ -71,6 +79,10 @@ class Config:
         default=publish.DEFAULT_BUCKET_BYTES >> 20, metadata={"help": "publisher bucket size"}
     )
     repeats: int = dataclasses.field(default=3, metadata={"help": "timed runs after one warm-up"})
+    pinned: str = dataclasses.field(
+        default="both",
+        metadata={"help": "pull buffer for prefetch/apply: both (side by side), on (pinned), off (pageable)"},
+    )
     seed: int = dataclasses.field(default=0, metadata={"help": "RNG seed of the random weights"})
     json_out: str = dataclasses.field(default="", metadata={"help": "also write the results here (JSON)"})
 
@@ -353,6 +365,16 @@ def file_baselines(root: Path, nbytes: int, bucket: int, device: torch.device, r
     return out
 
 
+BUFFERS: dict[str, pull.Allocate] = {"pageable": pull.pageable, "pinned": pull.pinned}
+
+
+def buffer_kinds(cfg: Config) -> list[str]:
+    choice = {"both": ["pageable", "pinned"], "off": ["pageable"], "on": ["pinned"]}.get(cfg.pinned)
+    if choice is None:
+        raise SystemExit(f"--pinned {cfg.pinned!r}: use both, on or off")
+    return choice
+
+
 def swap_stages(
     state: dict[str, torch.Tensor],
     model: TorchStandIn,
@@ -360,25 +382,43 @@ def swap_stages(
     cfg: Config,
     device: torch.device,
 ) -> tuple[list[Timing], dict[str, Any]]:
-    """publish -> Loader.prefetch -> Loader.apply, one warm-up then ``cfg.repeats`` versions."""
+    """publish -> Loader.prefetch -> Loader.apply per pull buffer kind; one warm-up then ``cfg.repeats``."""
     nbytes = sum(t.nbytes for t in state.values())
     store = objects.FileStore(root)
     publisher = publish.Publisher(store, PREFIX, bucket_bytes=cfg.bucket_mib << 20, staleness_window=0)
     spec = {name: ("bfloat16", tuple(t.shape)) for name, t in state.items()}
+    kinds = buffer_kinds(cfg)
 
     def fatal(exc: BaseException) -> NoReturn:
         raise RuntimeError("load failed after the model was modified") from exc
 
-    weights_loader = loader.Loader(
-        pull.Reader(store, PREFIX, deadline_s=300), spec, kind="torch", on_fatal=fatal
-    )
+    loaders = {
+        kind: loader.Loader(
+            pull.Reader(store, PREFIX, deadline_s=300, allocate=BUFFERS[kind]),
+            spec,
+            kind="torch",
+            on_fatal=fatal,
+        )
+        for kind in kinds
+    }
     applied: set[str] = set()
+    pinned_seen: dict[str, bool] = {}
 
-    def load(weights: Iterable[tuple[str, Any]]) -> None:
-        applied.update(model.load_weights(weights))
-        sync(device)
+    def loading(kind: str) -> Callable[[Iterable[tuple[str, Any]]], None]:
+        def load(weights: Iterable[tuple[str, Any]]) -> None:
+            pairs = list(weights)
+            # What the driver will see: is the memory load_weights copies from page-locked?
+            pinned_seen[kind] = bool(pairs[0][1].is_pinned()) if device.type == "cuda" else False
+            applied.update(model.load_weights(pairs))
+            sync(device)
 
-    samples: dict[str, list[float]] = {"publish": [], "prefetch": [], "apply": []}
+        return load
+
+    samples: dict[str, list[float]] = {"publish": []}
+    for kind in kinds:
+        samples[f"prefetch {kind}"] = []
+        samples[f"apply {kind}"] = []
+    first: dict[str, float] = {}
     info: dict[str, Any] = {}
     try:
         for version in range(1, 2 + cfg.repeats):
@@ -386,20 +426,27 @@ def swap_stages(
             t0 = time.perf_counter()
             manifest = publisher.publish(state, version)
             t1 = time.perf_counter()
-            weights_loader.prefetch(version)
-            while version not in weights_loader.status()["prefetched"]:
-                if weights_loader.status()["prefetching"] == []:  # failed: apply raises its error
-                    break
-                time.sleep(0.001)
-            t2 = time.perf_counter()
-            weights_loader.apply(version, load)
-            t3 = time.perf_counter()
             if version > 1:
                 samples["publish"].append(t1 - t0)
-                samples["prefetch"].append(t2 - t1)
-                samples["apply"].append(t3 - t2)
+            for kind in kinds if version % 2 == 0 else kinds[::-1]:
+                weights_loader = loaders[kind]
+                t1 = time.perf_counter()
+                weights_loader.prefetch(version)
+                while version not in weights_loader.status()["prefetched"]:
+                    if weights_loader.status()["prefetching"] == []:  # failed: apply raises its error
+                        break
+                    time.sleep(0.001)
+                t2 = time.perf_counter()
+                weights_loader.apply(version, loading(kind))
+                t3 = time.perf_counter()
+                if version > 1:
+                    samples[f"prefetch {kind}"].append(t2 - t1)
+                    samples[f"apply {kind}"].append(t3 - t2)
+                else:
+                    first[kind] = t2 - t1
             info = {"buckets": len(manifest.buckets), "stored_bytes": manifest.total_bytes}
-        assert weights_loader.loaded_version == 1 + cfg.repeats
+        for weights_loader in loaders.values():
+            assert weights_loader.loaded_version == 1 + cfg.repeats
         assert len(applied) == len(model.params), "the stand-in did not receive every parameter"
         # The last version really landed: spot-check one tensor and one stacked shard on the device.
         name = "model.layers.0.self_attn.k_proj.weight"
@@ -409,17 +456,30 @@ def swap_stages(
         )
         assert torch.equal(model.params["lm_head.weight"], state["lm_head.weight"])
     finally:
-        weights_loader.close()
+        for weights_loader in loaders.values():
+            weights_loader.close()
         publisher.close()
     notes = {
         "publish": "Publisher.publish from device tensors: D2H + pack + xxh3 + write + commit",
-        "prefetch": "Loader.prefetch until done: Reader.pull, read + xxh3 check, reused buffer",
-        "apply": "Loader.apply: spec check + stand-in load_weights (H2D copy_) + sync",
+        "prefetch": "Loader.prefetch until done: Reader.pull, read + xxh3 check, reused {} buffer",
+        "apply": "Loader.apply: spec check + stand-in load_weights (H2D copy_ from {} memory) + sync",
     }
-    stages = [Timing(k, nbytes, v, notes[k]) for k, v in samples.items()]
-    stages.append(
-        Timing("publish+prefetch+apply", nbytes, [sum(x) for x in zip(*samples.values(), strict=True)])
-    )
+    stages = [Timing("publish", nbytes, samples["publish"], notes["publish"])]
+    for kind in kinds:
+        seen = f"; is_pinned() {pinned_seen.get(kind)}"
+        stages.append(
+            Timing(f"prefetch {kind}", nbytes, samples[f"prefetch {kind}"], notes["prefetch"].format(kind))
+        )
+        stages.append(
+            Timing(f"apply {kind}", nbytes, samples[f"apply {kind}"], notes["apply"].format(kind) + seen)
+        )
+    for kind in kinds:
+        total = zip(samples["publish"], samples[f"prefetch {kind}"], samples[f"apply {kind}"], strict=True)
+        stages.append(Timing(f"publish+prefetch+apply {kind}", nbytes, [sum(x) for x in total]))
+    for kind in kinds:
+        stages.append(Timing(f"first prefetch {kind}", nbytes, [first[kind]],
+                             note="warm-up version: allocates the buffer (one sample)"))  # fmt: skip
+    info["is_pinned"] = pinned_seen
     return stages, info
 
 
@@ -433,19 +493,21 @@ def print_table(title: str, rows: list[Timing]) -> None:
 
 
 def ratios(stages: list[Timing], base: dict[str, Timing]) -> list[tuple[str, str, float]]:
-    """(Treadle stage, floor, stage median / floor median) for the floors measured on this device."""
-    by = {s.what: s for s in stages}
+    """(stage, floor or other stage, median / median) for what was measured on this device."""
+    by = {s.what: s for s in stages} | base
     pairs = [
         ("publish", "D2H copy_ into pinned"), ("publish", "D2H .cpu() (fresh pageable)"),
-        ("prefetch", "file read into reused buffer"), ("prefetch", "host memcpy np.copyto (pre-touched)"),
-        ("apply", "H2D copy_ from pinned"), ("apply", "H2D copy_ from pageable"),
-        ("publish+prefetch+apply", "D2H copy_ into pinned"),
     ]  # fmt: skip
-    out = []
-    for stage, floor in pairs:
-        if floor in base:
-            out.append((stage, floor, by[stage].median / base[floor].median))
-    return out
+    for kind in BUFFERS:
+        pairs += [
+            (f"prefetch {kind}", "file read into reused buffer"),
+            (f"prefetch {kind}", "host memcpy np.copyto (pre-touched)"),
+            (f"apply {kind}", "H2D copy_ from pinned"), (f"apply {kind}", "H2D copy_ from pageable"),
+            (f"publish+prefetch+apply {kind}", "D2H copy_ into pinned"),
+        ]  # fmt: skip
+    pairs += [("apply pageable", "apply pinned"), ("prefetch pageable", "prefetch pinned"),
+              ("publish+prefetch+apply pageable", "publish+prefetch+apply pinned")]  # fmt: skip
+    return [(a, b, by[a].median / by[b].median) for a, b in pairs if a in by and b in by]
 
 
 def run_size(cfg: Config, params: float, device: torch.device) -> dict[str, Any]:
@@ -473,9 +535,15 @@ def run_size(cfg: Config, params: float, device: torch.device) -> dict[str, Any]
                 f"store {kind}: FileStore at {root} ({where}); {info['buckets']} bucket(s)", files + stages
             )
             floors = {b.what: b for b in base + files}
-            print("  ratios, Treadle stage median / floor median:")
+            print(f"  load_weights got pinned tensors (torch is_pinned of the first): {info['is_pinned']}")
+            if device.type == "cuda":
+                with contextlib.suppress(Exception):  # host_memory_stats is recent torch
+                    reserved = torch.cuda.host_memory_stats().get("reserved_bytes.current")
+                    info["pinned_host_reserved_bytes"] = reserved
+                    print(f"  torch pinned host memory reserved (alive or cached): {reserved} bytes")
+            print("  ratios, median / median:")
             for stage, floor, ratio in ratios(stages, floors):
-                print(f"    {stage:<24} / {floor:<36} = {ratio:6.2f}x")
+                print(f"    {stage:<31} / {floor:<36} = {ratio:6.2f}x")
             result["stores"][kind] = {"root": str(root), "fs": where, **info,
                                       "files": [f.row() for f in files], "stages": [s.row() for s in stages],
                                       "ratios": ratios(stages, floors)}  # fmt: skip
@@ -501,6 +569,10 @@ def main() -> None:
           "tensor, vLLM-style qkv/gate_up stacking), NOT a vLLM engine")  # fmt: skip
     print(f"bucket {cfg.bucket_mib} MiB, staleness window 0, one warm-up + {cfg.repeats} timed versions, "
           f"GB = 1e9 bytes")  # fmt: skip
+    pinned_note = (
+        "page-locked" if device.type == "cuda" and torch.cuda.is_available() else "PAGEABLE (no CUDA)"
+    )
+    print(f"pull buffers: {', '.join(buffer_kinds(cfg))}; pull.pinned gives {pinned_note} memory here")
     results = {"gpu": gpu, "torch": torch.__version__, "config": dataclasses.asdict(cfg),
                "sizes": [run_size(cfg, p, device) for p in cfg.params]}  # fmt: skip
     if cfg.json_out:

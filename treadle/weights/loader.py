@@ -12,6 +12,11 @@ engine's in-place reload; kept free of vLLM so the rules are unit-tested on thei
   itself unhealthy and calls ``on_fatal`` (in vLLM: exit the worker, so the engine dies and the
   pod is restarted; vLLM's own in-place reload is not transactional).
 
+The host buffer a version is pulled into is reused for the next one (pulled again only if a later
+version needs more bytes), so its allocation, page-locked (``pull.pinned``) when the reader's
+``allocate`` is for a CUDA engine, is paid once. ``load`` must therefore have finished reading the
+tensors it was given when it returns (a ``non_blocking`` copy from pinned memory synchronized).
+
 The caller (the inference agent) suspends generation around ``apply``; this module does not know
 the engine's scheduler, only its weights.
 """
@@ -110,6 +115,11 @@ def store_from_env(env: Mapping[str, str], *, replicas: int | None = None) -> tu
     ), prefix
 
 
+def _storage(snapshot: pull.Snapshot) -> objects.Bytes:
+    """All of the buffer ``snapshot`` was pulled into, to reuse for the next version."""
+    return snapshot.storage if snapshot.storage is not None else snapshot.buffer
+
+
 def _exit_process(exc: BaseException) -> NoReturn:
     log.critical("weight load failed after the model was modified; exiting so the replica restarts: %r", exc)
     os._exit(70)
@@ -168,8 +178,8 @@ class Loader:
                 # Older prefetches are superseded: only the newest version will be applied.
                 for old in [v for v in self._pending if v < version]:
                     self._pending.pop(old).cancel()
-                out, self._spare = self._spare, None
-                self._pending[version] = self.reader.prefetch(version, kind=self.kind, out=out)
+                spare, self._spare = self._spare, None
+                self._pending[version] = self.reader.prefetch(version, kind=self.kind, spare=spare)
 
     def apply(
         self, version: int, load: Callable[[Iterable[tuple[str, Any]]], None], *, prefix: str | None = None
@@ -193,7 +203,11 @@ class Loader:
                 raise errors.Conflict(
                     f"version {version} is not newer than the loaded version {self.loaded_version}"
                 )
-            reader = pull.Reader(self.reader.store, prefix) if moving and prefix is not None else self.reader
+            reader = (
+                pull.Reader(self.reader.store, prefix, allocate=self.reader.allocate)
+                if moving and prefix is not None
+                else self.reader
+            )
             snapshot: pull.Snapshot | None = None
             weights: Iterable[tuple[str, Any]] | None = None
             try:
@@ -201,9 +215,19 @@ class Loader:
                     weights = None if self.loaded_version == 0 else self._checkpoint_weights()
                 else:
                     future = None if moving else self._pending.pop(version, None)
-                    snapshot = future.result() if future is not None else reader.pull(version, kind=self.kind)
+                    if future is not None:
+                        snapshot = future.result()
+                    else:
+                        spare, self._spare = self._spare, None
+                        try:
+                            snapshot = reader.pull(version, kind=self.kind, spare=spare)
+                        except BaseException:
+                            self._spare = spare  # nothing of it was handed out
+                            raise
                     weights = self._checked(snapshot)
             except (errors.TreadleError, concurrent.futures.CancelledError) as exc:
+                if snapshot is not None and self._spare is None:
+                    self._spare = _storage(snapshot)  # refused: none of its tensors was handed out
                 self.last_error = f"{reader.prefix} v{version} refused: {exc}"
                 if reader is not self.reader:
                     reader.close()
@@ -218,7 +242,7 @@ class Loader:
             self.loaded_version = version
             self.last_error = None
             if snapshot is not None:
-                self._spare = snapshot.buffer
+                self._spare = _storage(snapshot)
             # Prefetches of the previous prefix, or older than this version, will never be applied.
             for old in [v for v in self._pending if moving or v <= version]:
                 self._pending.pop(old).cancel()

@@ -33,6 +33,15 @@ from treadle.api import env_vars
 from treadle.weights import layout, loader, pull
 
 
+def _cuda() -> bool:
+    """Whether this worker's torch has CUDA (vLLM's own dependency; CPU builds have none)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 class WeightsExtension:
     """Mixed into vLLM's worker class; ``model_runner`` and ``vllm_config`` are the worker's."""
 
@@ -45,8 +54,12 @@ class WeightsExtension:
             store, prefix = loader.store_from_env(os.environ)
             spec = loader.checkpoint_spec(self._treadle_model_dir())
             initial = int(os.environ.get(env_vars.WEIGHTS_INITIAL_VERSION, "0"))
+            # A CUDA engine copies the pulled tensors host-to-device while paused: from page-locked
+            # memory apply took 0.041 s instead of 0.247 s at 2 GB on an H200
+            # (bench/reports/weights-gpu.md). CPU builds: pageable.
+            allocate = pull.pinned if _cuda() else pull.pageable
             existing = loader.Loader(
-                pull.Reader(store, prefix), spec, loaded_version=initial, kind="torch",
+                pull.Reader(store, prefix, allocate=allocate), spec, loaded_version=initial, kind="torch",
                 checkpoint=self._treadle_checkpoint,
             )  # fmt: skip
             self._treadle_weights_loader = existing
@@ -77,6 +90,11 @@ class WeightsExtension:
         def load(weights: Iterable[tuple[str, Any]]) -> None:
             self.model_runner.reload_weights(weights_iterator=iter(weights))
             self._repack_vocab_embeddings()
+            if _cuda():
+                # The pinned buffer is refilled by the next prefetch: no copy from it may be in flight.
+                import torch
+
+                torch.cuda.synchronize()
 
         prefix = layout.agent_prefix(os.environ[env_vars.WEIGHTS_PREFIX], agent) if agent else None
         return self._treadle_loader().apply(int(version), load, prefix=prefix)
