@@ -101,6 +101,9 @@ def configure(*, settings: kopf.OperatorSettings, memo: runtime.Runtime, **_: An
     # One replica (Deployment strategy Recreate): no peering CRDs, no peering RBAC, and none of
     # the freezes of a lingering old peer (kopf #1276). Two replicas would double-apply, not help.
     settings.peering.standalone = True
+    if memo.cfg.redis_password:
+        memo.keeper = redisacl.UserKeeper(memo.cfg, memo.known_jobs)
+        memo.keeper.start()
     if memo.metrics_port is not None:
         import prometheus_client
 
@@ -133,6 +136,8 @@ def login(*, memo: runtime.Runtime, **_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 def shutdown(*, memo: runtime.Runtime, **_: Any) -> None:
+    if memo.keeper is not None:
+        memo.keeper.stop()
     if memo._http is not None:
         server, thread = memo._http
         server.shutdown()

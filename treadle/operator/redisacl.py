@@ -12,11 +12,17 @@ another's experience, nor list its keys.
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
 import redis
 
 from treadle import auth
 from treadle.api import v1alpha1
 from treadle.operator import config
+
+log = logging.getLogger(__name__)
 
 
 def user(job: v1alpha1.RolloutJob) -> str:
@@ -25,7 +31,10 @@ def user(job: v1alpha1.RolloutJob) -> str:
 
 def rules(job: v1alpha1.RolloutJob, password: str) -> list[str]:
     """``ACL SETUSER`` rules of the job's user: ``reset`` first, so a rerun leaves exactly these."""
-    patterns = [f"~{p}" for p in auth.redis_key_patterns(user(job))]
+    return _rules([f"~{p}" for p in auth.redis_key_patterns(user(job))], password)
+
+
+def _rules(patterns: list[str], password: str) -> list[str]:
     return ["reset", "on", f">{password}", *patterns, "resetchannels", "+@all", "-@admin", "-@dangerous"]
 
 
@@ -37,6 +46,70 @@ def ensure_user(cfg: config.OperatorConfig, job: v1alpha1.RolloutJob, password: 
     """Create or reset the job's user (idempotent: every reconcile calls it)."""
     with _admin(cfg) as admin:
         admin.execute_command("ACL", "SETUSER", user(job), *rules(job, password))
+
+
+class UserKeeper:
+    """Puts the jobs' users back when Redis restarted: ``ACL SETUSER`` lives in Redis's memory only (the
+    AOF replays data, not users), so a restarted Redis would refuse every job's pods until their
+    next reconcile. Every ``interval_s`` it reads Redis's ``run_id`` (new on every start) and, when it
+    changed, sets up the user of every job ``jobs()`` names, as ``(namespace, name, uid)``.
+
+    Run by the operator on a thread of its own (``start``); ``check`` is one round, for tests."""
+
+    def __init__(
+        self,
+        cfg: config.OperatorConfig,
+        jobs: Callable[[], Iterable[tuple[str, str, str]]],
+        *,
+        interval_s: float = 5.0,
+    ) -> None:
+        self.cfg, self.jobs, self.interval_s = cfg, jobs, interval_s
+        self.run_id: str | None = None
+        self.restored = 0
+        """Users set up again after Redis restarts, in all."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> int:
+        """One round; returns how many users it set up again (0 while Redis runs on)."""
+        with _admin(self.cfg) as admin:
+            run_id = str(admin.info("server")["run_id"])
+            if run_id == self.run_id:
+                return 0
+            first, self.run_id = self.run_id is None, run_id
+            if first:  # the operator just started: every job is reconciled, its user set up, anyway
+                return 0
+            count = 0
+            for namespace, name, uid in self.jobs():
+                password = auth.job_secret(
+                    self.cfg.auth_key,
+                    purpose=auth.REDIS_PASSWORD_KEY,
+                    namespace=namespace,
+                    name=name,
+                    uid=uid,
+                )
+                patterns = [f"~{p}" for p in auth.redis_key_patterns(f"{namespace}/{name}")]
+                admin.execute_command("ACL", "SETUSER", f"{namespace}/{name}", *_rules(patterns, password))
+                count += 1
+        log.warning("Redis restarted (run_id %s): set up the Redis users of %d jobs again", run_id, count)
+        self.restored += count
+        return count
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="redis users", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check()
+            except redis.RedisError as exc:  # Redis is down or starting: the next round sees its new run_id
+                log.info("Redis users: Redis not reachable: %s", exc)
 
 
 def delete_user(cfg: config.OperatorConfig, namespace: str, name: str) -> None:

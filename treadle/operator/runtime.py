@@ -42,6 +42,8 @@ class Runtime:
     reconciling: set[JobKey] = field(default_factory=set)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _http: Any = None
+    keeper: Any = None
+    """The ``redisacl.UserKeeper`` while the operator runs with the chart's Redis password."""
     # GPU capacity by accelerator class, listed at most every CAPACITY_TTL_S. Not a node watch:
     # every node's heartbeat would wake the operator, and on a large cluster the node workers
     # would crowd out the job workers.
@@ -75,6 +77,11 @@ class Runtime:
             self._dirty.discard(key)
             self._refreshing.discard(key)
             return False
+
+    def known_jobs(self) -> list[tuple[str, str, str]]:
+        """``(namespace, name, uid)`` of every job given a status since the operator started."""
+        with self._guard:
+            return [(ns, name, uid) for (ns, name), (uid, _, _) in self.last_status.items()]
 
     def forget(self, key: JobKey) -> None:
         self.last_status.pop(key, None)

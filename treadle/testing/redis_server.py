@@ -23,9 +23,12 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(timeout: float = 15.0, *, password: str | None = None) -> Iterator[RedisServer]:
+def redis_server(
+    timeout: float = 15.0, *, password: str | None = None, port: int | None = None
+) -> Iterator[RedisServer]:
+    """``port``: this one (a restart on the port a stopped server had), else a free one."""
     binary = procs.which("redis-server", "apt-get install redis-server, or run hack/setup.sh")
-    port = procs.free_port()
+    port = port or procs.free_port()
     argv = [
         binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
         "--protected-mode", "yes", "--daemonize", "no", *(["--requirepass", password] if password else []),

@@ -6,6 +6,7 @@ password, another job's password, another job's keys and the admin commands are 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +141,34 @@ async def test_each_job_reaches_only_its_own_keys(
             await gone.ping()
     finally:
         await gone.aclose()
+
+
+def test_the_jobs_users_come_back_when_redis_restarts(tmp_path: Path) -> None:
+    """ACL users live in Redis's memory only: the operator's keeper sees the new run_id and sets up every
+    known job's user again, so the job's pods log in as before."""
+    cfg = config.OperatorConfig(auth_key="the operator's key", redis_password=ADMIN)
+    a, b = job("a"), job("b")
+    known = [(j.namespace, j.name, str(j.metadata["uid"])) for j in (a, b)]
+    with redis_server_mod.redis_server(password=ADMIN) as first:
+        cfg = dataclasses.replace(cfg, redis_url=first.url)
+        for j in (a, b):
+            redisacl.ensure_user(cfg, j, password(j, cfg))
+        keeper = redisacl.UserKeeper(cfg, lambda: known)
+        assert keeper.check() == 0  # its first look: the run it started beside
+        assert keeper.check() == 0  # the same run: nothing to do
+        port = first.port
+    url = pod_url(a, cfg, password(a, cfg), tmp_path)
+    with redis_server_mod.redis_server(password=ADMIN, port=port):
+        # Restarted: the user is gone.
+        with (
+            redis.Redis.from_url(url, protocol=2) as pod,
+            pytest.raises(redis.exceptions.AuthenticationError),
+        ):
+            pod.ping()
+        assert keeper.check() == 2
+        with redis.Redis.from_url(url, protocol=2) as pod:
+            assert pod.ping()
+            pod.set("treadle:buf:{team-a/a}:x", "1")
+            with pytest.raises(redis.exceptions.NoPermissionError):  # and is as restricted as before
+                pod.get("treadle:buf:{team-a/b}:x")
+        assert keeper.check() == 0
