@@ -88,6 +88,12 @@ def render_pool(
             "failureThreshold": 90,
         },
         "readinessProbe": {"httpGet": {"path": "/health", "port": vllm_port}, "periodSeconds": 5},
+        # After startup: an engine whose /health fails for a minute (its engine core died) is restarted.
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": vllm_port},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
         "volumeMounts": [
             common.config_mount(),
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -110,6 +116,11 @@ def render_pool(
         },
     )
     sidecar["volumeMounts"].append({"name": "agent-state", "mountPath": AGENT_STATE_DIR})
+    # vLLM runs as its image's user (root in vLLM's official image) and keeps the runtime's default
+    # capabilities (RDMA transfers need IPC_LOCK, which only a privileged namespace grants anyway):
+    # the pod meets Pod Security "baseline"; the agent beside it, from the services image, "restricted".
+    vllm["securityContext"] = {"allowPrivilegeEscalation": False}
+    sidecar["securityContext"] = {**common.CONTAINER_SECURITY, **common.NON_ROOT}
     pod = {
         "containers": [vllm, sidecar],
         "nodeSelector": {**pool.node_selector, nodes.ACCELERATOR_LABEL: pool.accelerator},
@@ -120,7 +131,7 @@ def render_pool(
         "terminationGracePeriodSeconds": 60,
     }
     deployment = common.deployment(
-        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0
+        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0, non_root=False
     )
     # TP > 1 shares tensors through /dev/shm (NCCL); the container default of 64 MiB is too small.
     deployment["spec"]["template"]["spec"]["volumes"].append(

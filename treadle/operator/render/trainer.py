@@ -120,6 +120,9 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
             ],
         },
     }
+    # The reference trainer runs in the inference image (root, as vLLM's official image): "baseline";
+    # a trainer image of the user's may run as anyone.
+    common.harden(template["spec"], non_root=False)
     common.mount_auth(job, template["spec"])
     spec = {"backoffLimit": BACKOFF_LIMIT, "template": template}
     metadata["name"] += "-" + common.spec_hash({"metadata": {}, "spec": spec})[:HASH_CHARS]
