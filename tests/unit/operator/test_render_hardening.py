@@ -55,8 +55,8 @@ def test_every_rendered_pod_is_hardened(where: str, component: str, pod: dict[st
         assert ctx["allowPrivilegeEscalation"] is False, at
         assert not ctx.get("privileged"), at
         assert not ctx.get("capabilities", {}).get("add"), at
+        assert ctx["capabilities"] == {"drop": ["ALL"]}, at
         if component not in BASELINE or c["name"] == "agent":
-            assert ctx["capabilities"] == {"drop": ["ALL"]}, at
             assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == 65532, at
         requests, limits = c["resources"].get("requests", {}), c["resources"].get("limits", {})
         assert {"cpu", "memory"} <= set(requests) and "memory" in limits, f"{at}: {c['resources']}"

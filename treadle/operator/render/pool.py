@@ -116,10 +116,8 @@ def render_pool(
         },
     )
     sidecar["volumeMounts"].append({"name": "agent-state", "mountPath": AGENT_STATE_DIR})
-    # vLLM runs as its image's user (root in vLLM's official image) and keeps the runtime's default
-    # capabilities (RDMA transfers need IPC_LOCK, which only a privileged namespace grants anyway):
-    # the pod meets Pod Security "baseline"; the agent beside it, from the services image, "restricted".
-    vllm["securityContext"] = {"allowPrivilegeEscalation": False}
+    # vLLM runs as its image's user (root in vLLM's official image, with no capability): the pod meets
+    # Pod Security "baseline"; the agent beside it, from the services image, "restricted".
     sidecar["securityContext"] = {**common.CONTAINER_SECURITY, **common.NON_ROOT}
     pod = {
         "containers": [vllm, sidecar],
