@@ -9,6 +9,19 @@ from treadle.operator import config
 from treadle.operator.render import common
 
 LOCAL_WEIGHTS_DIR = "/var/lib/treadle/weights"
+
+
+def local_weights(job: v1alpha1.RolloutJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The volume and mount of ``weights.store: local``: only the job's own directory of the node's
+    store (``<dir>/<namespace>/<job>``, its weights prefix), at the same path in the container, so the
+    store's root stays ``LOCAL_WEIGHTS_DIR`` and no job can read or overwrite another's versions."""
+    path = f"{LOCAL_WEIGHTS_DIR}/{job.namespace}/{job.name}"
+    return (
+        {"name": "weights", "hostPath": {"path": path, "type": "DirectoryOrCreate"}},
+        {"name": "weights", "mountPath": path},
+    )
+
+
 """The node's directory a ``weights.store: local`` job publishes to and its engines read from."""
 AGENT_STATE_DIR = "/var/run/treadle"
 """The inference pod's ``emptyDir`` where its agent keeps what it serves (lives as long as the pod)."""
@@ -97,11 +110,7 @@ def render_pool(
         "volumeMounts": [
             common.config_mount(),
             {"name": "dshm", "mountPath": "/dev/shm"},
-            *(
-                [{"name": "weights", "mountPath": LOCAL_WEIGHTS_DIR}]
-                if job.spec.weights.store == "local"
-                else []
-            ),
+            *([local_weights(job)[1]] if job.spec.weights.store == "local" else []),
         ],
     }
     sidecar = common.service_container(
@@ -138,9 +147,7 @@ def render_pool(
     # The agent keeps what a move made this worker serve across its own restarts (agent.served).
     deployment["spec"]["template"]["spec"]["volumes"].append({"name": "agent-state", "emptyDir": {}})
     if job.spec.weights.store == "local":
-        deployment["spec"]["template"]["spec"]["volumes"].append(
-            {"name": "weights", "hostPath": {"path": LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"}}
-        )
+        deployment["spec"]["template"]["spec"]["volumes"].append(local_weights(job)[0])
     deployment = common.stamp(deployment)
     ports = {"agent": config.PORTS["agent"], "openai": vllm_port}
     return [deployment, common.service(job, cfg, "pool", ports, pool=pool.name, headless=True)]

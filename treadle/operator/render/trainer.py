@@ -69,7 +69,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
         },
         "volumeMounts": [
             common.config_mount(),
-            *([{"name": "weights", "mountPath": pool.LOCAL_WEIGHTS_DIR}] if local_weights else []),
+            *([pool.local_weights(job)[1]] if local_weights else []),
         ],
     }
     selector = dict(trainer.node_selector)
@@ -107,16 +107,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
             **({"tolerations": tolerations} if tolerations else {}),
             "volumes": [
                 common.config_volume(job),
-                *(
-                    [
-                        {
-                            "name": "weights",
-                            "hostPath": {"path": pool.LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"},
-                        }
-                    ]
-                    if local_weights
-                    else []
-                ),
+                *([pool.local_weights(job)[0]] if local_weights else []),
             ],
         },
     }
