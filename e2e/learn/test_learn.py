@@ -21,6 +21,8 @@ import base64
 import collections
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -173,6 +175,17 @@ def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
     took = time.monotonic() - began
     print(f"learn.yaml: {STEPS} steps in {took:.0f}s; mean reward {first:.3f} -> {last:.3f} (last 3)")
     assert last >= 2 * first, rewards
+    # The scheduler's own account of the rollout, as the job's status carries it and treadle status says it.
+    rollout = poll(
+        lambda: get(cluster, "rolloutjob", "learn").get("status", {}).get("rollout", {}).get("completed"),
+        "the scheduler's rollout counts on the job's status", timeout=30,
+    )  # fmt: skip
+    assert rollout >= STEPS * 4 * 8 // 2, rollout  # 20 steps of 4 groups of 8 trained: most were stored
+    status = subprocess.run(
+        [sys.executable, "-m", "treadle.cli", "status", "learn", "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert status.returncode == 0 and "trajectories/min" in status.stdout, status.stdout + status.stderr
     delete(cluster, "learn")
 
 

@@ -205,9 +205,11 @@ def _report_invalid(memo: runtime.Runtime, body: Mapping[str, Any], exc: errors.
 
 
 def _status_patch(st: v1alpha1.RolloutJobStatus) -> dict[str, Any]:
-    # policyVersion, step and meanReward belong to the trainer side (the job's scheduler writes them
-    # on each commit); the operator never overwrites them.
-    return st.model_dump(mode="json", by_alias=True, exclude={"policy_version", "step", "mean_reward"})
+    # policyVersion, step and meanReward (on each commit) and rollout belong to the job's scheduler;
+    # the operator never overwrites them.
+    return st.model_dump(
+        mode="json", by_alias=True, exclude={"policy_version", "step", "mean_reward", "rollout"}
+    )
 
 
 @kopf.on.resume(*JOBS, when=_ours, backoff=5, timeout=600)

@@ -321,7 +321,7 @@ class SchedulerService:
         self.groups.accounted(
             traj.group_id, traj.trajectory_id, journal.LEFT_OUT if left_out else traj.group_size
         )
-        self.tally.record(traj)
+        self.tally.record(traj, version=self.version)
         self.metrics.inflight.set(len(self.loop.inflight))
         self._results.publish(result)
 
