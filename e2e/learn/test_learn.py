@@ -306,25 +306,6 @@ def assert_epoch_whole(c: kwok.DevCluster, name: str) -> None:
     assert found == dict.fromkeys(rows, 8), sorted(set(rows) - set(found))
 
 
-@pytest.mark.timeout(TRAIN_TIMEOUT_S + 900)
-def test_deleting_the_buffer_placement_env_and_reward_pods_in_turn_loses_no_row(
-    cluster: kwok.DevCluster,
-) -> None:
-    """Kill it and see, on the user's path: the buffer (its state in Redis), placement (workers register
-    again), the environment and the reward gateway pods are deleted in turn while the job trains; each
-    comes back, training reaches STEP 20 and every row of epoch 0 reaches the buffer with its 8
-    trajectories (a trajectory whose env session died with its pod is stored as failed, with its
-    reason: it still counts as one of its group's 8)."""
-    name = "learn-faults"
-    apply(cluster, variant(name, CONFIG_MAP))
-    for step, component in zip((3, 6, 9, 12), ("buffer", "placement", "env", "reward"), strict=True):
-        train(cluster, name, steps=step)
-        cluster.kubectl("delete", "pod", "-l", f"treadle.dev/job={name},treadle.dev/component={component}")
-    train(cluster, name, steps=STEPS)
-    assert_epoch_whole(cluster, name)
-    delete(cluster, name)
-
-
 def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, Any]]:
     pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")["items"]
     return [p for p in pods if ready(p)]
