@@ -47,6 +47,8 @@ if [ -z "$trained" ]; then
   exit 1
 fi
 kubectl get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase'
+echo "treadle status learn (the operator's view and the scheduler's own counts):"
+"$TREADLE" status learn -n default --kubeconfig "$KUBECONFIG"
 echo "the trainer pod's log (mean reward per step):"
 kubectl logs -l treadle.dev/job=learn,treadle.dev/component=trainer --tail=-1 | grep '^step'
 kubectl delete rolloutjob learn --wait=true

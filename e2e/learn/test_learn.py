@@ -21,6 +21,8 @@ import base64
 import collections
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -173,6 +175,17 @@ def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
     took = time.monotonic() - began
     print(f"learn.yaml: {STEPS} steps in {took:.0f}s; mean reward {first:.3f} -> {last:.3f} (last 3)")
     assert last >= 2 * first, rewards
+    # The scheduler's own account of the rollout, as the job's status carries it and treadle status says it.
+    rollout = poll(
+        lambda: get(cluster, "rolloutjob", "learn").get("status", {}).get("rollout", {}).get("completed"),
+        "the scheduler's rollout counts on the job's status", timeout=30,
+    )  # fmt: skip
+    assert rollout >= STEPS * 4 * 8 // 2, rollout  # 20 steps of 4 groups of 8 trained: most were stored
+    status = subprocess.run(
+        [sys.executable, "-m", "treadle.cli", "status", "learn", "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert status.returncode == 0 and "trajectories/min" in status.stdout, status.stdout + status.stderr
     delete(cluster, "learn")
 
 
@@ -277,15 +290,20 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
     train(cluster, name, steps=3)
     cluster.kubectl("delete", "pod", "-l", f"treadle.dev/job={name},treadle.dev/component=scheduler")
     train(cluster, name, steps=STEPS)
+    assert_epoch_whole(cluster, name)
+    delete(cluster, name)
+
+
+def assert_epoch_whole(c: kwok.DevCluster, name: str) -> None:
+    """Every row of epoch 0 reached the buffer with its 8 trajectories."""
     rows = [json.loads(line)["id"] for line in (DEV / "data" / "letters.jsonl").read_text().splitlines()]
     # Epoch 0 ends near step 16: its last groups may still be landing when STEP reaches 20.
     deadline = time.monotonic() + 60
-    found = epoch_rows(cluster, name, 0)
+    found = epoch_rows(c, name, 0)
     while set(found) < set(rows) and time.monotonic() < deadline:
         time.sleep(2)
-        found = epoch_rows(cluster, name, 0)
+        found = epoch_rows(c, name, 0)
     assert found == dict.fromkeys(rows, 8), sorted(set(rows) - set(found))
-    delete(cluster, name)
 
 
 def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, Any]]:

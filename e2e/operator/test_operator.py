@@ -22,10 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import op_harness
 import pytest
 import yaml
 
+from treadle import kubeapi
 from treadle.api import v1alpha1
 from treadle.services.scheduler import jobreport, protocol
 
@@ -448,6 +450,27 @@ def test_reward_demand_scales_the_gateway(
     account = f"system:serviceaccount:{op_harness.JOBS_NS}:{name}-scheduler"
     denied = kubectl("auth", "can-i", "get", "pods", "-n", op_harness.JOBS_NS, f"--as={account}", check=False)
     assert denied.stdout.strip() == "no"
+    # RBAC lets it patch its job; the chart's admission policy lets it change only its own annotation.
+    client = kubeapi.Client.from_environment(str(config))
+    path = kubeapi.JOBS_PATH.format(ns=op_harness.JOBS_NS) + f"/{name}"
+
+    def patch(body: dict[str, Any]) -> str:
+        try:
+            client._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+        except kubernetes.client.ApiException as exc:
+            return str(exc.body)
+        return ""
+
+    refused: dict[str, dict[str, Any]] = {
+        "its spec": {"spec": {"suspend": True}},
+        "another annotation": {"metadata": {"annotations": {"treadle.dev/feeder-problem": "forged"}}},
+        "its labels": {"metadata": {"labels": {"forged": "yes"}}},
+    }
+    for what, body in refused.items():
+        assert "ValidatingAdmissionPolicy" in patch(body), what
+    assert not kubectl.job(name)["spec"].get("suspend")
+    assert patch({"metadata": {"annotations": {"treadle.dev/reward-demand": "0"}}}) == ""
+    client.close()
 
 
 def test_reshape_changes_one_pools_tp_and_leaves_the_rest(

@@ -22,6 +22,7 @@ from treadle import errors
 from treadle.api import base, external, spec_rules
 from treadle.api import dataset as dataset_api
 from treadle.api import engine as engine_api
+from treadle.api import progress as progress_api
 from treadle.api import sampling as sampling_
 from treadle.api import trainer as trainer_api
 from treadle.policy import baselines, registry
@@ -367,9 +368,13 @@ class PoolStatus(_Model):
     """GPUs the pool asks for (desired x tensorParallelSize)."""
 
 
+ReasonCount = progress_api.ReasonCount
+RolloutProgress = progress_api.RolloutProgress
+
+
 class RolloutJobStatus(_Model):
-    """Observed state of a RolloutJob: written by the operator, except ``policyVersion``, ``step`` and
-    ``meanReward``, which the job's scheduler writes when the trainer commits a version."""
+    """Observed state of a RolloutJob: written by the operator, except ``policyVersion``, ``step``,
+    ``meanReward`` and ``rollout``, which the job's scheduler writes."""
 
     observed_generation: int = Field(default=0, ge=0)
     """The ``metadata.generation`` the status reflects."""
@@ -387,6 +392,8 @@ class RolloutJobStatus(_Model):
     """Training steps completed."""
     mean_reward: float | None = None
     """Mean reward of the batch the latest committed version was trained on (printer column)."""
+    rollout: RolloutProgress | None = None
+    """The rollout as the job's scheduler counts it (None until it first reports)."""
 
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from treadle import errors
+from treadle.client import retrying
 from treadle.v1 import buffer_pb2, common_pb2
 
 
@@ -94,7 +95,8 @@ class Batches:
 
     ``version`` is read before every request (typically ``Publisher.committed``), so the buffer
     evicts groups older than ``version - alpha`` relative to what the trainer has committed.
-    Iteration ends after ``max_batches`` (None: never); ``TimeoutError`` from the buffer propagates.
+    Iteration ends after ``max_batches`` (None: never); ``TimeoutError`` from the buffer propagates, and
+    so does ``Unavailable`` once the buffer has not answered for ``restart_wait_s``.
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class Batches:
         timeout_s: float = 300.0,
         lease_s: float = 0.0,
         max_batches: int | None = None,
+        restart_wait_s: float = 300.0,
     ) -> None:
         if batch_size < 1:
             raise errors.SpecError("must be >= 1", field="batch_size", value=batch_size)
@@ -117,6 +120,8 @@ class Batches:
         self.timeout_s = timeout_s
         self.lease_s = lease_s
         self.max_batches = max_batches
+        self.restart_wait_s = restart_wait_s
+        """How long an unreachable buffer (``Unavailable``) is waited for before the error propagates."""
         self.delivered = 0
         self._unacked: str | None = None
 
@@ -126,11 +131,15 @@ class Batches:
     async def _iterate(self) -> AsyncIterator[TrainBatch]:
         while self.max_batches is None or self.delivered < self.max_batches:
             await self.ack()
-            raw = await self._buffer.get_batch(
-                batch_size=self.batch_size,
-                version=self._version(),
-                timeout_s=self.timeout_s,
-                lease_s=self.lease_s,
+            raw = await retrying.wait_for(
+                lambda: self._buffer.get_batch(
+                    batch_size=self.batch_size,
+                    version=self._version(),
+                    timeout_s=self.timeout_s,
+                    lease_s=self.lease_s,
+                ),
+                what="the buffer (GetBatch)",
+                timeout_s=self.restart_wait_s,
             )
             self._unacked = raw.batch_id
             self.delivered += 1
@@ -140,5 +149,10 @@ class Batches:
     async def ack(self) -> None:
         """Acknowledge the batch handed out last (done implicitly before fetching the next one)."""
         if self._unacked is not None:
-            batch_id, self._unacked = self._unacked, None
-            await self._buffer.ack(batch_id)
+            batch_id = self._unacked
+            # A buffer restarting (its state is in Redis) is waited for: the batch stays unacked meanwhile,
+            # and an ack that did land before an outage is answered again (acking is idempotent).
+            await retrying.wait_for(
+                lambda: self._buffer.ack(batch_id), what="the buffer (Ack)", timeout_s=self.restart_wait_s
+            )
+            self._unacked = None

@@ -48,18 +48,17 @@ what it waits for, instead of failing and leaving its restart to the Job's backo
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TypeVar
 
 from treadle import auth, errors
 from treadle.api import env_vars
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
+from treadle.client import retrying
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
@@ -182,28 +181,4 @@ def connect(
     return Connection(endpoints, keep_versions=keep_versions, replicas=replicas)
 
 
-async def wait_for(
-    call: Callable[[], Awaitable[T]],
-    *,
-    what: str,
-    timeout_s: float = 300.0,
-    first_wait_s: float = 0.5,
-    max_wait_s: float = 10.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> T:
-    """``call()``'s answer, trying again while it raises ``Unavailable`` (``what``, e.g. "the scheduler
-    at learn-scheduler:50051", not up yet): waits double from ``first_wait_s`` to ``max_wait_s``, each
-    logged with what it waits for; ``Unavailable`` naming ``what`` once ``timeout_s`` would pass."""
-    began = clock()
-    wait = first_wait_s
-    while True:
-        try:
-            return await call()
-        except errors.Unavailable as exc:
-            waited = clock() - began
-            if waited + wait > timeout_s:
-                raise errors.Unavailable(f"{what} did not answer within {timeout_s:g}s: {exc}") from exc
-            log.info("waiting for %s (%.0fs so far, next try in %.1fs): %s", what, waited, wait, exc)
-            await sleep(wait)
-            wait = min(wait * 2, max_wait_s)
+wait_for = retrying.wait_for

@@ -73,6 +73,8 @@ class Report:
     blockers: list[Blocker]
     failures: dict[str, int] = field(default_factory=dict)
     """Container restarts by last termination reason (``Error``, ``OOMKilled``...)."""
+    rollout: v1alpha1.RolloutProgress | None = None
+    """The scheduler's counts, throughput, staleness and failure reasons (None before it reports)."""
 
 
 def _where(pod: Mapping[str, Any]) -> str:
@@ -234,6 +236,7 @@ def explain(snapshot: Snapshot) -> Report:
         policy_version=st.policy_version,
         blockers=blockers,
         failures=_failures(snapshot.pods),
+        rollout=st.rollout,
     )
 
 
@@ -253,6 +256,15 @@ def format_report(report: Report) -> str:
                 f"  {p.name:<16} {p.accelerator:<6} {p.ready}/{p.desired} ready  "
                 f"({p.desired * p.gpus_per_replica} GPUs, TP {p.gpus_per_replica})"
             )
+    if (r := report.rollout) is not None:
+        lines += [
+            "Rollout (the scheduler's counts since it started):",
+            f"  {r.completed} completed, {r.failed} failed, {r.aborted} aborted; {r.pending} pending, "
+            f"{r.in_flight} in flight; {r.trajectories_per_minute:g} trajectories/min; "
+            f"max staleness {r.max_staleness}",
+        ]
+        if r.failures:
+            lines.append("  failed or aborted: " + ", ".join(f"{f.reason} {f.count}" for f in r.failures))
     if report.failures:
         lines.append(
             "Container restarts by reason: " + ", ".join(f"{k} {v}" for k, v in report.failures.items())

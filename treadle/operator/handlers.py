@@ -186,28 +186,35 @@ def child_pod_problems(
 
 
 def _report_invalid(memo: runtime.Runtime, body: Mapping[str, Any], exc: errors.SpecError) -> None:
+    _report_degraded(memo, body, reasons.INVALID_SPEC, str(exc))
+
+
+def _report_degraded(memo: runtime.Runtime, body: Mapping[str, Any], reason: str, message: str) -> None:
+    """Degraded and not Ready for ``reason``, on a job whose children cannot be applied."""
     meta = body["metadata"]
     generation = int(meta.get("generation", 0))
     prev = v1alpha1.RolloutJobStatus.model_validate(body.get("status") or {})
     conds, _ = status.set_condition(
-        prev.conditions, type="Degraded", status="True", reason=reasons.INVALID_SPEC,
-        message=str(exc), generation=generation, now=_now(),
+        prev.conditions, type="Degraded", status="True", reason=reason,
+        message=message, generation=generation, now=_now(),
     )  # fmt: skip
     conds, _ = status.set_condition(
-        conds, type="Ready", status="False", reason=reasons.INVALID_SPEC,
-        message=str(exc), generation=generation, now=_now(),
+        conds, type="Ready", status="False", reason=reason,
+        message=message, generation=generation, now=_now(),
     )  # fmt: skip
     new = prev.model_copy(
         update={"conditions": conds, "phase": "Degraded", "observed_generation": generation}
     )
     memo.kube.patch_status(meta["namespace"], meta["name"], _status_patch(new), uid=meta.get("uid"))
-    kopf.event(_ref(body), type="Warning", reason=reasons.INVALID_SPEC, message=str(exc))
+    kopf.event(_ref(body), type="Warning", reason=reason, message=message)
 
 
 def _status_patch(st: v1alpha1.RolloutJobStatus) -> dict[str, Any]:
-    # policyVersion, step and meanReward belong to the trainer side (the job's scheduler writes them
-    # on each commit); the operator never overwrites them.
-    return st.model_dump(mode="json", by_alias=True, exclude={"policy_version", "step", "mean_reward"})
+    # policyVersion, step and meanReward (on each commit) and rollout belong to the job's scheduler;
+    # the operator never overwrites them.
+    return st.model_dump(
+        mode="json", by_alias=True, exclude={"policy_version", "step", "mean_reward", "rollout"}
+    )
 
 
 @kopf.on.resume(*JOBS, when=_ours, backoff=5, timeout=600)
@@ -268,9 +275,9 @@ def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
         try:
             redisacl.ensure_user(memo.cfg, job, secret["stringData"][auth.REDIS_PASSWORD_KEY])
         except redis.RedisError as exc:
-            raise kopf.TemporaryError(
-                f"Redis: cannot set up the job's user: {exc}; retrying", delay=10
-            ) from exc
+            why = f"cannot set up the job's Redis user at {memo.cfg.redis_url}: {exc}"
+            _report_degraded(memo, job.model_dump(by_alias=True), reasons.REDIS_UNAVAILABLE, why)
+            raise kopf.TemporaryError(f"{why}; retrying", delay=10) from exc
     observed = memo.kube.list_children(job.namespace, job.name, uid)
     plan = diff.plan(rendered, observed)
     done = []

@@ -32,6 +32,7 @@ import torch
 from treadle import errors
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
+from treadle.client import retrying
 from treadle.trainer import grpo, policy
 
 
@@ -60,6 +61,8 @@ class Config:
     """The engines' sampling temperature (token logprobs are rescored under it)."""
     loss: grpo.LossConfig = dataclasses.field(default_factory=grpo.LossConfig)
     batch_timeout_s: float = 120.0
+    restart_wait_s: float = 300.0
+    """How long a scheduler or placement that does not answer (restarting) is waited for, per call."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
@@ -195,14 +198,28 @@ class Trainer:
         even if the swap fails. The commit carries the step and its batch's mean reward (the job's
         ``status.step`` and ``status.meanReward`` in a cluster)."""
         began = time.perf_counter()
-        await self.gate.suspend()
+        # Each call waits out a service being restarted (``Unavailable``, bounded): a trainer that died
+        # with every scheduler or placement pod restart would lose its step and crash-loop.
+        await retrying.wait_for(
+            self.gate.suspend, what="the scheduler (Suspend)", timeout_s=self.config.restart_wait_s
+        )
         try:
-            await self.swapper.swap(record.published)
-            committed = await self.publisher.commit(
-                record.published, step=record.step, mean_reward=record.mean_reward
+            await retrying.wait_for(
+                lambda: self.swapper.swap(record.published),
+                what="placement (SwapWeights)",
+                timeout_s=self.config.restart_wait_s,
+            )
+            committed = await retrying.wait_for(
+                lambda: self.publisher.commit(
+                    record.published, step=record.step, mean_reward=record.mean_reward
+                ),
+                what="the scheduler (CommitVersion)",
+                timeout_s=self.config.restart_wait_s,
             )
         finally:
-            await self.gate.resume()
+            await retrying.wait_for(
+                self.gate.resume, what="the scheduler (Resume)", timeout_s=self.config.restart_wait_s
+            )
         return time.perf_counter() - began, len(committed.aborted_trajectory_ids)
 
     async def _train(
@@ -218,7 +235,11 @@ class Trainer:
         stats = await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.config)
         trained = time.perf_counter()
         manifest = await self.publisher.publish(self.policy.model.state_dict())
-        await self.swapper.prefetch(manifest.version)
+        await retrying.wait_for(
+            lambda: self.swapper.prefetch(manifest.version),
+            what="placement (PrefetchWeights)",
+            timeout_s=self.config.restart_wait_s,
+        )
         record = StepRecord(
             step=step, version=version, published=manifest.version, samples=len(batch.samples),
             tokens=stats.tokens,

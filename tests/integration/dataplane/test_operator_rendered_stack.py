@@ -292,6 +292,7 @@ async def test_rendered_two_agent_job_moves_a_worker_registered_by_its_agent(
                 assert env["TREADLE_POOL"] == pool.name
                 assert env["TREADLE_ENGINE_URL"] == f"http://127.0.0.1:{rw.ports['vllm']}"
                 env["TREADLE_ENGINE_URL"] = f"http://127.0.0.1:{engine_port}"
+                env["TREADLE_METRICS_PORT"] = str(procs.free_port())  # its pod's own, as the agent port
                 pod_dirs[worker] = tmp_path / "pods" / worker  # the pod's emptyDir
                 pod_dirs[worker].mkdir(parents=True)
                 env["TREADLE_AGENT_STATE"] = env["TREADLE_AGENT_STATE"].replace(

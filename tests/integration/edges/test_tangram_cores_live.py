@@ -38,8 +38,8 @@ async def test_two_elastic_actions_get_disjoint_cores_and_see_their_grant() -> N
     assert len(ALLOWED) >= 2, "two disjoint sets need two CPUs"
     manager = cores.CoreManager(upper=len(ALLOWED))
     # Amdahl with half serial: two actions queued together run side by side at half the cores each.
-    manager.profiles["elastic"].observe(len(ALLOWED), 0.5 + 0.5 / len(ALLOWED), manager.upper)
-    manager.profiles["elastic"].observe(1, 1.0, manager.upper)
+    manager.profile("elastic").observe(len(ALLOWED), 0.5 + 0.5 / len(ALLOWED))
+    manager.profile("elastic").observe(1, 1.0)
     box = runner.Sandbox(cores=manager, concurrency=4)
     alone = seen(await box.run(REPORT, kind="elastic"))
     assert alone["cpus"] == ALLOWED  # nothing else queued: every core it may have

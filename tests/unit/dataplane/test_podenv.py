@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,10 @@ class Backlog:
         return self.values.pop(0) if len(self.values) > 1 else self.values[0]
 
     progress = scheduler_protocol.Progress(version=3, step=3, mean_reward=0.5)
+    tally = types.SimpleNamespace(max_staleness=1)
+
+    def stats(self) -> str:
+        return "the scheduler's stats"
 
 
 class Reporter:
@@ -257,6 +262,7 @@ class Reporter:
     def __init__(self, want: int) -> None:
         self.reported: list[int] = []
         self.progress: list[scheduler_protocol.Progress] = []
+        self.rollouts: list[tuple[str, int]] = []
         self.want = want
         self.enough = asyncio.Event()
 
@@ -267,6 +273,9 @@ class Reporter:
 
     async def report_progress(self, progress: scheduler_protocol.Progress) -> None:
         self.progress.append(progress)
+
+    async def report_rollout(self, stats: str, *, max_staleness: int, now: float) -> None:
+        self.rollouts.append((stats, max_staleness))
 
 
 async def test_the_scheduler_reports_its_reward_backlog_until_stopped() -> None:
@@ -279,6 +288,7 @@ async def test_the_scheduler_reports_its_reward_backlog_until_stopped() -> None:
     await asyncio.gather(task, return_exceptions=True)
     assert reporter.reported[:3] == [5, 2, 0]
     assert reporter.progress[:2] == [Backlog.progress] * 2  # the trainer's commit, on every tick
+    assert reporter.rollouts[:2] == [("the scheduler's stats", 1)] * 2  # throttled by the reporter itself
 
 
 def test_env_pod_serves_the_user_environments_its_job_names() -> None:

@@ -490,3 +490,33 @@ def test_job_config_waits_for_a_reward_gateway_that_scales_to_zero() -> None:
     raw["spec"]["reward"] = {**raw["spec"].get("reward", {}), "scaleToZero": False, "minReplicas": 1}
     warm = jobconfig.job_config(v1alpha1.parse_job(raw), **counts)
     assert warm.scheduler.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count
+
+
+class _Gone:
+    """The agent of a deleted inference pod: every call refused; its placement worker reports unhealthy
+    from the first refusal on (as placement marks a silent worker lost)."""
+
+    def __init__(self, placement: placement_service.PlacementService) -> None:
+        self.placement, self.calls = placement, 0
+
+    async def generate(self, req: Any) -> Any:
+        self.calls += 1
+        self.placement.report_load(placement_pb2.WorkerLoad(worker_id="w0", healthy=False))
+        raise errors.Unavailable("POST http://a0/v1/generate: connection refused")
+
+    async def abort(self, trajectory_id: str) -> bool:
+        return False
+
+
+async def test_a_turn_whose_worker_is_gone_is_assigned_again_instead_of_failing() -> None:
+    st = Stack(generation_attempts=2)
+    gone = _Gone(st.placement)
+    st.svc.loop.agent_for = lambda address: gone if address == "a0" else st.agent
+    results = st.svc.results()
+    await st.submit("g1", "g2")
+    assert await st.collect(8, results) == sorted(
+        f"{g}-{i}:completed" for g in ("g1", "g2") for i in range(4)
+    )
+    assert gone.calls >= 2  # some turns met the gone worker, each tried twice before moving to w1
+    assert all(w.outstanding == 0 for w in st.placement.pool_state().workers)
+    await st.svc.aclose()

@@ -195,3 +195,22 @@ def test_conditions_are_printed_with_their_reasons() -> None:
     text = explain.format_report(explain.explain(explain.Snapshot(job, _deployments(job))))
     assert text.startswith("RolloutJob team-a/math-tool: Degraded\n  step 12, policy version 3\n")
     assert "  Degraded     True    CrashLoopBackOff: reward: boom" in text
+
+
+def test_the_schedulers_rollout_counts_are_shown() -> None:
+    job = _job()
+    job["status"] = {
+        "rollout": {
+            "completed": 1200, "failed": 3, "aborted": 17, "pending": 8, "inFlight": 16,
+            "trajectoriesPerMinute": 42.5, "maxStaleness": 1,
+            "failures": [
+                {"reason": "stale: initiated at", "count": 17}, {"reason": "environment: open", "count": 3},
+            ],
+        }
+    }  # fmt: skip
+    text = explain.format_report(
+        explain.explain(explain.Snapshot(job, _deployments(job), gpu_capacity=CAPACITY))
+    )
+    assert "1200 completed, 3 failed, 17 aborted; 8 pending, 16 in flight; 42.5 trajectories/min" in text
+    assert "max staleness 1" in text
+    assert "failed or aborted: stale: initiated at 17, environment: open 3" in text

@@ -139,3 +139,34 @@ def test_the_operator_never_writes_the_trainers_status_fields() -> None:
     patch = handlers._status_patch(status)
     assert patch["phase"] == "Ready"
     assert not {"policyVersion", "step", "meanReward"} & set(patch)
+
+
+def _stats(completed: int, **kw: Any) -> protocol.Stats:
+    base: dict[str, Any] = dict(
+        version=3, suspended=False, submitted=completed + 10, pending=4, in_flight=6,
+        completed=completed, failed=0, aborted=0, unsaved=0, turns=0, env_retries=0, failed_by_reason={},
+        tasks=(), stage_seconds={}, preemptions=0, turns_by_agent={},
+    )  # fmt: skip
+    return protocol.Stats(**(base | kw))
+
+
+async def test_the_rollout_is_written_at_most_every_interval_with_its_rate_and_top_reasons() -> None:
+    kube = RecordingKube()
+    reporter = _reporter(kube)
+    reasons = {f"environment: r{i}": i for i in range(1, 8)} | {"stale: initiated at": 20}
+    await reporter.report_rollout(_stats(100), max_staleness=1, now=1000.0)
+    await reporter.report_rollout(_stats(110), max_staleness=1, now=1005.0)  # too soon: not written
+    later = _stats(160, failed=7, aborted=20, failed_by_reason=reasons)
+    await reporter.report_rollout(later, max_staleness=2, now=1000.0 + jobreport.ROLLOUT_INTERVAL_S * 2)
+    first, second = (status["rollout"] for _, _, status in kube.statuses)
+    assert first == {"completed": 100, "failed": 0, "aborted": 0, "pending": 4, "inFlight": 6,
+                     "trajectoriesPerMinute": 0.0, "maxStaleness": 1, "failures": []}  # fmt: skip
+    # 87 finished in 20 s: 261 a minute; the five most frequent reasons, most frequent first.
+    assert second["trajectoriesPerMinute"] == 261.0 and second["maxStaleness"] == 2
+    assert [f["reason"] for f in second["failures"]] == [
+        "stale: initiated at", "environment: r7", "environment: r6", "environment: r5", "environment: r4",
+    ]  # fmt: skip
+    # What the scheduler writes is what the CRD's status takes.
+    v1alpha1.RolloutJobStatus.model_validate({"rollout": second})
+    status = handlers._status_patch(v1alpha1.RolloutJobStatus.model_validate({"rollout": second}))
+    assert "rollout" not in status  # the operator's patch never overwrites it

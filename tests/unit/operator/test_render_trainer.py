@@ -104,10 +104,9 @@ def test_local_weights_mount_the_engines_directory() -> None:
     pod = job_of(render.render_children(job, CFG))["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env[env_vars.WEIGHTS_DIR] == render_pool.LOCAL_WEIGHTS_DIR
-    assert {
-        "name": "weights",
-        "hostPath": {"path": render_pool.LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"},
-    } in pod["volumes"]
+    own = f"{render_pool.LOCAL_WEIGHTS_DIR}/{job.namespace}/{job.name}"  # only the job's own versions
+    assert {"name": "weights", "hostPath": {"path": own, "type": "DirectoryOrCreate"}} in pod["volumes"]
+    assert {"name": "weights", "mountPath": own} in pod["containers"][0]["volumeMounts"]
 
 
 def test_a_changed_trainer_is_a_new_job_and_suspend_changes_it_in_place() -> None:

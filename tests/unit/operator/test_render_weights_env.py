@@ -68,10 +68,13 @@ def test_a_single_agent_job_on_a_local_store_reads_the_jobs_prefix_from_the_node
         env = env_of(pod["container"])
         assert "TREADLE_WEIGHTS_AGENT" not in env and "TREADLE_WEIGHTS_MASTER" not in env
         assert env["TREADLE_WEIGHTS_DIR"] == render_pool.LOCAL_WEIGHTS_DIR
+        # Only the job's own directory of the node's store, where the store (rooted above it) keeps
+        # the job's prefix: no other job's versions are in reach.
+        own = f"{render_pool.LOCAL_WEIGHTS_DIR}/{j.namespace}/{j.name}"
         mounts = {m["name"]: m["mountPath"] for m in pod["container"]["volumeMounts"]}
-        assert mounts["weights"] == render_pool.LOCAL_WEIGHTS_DIR
+        assert mounts["weights"] == own
         volume = next(v for v in pod["volumes"] if v["name"] == "weights")
-        assert volume["hostPath"]["path"] == render_pool.LOCAL_WEIGHTS_DIR
+        assert volume["hostPath"]["path"] == own
         # What the extension makes of it (the directory moved to this test's).
         _, prefix = loader.store_from_env(env | {"TREADLE_WEIGHTS_DIR": str(tmp_path)})
         assert prefix == f"{j.namespace}/{j.name}"

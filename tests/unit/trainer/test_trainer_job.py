@@ -16,7 +16,7 @@ import pytest
 
 from treadle import errors
 from treadle.api import env_vars, jobconfig, v1alpha1
-from treadle.client import connect
+from treadle.client import connect, retrying
 from treadle.services.placement import protocol as placement_protocol
 from treadle.trainer import job as trainer_job
 from treadle.weights import objects
@@ -200,7 +200,7 @@ async def test_the_first_call_waits_for_a_service_not_up_yet_saying_what_for(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     svc = Flaky(down=6)
-    caplog.set_level("INFO", logger=connect.__name__)
+    caplog.set_level("INFO", logger=retrying.__name__)
     got = await connect.wait_for(
         svc.call, what="the scheduler at j-scheduler:50051", clock=lambda: svc.now, sleep=svc.sleep
     )

@@ -90,7 +90,8 @@ def _trainer(tmp_path: pathlib.Path, pol: policy.Policy, rec: Recorder, steps: i
     pub = publisher.Publisher(weights, committer=rec)
     return loop.Trainer(
         pol, batches=batches.Batches(rec, batch_size=2, version=lambda: pub.committed, max_batches=steps),
-        publisher=pub, gate=rec, swapper=rec, config=loop.Config(steps=steps, batch_size=2, lr=1e-2),
+        publisher=pub, gate=rec, swapper=rec,
+        config=loop.Config(steps=steps, batch_size=2, lr=1e-2, restart_wait_s=0.1),  # a refusal is final
     )  # fmt: skip
 
 

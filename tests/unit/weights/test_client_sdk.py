@@ -134,3 +134,41 @@ async def test_local_mode_without_a_committer(tmp_path: Path) -> None:
     pub = publisher.Publisher(publish.Publisher(objects.FileStore(tmp_path), "job"))
     assert (await pub.publish_and_commit(_state(1))).aborted_trajectory_ids == ()
     assert pub.next_version() == 2
+
+
+class RestartingBuffer(FakeBuffer):
+    """Refuses (``Unavailable``) the first ack and the second fetch, as a buffer pod being replaced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = {"ack": 1, "get": 0}
+        self.gets = 0
+
+    async def get_batch(self, **kw: Any) -> Any:
+        self.gets += 1
+        if self.gets == 2:
+            raise errors.Unavailable("buffer.GetBatch: connection refused")
+        return await super().get_batch(**kw)
+
+    async def ack(self, batch_id: str) -> int:
+        if self.refusals["ack"]:
+            self.refusals["ack"] -= 1
+            raise errors.Unavailable("buffer.Ack: connection refused")
+        return await super().ack(batch_id)
+
+
+async def test_batches_wait_out_a_restarting_buffer_and_ack_each_batch_once() -> None:
+    buf = RestartingBuffer()
+    seen = [b.batch_id async for b in batches.Batches(buf, batch_size=2, version=lambda: 0, max_batches=2)]
+    assert seen == ["b0", "b1"]
+    assert buf.calls == [("get", 0), ("ack", "b0"), ("get", 0), ("ack", "b1")]
+
+
+async def test_batches_give_up_on_a_buffer_gone_for_longer_than_the_wait() -> None:
+    class Gone(FakeBuffer):
+        async def get_batch(self, **kw: Any) -> Any:
+            raise errors.Unavailable("buffer.GetBatch: connection refused")
+
+    with pytest.raises(errors.Unavailable, match=r"the buffer \(GetBatch\) did not answer within 0.1s"):
+        async for _ in batches.Batches(Gone(), batch_size=2, version=lambda: 0, restart_wait_s=0.1):
+            pass

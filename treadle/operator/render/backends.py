@@ -85,9 +85,9 @@ def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
         # Judge and reward models run on GPUs of their own (any class), as RollArt's reward LLM does;
         # the gateway keeps every reward model's weights in host memory to restore them (ARL-Tangram).
         backups_gi = math.ceil(sum(m.weights_gb for m in res.reward_models) * 1e9 / 2**30)
-        container["resources"] = {
-            "limits": {nodes.GPU_RESOURCE: str(res.reward_model_gpus)},
-            "requests": {"cpu": "2", **({"memory": f"{backups_gi + 1}Gi"} if res.reward_models else {})},
+        container["resources"] = {  # the backups, plus room for the gateway and a restore in flight
+            "limits": {nodes.GPU_RESOURCE: str(res.reward_model_gpus), "memory": f"{backups_gi + 4}Gi"},
+            "requests": {"cpu": "2", "memory": f"{backups_gi + 1}Gi"},
         }
         pod["tolerations"] = [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import typing
@@ -235,6 +236,29 @@ def service_container(
     }
 
 
+NON_ROOT_UID = 65532
+"""The user Treadle's services and env images run as (``images/*/Dockerfile``: ``USER 65532``)."""
+CONTAINER_SECURITY: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+"""What Pod Security "restricted" asks of every container, besides running as non-root."""
+NON_ROOT: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID}
+
+
+def harden(pod_spec: dict[str, Any], *, non_root: bool = True) -> None:
+    """Pod Security "restricted" for ``pod_spec`` (docs/SECURITY.md): the runtime's default seccomp
+    profile, no privilege escalation, no capability, and (``non_root``) uid 65532; a container that
+    set its own ``securityContext`` keeps it. ``non_root=False`` for pods whose image runs as root
+    (the inference image: vLLM's official image has no user of its own), which then meet "baseline"."""
+    pod_spec.setdefault(
+        "securityContext",
+        {
+            **(NON_ROOT | {"fsGroup": NON_ROOT_UID} if non_root else {}),
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    )
+    for container in [*pod_spec.get("initContainers", ()), *pod_spec["containers"]]:
+        container.setdefault("securityContext", copy.deepcopy(CONTAINER_SECURITY))
+
+
 def deployment(
     job: v1alpha1.RolloutJob,
     cfg: config.OperatorConfig,
@@ -244,6 +268,7 @@ def deployment(
     pod_spec: dict[str, Any],
     pool: str | None = None,
     max_surge: int = 1,
+    non_root: bool = True,
 ) -> dict[str, Any]:
     metadata = meta(job, cfg, component, pool)
     scraped = any(p["name"] == "metrics" for c in pod_spec["containers"] for p in c.get("ports", ()))
@@ -254,6 +279,7 @@ def deployment(
         "volumes": [config_volume(job)],
         **pod_spec,
     }
+    harden(template_spec, non_root=non_root)
     mount_auth(job, template_spec)
     return stamp(
         {

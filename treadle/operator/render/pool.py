@@ -9,6 +9,19 @@ from treadle.operator import config
 from treadle.operator.render import common
 
 LOCAL_WEIGHTS_DIR = "/var/lib/treadle/weights"
+
+
+def local_weights(job: v1alpha1.RolloutJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The volume and mount of ``weights.store: local``: only the job's own directory of the node's
+    store (``<dir>/<namespace>/<job>``, its weights prefix), at the same path in the container, so the
+    store's root stays ``LOCAL_WEIGHTS_DIR`` and no job can read or overwrite another's versions."""
+    path = f"{LOCAL_WEIGHTS_DIR}/{job.namespace}/{job.name}"
+    return (
+        {"name": "weights", "hostPath": {"path": path, "type": "DirectoryOrCreate"}},
+        {"name": "weights", "mountPath": path},
+    )
+
+
 """The node's directory a ``weights.store: local`` job publishes to and its engines read from."""
 AGENT_STATE_DIR = "/var/run/treadle"
 """The inference pod's ``emptyDir`` where its agent keeps what it serves (lives as long as the pod)."""
@@ -88,14 +101,16 @@ def render_pool(
             "failureThreshold": 90,
         },
         "readinessProbe": {"httpGet": {"path": "/health", "port": vllm_port}, "periodSeconds": 5},
+        # After startup: an engine whose /health fails for a minute (its engine core died) is restarted.
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": vllm_port},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
         "volumeMounts": [
             common.config_mount(),
             {"name": "dshm", "mountPath": "/dev/shm"},
-            *(
-                [{"name": "weights", "mountPath": LOCAL_WEIGHTS_DIR}]
-                if job.spec.weights.store == "local"
-                else []
-            ),
+            *([local_weights(job)[1]] if job.spec.weights.store == "local" else []),
         ],
     }
     sidecar = common.service_container(
@@ -110,6 +125,9 @@ def render_pool(
         },
     )
     sidecar["volumeMounts"].append({"name": "agent-state", "mountPath": AGENT_STATE_DIR})
+    # vLLM runs as its image's user (root in vLLM's official image, with no capability): the pod meets
+    # Pod Security "baseline"; the agent beside it, from the services image, "restricted".
+    sidecar["securityContext"] = {**common.CONTAINER_SECURITY, **common.NON_ROOT}
     pod = {
         "containers": [vllm, sidecar],
         "nodeSelector": {**pool.node_selector, nodes.ACCELERATOR_LABEL: pool.accelerator},
@@ -120,7 +138,7 @@ def render_pool(
         "terminationGracePeriodSeconds": 60,
     }
     deployment = common.deployment(
-        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0
+        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0, non_root=False
     )
     # TP > 1 shares tensors through /dev/shm (NCCL); the container default of 64 MiB is too small.
     deployment["spec"]["template"]["spec"]["volumes"].append(
@@ -129,9 +147,7 @@ def render_pool(
     # The agent keeps what a move made this worker serve across its own restarts (agent.served).
     deployment["spec"]["template"]["spec"]["volumes"].append({"name": "agent-state", "emptyDir": {}})
     if job.spec.weights.store == "local":
-        deployment["spec"]["template"]["spec"]["volumes"].append(
-            {"name": "weights", "hostPath": {"path": LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"}}
-        )
+        deployment["spec"]["template"]["spec"]["volumes"].append(local_weights(job)[0])
     deployment = common.stamp(deployment)
     ports = {"agent": config.PORTS["agent"], "openai": vllm_port}
     return [deployment, common.service(job, cfg, "pool", ports, pool=pool.name, headless=True)]

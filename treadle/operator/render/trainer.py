@@ -69,7 +69,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
         },
         "volumeMounts": [
             common.config_mount(),
-            *([{"name": "weights", "mountPath": pool.LOCAL_WEIGHTS_DIR}] if local_weights else []),
+            *([pool.local_weights(job)[1]] if local_weights else []),
         ],
     }
     selector = dict(trainer.node_selector)
@@ -107,19 +107,13 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
             **({"tolerations": tolerations} if tolerations else {}),
             "volumes": [
                 common.config_volume(job),
-                *(
-                    [
-                        {
-                            "name": "weights",
-                            "hostPath": {"path": pool.LOCAL_WEIGHTS_DIR, "type": "DirectoryOrCreate"},
-                        }
-                    ]
-                    if local_weights
-                    else []
-                ),
+                *([pool.local_weights(job)[0]] if local_weights else []),
             ],
         },
     }
+    # The reference trainer runs in the inference image (root, as vLLM's official image): "baseline";
+    # a trainer image of the user's may run as anyone.
+    common.harden(template["spec"], non_root=False)
     common.mount_auth(job, template["spec"])
     spec = {"backoffLimit": BACKOFF_LIMIT, "template": template}
     metadata["name"] += "-" + common.spec_hash({"metadata": {}, "spec": spec})[:HASH_CHARS]

@@ -284,11 +284,14 @@ async def recover(svc: service.SchedulerService, *, budget_s: float = 300.0) -> 
 async def report(
     svc: service.SchedulerService, reporter: jobreport.JobReporter, *, interval_s: float
 ) -> None:
-    """Report the reward backlog and the training progress until cancelled (each patched on change)."""
+    """Report the reward backlog, the training progress and the rollout until cancelled (each patched
+    on change; the rollout at most every ``jobreport.ROLLOUT_INTERVAL_S``)."""
     log.info("reporting on %s/%s every %.1fs", reporter.namespace, reporter.job, interval_s)
+    loop = asyncio.get_running_loop()
     while True:
         await reporter.report_demand(svc.reward_backlog())
         await reporter.report_progress(svc.progress)
+        await reporter.report_rollout(svc.stats(), max_staleness=svc.tally.max_staleness, now=loop.time())
         await asyncio.sleep(interval_s)
 
 

@@ -9,7 +9,11 @@ changed value is one API patch (and, for the annotation, one reconcile of the jo
   when idle and scale-to-zero), see ``treadle.operator.render.backends.reward_replicas``.
 - **Progress**, what the trainer said with its latest ``CommitVersion`` (version, step, mean batch
   reward), goes to the job's status subresource as ``policyVersion``, ``step`` and ``meanReward``:
-  the STEP, POLICY and REWARD printer columns. The operator never writes these three fields
+  the STEP, POLICY and REWARD printer columns.
+- **The rollout**, the scheduler's own counts (completed, failed, aborted, pending, in flight),
+  trajectories per minute since the last report, the most stale stored trajectory and the top
+  reasons of failures, goes to the status's ``rollout`` every ``ROLLOUT_INTERVAL_S`` at most, for
+  ``treadle status``. The operator never writes these fields
   (``treadle.operator.handlers._status_patch``), so the two writers never race on a field.
 
 The pod runs as the job's ``<job>-scheduler`` ServiceAccount, whose Role allows ``patch`` on this
@@ -35,6 +39,21 @@ from treadle.services import podenv
 from treadle.services.scheduler import protocol
 
 log = logging.getLogger(__name__)
+ROLLOUT_INTERVAL_S = 10.0
+TOP_REASONS = 5
+
+
+def rollout_progress(
+    stats: protocol.Stats, *, max_staleness: int, per_minute: float
+) -> v1alpha1.RolloutProgress:
+    """The status's ``rollout`` from the scheduler's ``stats`` (reasons: the most frequent first)."""
+    top = sorted(stats.failed_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
+    return v1alpha1.RolloutProgress(
+        completed=stats.completed, failed=stats.failed, aborted=stats.aborted, pending=stats.pending,
+        in_flight=stats.in_flight, trajectories_per_minute=round(max(0.0, per_minute), 2),
+        max_staleness=max(0, max_staleness),
+        failures=[v1alpha1.ReasonCount(reason=r[:200], count=n) for r, n in top],
+    )  # fmt: skip
 
 
 class JobReporter:
@@ -46,6 +65,8 @@ class JobReporter:
         self.job = job
         self._demand: int | None = None
         self._progress: protocol.Progress | None = None
+        self._rollout: tuple[float, int] | None = None
+        """When the rollout was last written, and how many trajectories had finished then."""
         self._lock = asyncio.Lock()
         self.patches = 0
         """Patches the API server accepted."""
@@ -82,6 +103,21 @@ class JobReporter:
                 status["meanReward"] = progress.mean_reward
             if await self._write(f"progress {status}", self._kube.patch_status, status):
                 self._progress = progress
+
+    async def report_rollout(self, stats: protocol.Stats, *, max_staleness: int, now: float) -> None:
+        """Write the rollout section of the status (``rollout_progress``) at most every
+        ``ROLLOUT_INTERVAL_S``; ``now`` is a monotonic clock's reading."""
+        async with self._lock:
+            finished = stats.completed + stats.failed + stats.aborted
+            if self._rollout is not None and now - self._rollout[0] < ROLLOUT_INTERVAL_S:
+                return
+            rate = 0.0
+            if self._rollout is not None and now > self._rollout[0]:
+                rate = (finished - self._rollout[1]) * 60.0 / (now - self._rollout[0])
+            body = rollout_progress(stats, max_staleness=max_staleness, per_minute=rate)
+            status = {"rollout": body.model_dump(mode="json", by_alias=True)}
+            if await self._write("rollout", self._kube.patch_status, status):
+                self._rollout = (now, finished)
 
     async def _write(self, what: str, call: Callable[[str, str, Any], None], body: Any) -> bool:
         try:

@@ -21,8 +21,9 @@ What is recorded, and when:
 
 Redis keys (``{<namespace>}`` is the job's key prefix, one hash slot per job):
 ``treadle:sched:{ns}:groups`` (group id -> the group as JSON, with its order and pool),
-``treadle:sched:{ns}:stored`` (``<group id>|<member>`` -> the stored group size, -1 if left out) and
-``treadle:sched:{ns}:progress`` (version, step, mean_reward, finished).
+``treadle:sched:{ns}:stored`` (``<group id>|<member>`` -> the group size a completed member was stored
+with, ``NOT_COMPLETED`` for a failed or aborted one, ``LEFT_OUT``) and ``treadle:sched:{ns}:progress``
+(version, step, mean_reward, finished: completed trajectories of the groups done).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ from treadle.services.scheduler import protocol
 
 log = logging.getLogger(__name__)
 LEFT_OUT = -1
-"""A member's stored size when DARTS left it out of its group (counted, not stored)."""
+"""A member's mark when DARTS left it out of its group (counted, not stored)."""
+NOT_COMPLETED = 0
+"""A member's mark when it was stored failed or aborted: in its group, but not trainable."""
 MAX_BACKOFF_S = 5.0
 
 
@@ -58,14 +61,15 @@ class Group:
     pool: int
     """Trajectories started for it (the task's members, or DARTS's pool)."""
     stored: dict[int, int] = dataclasses.field(default_factory=dict)
-    """Member index -> the group size it was stored with (``LEFT_OUT``: left out by DARTS)."""
+    """Member index -> the group size it was stored with if completed, else ``NOT_COMPLETED`` or
+    ``LEFT_OUT``."""
 
 
 @dataclasses.dataclass(frozen=True)
 class State:
     progress: protocol.Progress
     finished: int
-    """Trajectories of groups done (the admission window's ``accepted``)."""
+    """Completed trajectories of the groups done (the admission window's ``accepted``)."""
     groups: list[Group]
     """Groups accepted and not done, in acceptance order."""
 
@@ -278,6 +282,8 @@ class OpenGroups:
         self.journal = journal
         self._open: dict[str, _Open] = {}
         self._seq = itertools.count()
+        self._completed_before: dict[str, int] = {}
+        """Of a partly stored group taken up after a restart: its members stored completed before."""
 
     async def accept(self, works: Sequence[protocol.Work], submitted: Sequence[protocol.PromptGroup]) -> None:
         """Record ``works`` (made from ``submitted``) in the journal, in acceptance order."""
@@ -287,21 +293,26 @@ class OpenGroups:
     def opened(self, works: Sequence[protocol.Work]) -> None:
         for w in works:
             running = set(w.indices)  # a recovered group's other members were accounted before the restart
-            self._open[w.group_id] = _Open(running, [i for i in range(w.size) if i not in running])
+            before = [i for i in range(w.size) if i not in running]
+            self._open[w.group_id] = _Open(
+                running, before, completed=self._completed_before.pop(w.group_id, 0)
+            )
 
-    def accounted(self, group_id: str, trajectory_id: str, size: int) -> None:
-        """A member is stored with group size ``size`` (or ``LEFT_OUT``); its group goes once all are."""
+    def accounted(self, group_id: str, trajectory_id: str, mark: int) -> None:
+        """A member is stored (``mark``: its group size if completed, ``NOT_COMPLETED``, ``LEFT_OUT``);
+        its group goes once all are."""
         group = self._open.get(group_id)
         member = int(trajectory_id.rsplit("-", 1)[1])
         if group is None or member not in group.remaining:
             return
         group.remaining.discard(member)
         group.accounted.append(member)
+        group.completed += mark > 0
         if group.remaining:
-            self.journal.stored(group_id, member, size)
+            self.journal.stored(group_id, member, mark)
         else:
             del self._open[group_id]
-            self.journal.done(group_id, group.accounted, finished=len(group.accounted))
+            self.journal.done(group_id, group.accounted, finished=group.completed)
 
     def restore(
         self, groups: Sequence[Group], tasks: Mapping[str, jobconfig.TaskConfig]
@@ -321,16 +332,18 @@ class OpenGroups:
     def _rest(self, g: Group, work: protocol.Work) -> protocol.Work | None:
         """As many of ``g``'s unstored members as make up the group it is stored as (a DARTS group whose
         surplus was being left out needs fewer than are missing); None if it needs nothing."""
-        sizes = [s for s in g.stored.values() if s != LEFT_OUT]
+        in_group = [s for s in g.stored.values() if s != LEFT_OUT]
+        sizes = [s for s in in_group if s > 0]
         size = max(sizes) if sizes else (work.task.group_size if work.task.sampling == "darts" else g.pool)
         missing = [i for i in range(g.pool) if i not in g.stored]
-        needed = missing[: max(0, size - len(sizes))]
+        needed = missing[: max(0, size - len(in_group))]
         left_out = [i for i in missing if i not in needed]
         if not needed:
-            self.journal.done(g.group.group_id, [*g.stored, *left_out], finished=g.pool)
+            self.journal.done(g.group.group_id, [*g.stored, *left_out], finished=len(sizes))
             return None
         for i in left_out:  # surplus that was being left out when the scheduler died: left out now
             self.journal.stored(g.group.group_id, i, LEFT_OUT)
+        self._completed_before[g.group.group_id] = len(sizes)
         return dataclasses.replace(work, pool=g.pool, only=tuple(needed), stored_size=size)
 
 
@@ -340,3 +353,5 @@ class _Open:
     """Member indices started and not yet stored."""
     accounted: list[int]
     """Member indices stored (or left out)."""
+    completed: int = 0
+    """Members stored completed (trainable)."""

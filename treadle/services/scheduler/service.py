@@ -132,7 +132,7 @@ class SchedulerService:
         )  # fmt: skip
         self._results = results.Results()
         self._admitted = itertools.count()
-        self._finished = 0
+        self._completed = 0  # trainable ones: the admission window's count (a failed one frees its place)
         self.journal = journal_ or journal.MemoryJournal()
         self.groups = journal.OpenGroups(self.journal)
         self._submitting = asyncio.Lock()
@@ -169,7 +169,7 @@ class SchedulerService:
         members it still needs. Call once, before serving."""
         await self.darts.ready()
         state = await self.journal.load()
-        self.version, self.progress, self._finished = state.progress.version, state.progress, state.finished
+        self.version, self.progress, self._completed = state.progress.version, state.progress, state.finished
         self.metrics.version.set(self.version)
         untouched = [g for g in state.groups if not g.stored]
         whole = self.admission.prepare([g.group for g in untouched], self.darts.plan) if untouched else []
@@ -274,7 +274,7 @@ class SchedulerService:
         if self.gate.suspended or self.loop.closed:
             return
         inflight = self.loop.inflight
-        groups = self.admission.take(version=self.version, accepted=self._finished, running=len(inflight))
+        groups = self.admission.take(version=self.version, accepted=self._completed, running=len(inflight))
         if groups:
             self.predictions.learn_pending()  # admission predictions see every trajectory finished so far
             admitted = []
@@ -309,7 +309,7 @@ class SchedulerService:
         if status == "completed" and t.step_tokens:
             self.predictions.learn(t)
         del self.loop.inflight[t.tid]
-        self._finished += 1
+        self._completed += status == "completed"
         if not self.darts.take(t, traj, result):  # a DARTS candidate waits for its group's selection
             self.saver.add(traj, result)
         self._admit()
@@ -318,10 +318,10 @@ class SchedulerService:
         self, traj: common_pb2.Trajectory, result: protocol.TrajectoryResult, *, left_out: bool = False
     ) -> None:
         """``traj`` is stored (``left_out``: a DARTS candidate left out of its group, counted, not stored)."""
-        self.groups.accounted(
-            traj.group_id, traj.trajectory_id, journal.LEFT_OUT if left_out else traj.group_size
-        )
-        self.tally.record(traj)
+        completed = traj.status == "completed" and not left_out
+        mark = journal.LEFT_OUT if left_out else (traj.group_size if completed else journal.NOT_COMPLETED)
+        self.groups.accounted(traj.group_id, traj.trajectory_id, mark)
+        self.tally.record(traj, version=self.version)
         self.metrics.inflight.set(len(self.loop.inflight))
         self._results.publish(result)
 

@@ -96,6 +96,8 @@ class Tally:
         self.metrics = metrics_
         self.per_task = {name: TaskCounts() for name in tasks}
         self.turns = 0
+        self.max_staleness = 0
+        """Most versions a stored trajectory's oldest token lagged the committed version by."""
         self.turns_by_agent: collections.Counter[str] = collections.Counter()
         self.env_retries = 0
         self.preemptions = 0
@@ -108,8 +110,9 @@ class Tally:
             self.turns_by_agent[agent] += 1
         self.metrics.turns_of(task).inc()
 
-    def record(self, traj: common_pb2.Trajectory) -> None:
-        """Count a trajectory the buffer stored (or that can never be stored)."""
+    def record(self, traj: common_pb2.Trajectory, *, version: int = 0) -> None:
+        """Count a trajectory the buffer stored (or that can never be stored) with ``version`` committed."""
+        self.max_staleness = max(self.max_staleness, version - traj.min_version)
         counts = self.per_task[traj.task]
         setattr(counts, traj.status, getattr(counts, traj.status) + 1)
         if traj.status == "completed":

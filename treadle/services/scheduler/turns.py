@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +29,8 @@ from treadle.services.scheduler import gate, prediction, protocol, retry, scorin
 from treadle.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+MAX_WORKER_MOVES = 2
+"""Times a turn whose worker became unreachable is assigned again before its trajectory fails."""
 
 
 class Finish(Protocol):
@@ -274,13 +277,30 @@ class TurnLoop:
                 temperature=task.temperature, stop=list(task.stop),
             )  # fmt: skip
             result: agent_protocol.GenerateResult | None = None
-            agent = self.agent_for(t.worker.address)
             measured = self.measure(t.worker.worker_id)
             try:
-                # A retried (trajectory, turn) joins the request already in flight on the agent.
-                call = f"generate on {t.worker.worker_id}"
-                generate = functools.partial(agent.generate, req)
-                result = await self.retrier.call(t, "generation", call, generate, account=False)
+                for moves in itertools.count():
+                    # A retried (trajectory, turn) joins the request already in flight on the agent.
+                    generate = functools.partial(self.agent_for(t.worker.address).generate, req)
+                    try:
+                        call = f"generate on {t.worker.worker_id}"
+                        result = await self.retrier.call(t, "generation", call, generate, account=False)
+                        break
+                    except trajectory.Failed as exc:
+                        if moves >= MAX_WORKER_MOVES or not isinstance(exc.__cause__, errors.Unavailable):
+                            raise
+                        # Its worker is gone (a deleted inference pod): the turn goes to another, or to
+                        # the replacement once placement has one ready, instead of failing the trajectory.
+                        log.warning("trajectory %s: %s; assigning the turn again", t.tid, exc)
+                        gone = placement_protocol.ReleaseRequest(
+                            trajectory_id=t.tid,
+                            worker_id=t.worker.worker_id,
+                            task=task.name,
+                            turn_finished=True,
+                        )
+                        await self._release(gone)
+                        t.worker = await self._assign(t, turn)
+                        measured = self.measure(t.worker.worker_id)
             finally:
                 self.gate.release(t.tid)  # the engine is done with the turn: its slot is free now
                 prompt_tokens = len(result.prompt_token_ids) if result else 0
@@ -306,6 +326,7 @@ class TurnLoop:
         finally:
             self.gate.release(t.tid)
             self.retrier.spent(t, "generation", began)
+        assert result is not None  # the loop above ends with a result or raises
         return None if result.finish_reason == "abort" else result
 
     async def _release(self, release: placement_protocol.ReleaseRequest) -> None:
