@@ -74,10 +74,17 @@ class FakeApiServer(http.server.ThreadingHTTPServer):
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
-    def statuses(self) -> list[dict[str, Any]]:
+    def _status_patches(self) -> list[dict[str, Any]]:
         path = f"/apis/treadle.dev/v1alpha1/namespaces/{NAMESPACE}/rolloutjobs/learn/status"
         with self.lock:
             return [body["status"] for method, p, body in self.requests if method == "PATCH" and p == path]
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """The progress the scheduler wrote on the job's status, in order (its rollout patches aside)."""
+        return [s for s in self._status_patches() if "policyVersion" in s]
+
+    def rollouts(self) -> list[dict[str, Any]]:
+        return [s["rollout"] for s in self._status_patches() if "rollout" in s]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -181,6 +188,8 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
         assert (last["policyVersion"], last["step"]) == (STEPS, STEPS)
         assert 0.0 <= last["meanReward"] <= 1.0
         assert [s["policyVersion"] for s in statuses] == sorted(s["policyVersion"] for s in statuses)
+        # ... and its own counts, at most every 10 s: the first one already written
+        assert api.rollouts() and all(r["completed"] >= 0 for r in api.rollouts())
         trained = log.read_text()
         assert f"step {STEPS:3d}" in trained and f"version {STEPS} committed" in trained
         # The engine serves the last version (its label: the SIMULATED engine loads no weights).

@@ -15,7 +15,7 @@ import pytest
 
 from treadle import errors
 from treadle.api import jobconfig
-from treadle.client import connect
+from treadle.client import connect, retrying
 from treadle.services.grpcutil import server as grpcutil_server
 from treadle.services.placement import service as placement_service
 from treadle.services.scheduler import client as scheduler_client
@@ -51,7 +51,7 @@ def scheduler() -> scheduler_service.SchedulerService:
 async def test_the_first_call_waits_for_a_scheduler_that_starts_later(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level("INFO", logger=connect.__name__)
+    caplog.set_level("INFO", logger=retrying.__name__)
     port = procs.free_port()
     address = f"127.0.0.1:{port}"
     client = scheduler_client.SchedulerClient(address)
