@@ -59,12 +59,7 @@ def healthy(port: int) -> bool:
 
 @contextlib.contextmanager
 def running(
-    model_dir: pathlib.Path,
-    *,
-    cache_dir: pathlib.Path,
-    timeout_s: float = 600.0,
-    max_model_len: int = 256,
-    max_num_seqs: int = 8,
+    model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0, max_model_len: int = 256
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Serve ``model_dir`` until the block exits; yields (base URL, process). Startup takes 40-130 s.
 
@@ -76,7 +71,7 @@ def running(
     env = {**environment(cache_dir), "PATH": os.environ.get("PATH", "")}
     with procs.running(
         "vllm",
-        argv(model_dir, port=port, max_model_len=max_model_len, max_num_seqs=max_num_seqs),
+        argv(model_dir, port=port, max_model_len=max_model_len),
         lambda: healthy(port),
         env=env,
         timeout=timeout_s,
