@@ -146,13 +146,14 @@ class RedisJournal:
 
     async def load(self) -> State:
         try:
-            raw_groups = await self._r.hgetall(self.groups_key)
-            raw_stored = await self._r.hgetall(self.stored_key)
-            raw_progress = {_text(k): _text(v) for k, v in (await self._r.hgetall(self.progress_key)).items()}
+            pipe = self._r.pipeline(transaction=True)
+            for key in (self.groups_key, self.stored_key, self.progress_key):
+                pipe.hgetall(key)
+            raw_groups, raw_stored, raw = await pipe.execute()
         except redis.exceptions.RedisError as exc:
             raise errors.Unavailable(f"scheduler journal: reading Redis failed: {exc}") from exc
-        groups = {gid: _group_from_json(_text(gid), _text(v)) for gid, v in raw_groups.items()}
-        by_id = {g.group.group_id: g for g in groups.values()}
+        raw_progress = {_text(k): _text(v) for k, v in raw.items()}
+        by_id = {_text(gid): _group_from_json(_text(gid), _text(v)) for gid, v in raw_groups.items()}
         for field, size in raw_stored.items():
             gid, _, member = _text(field).rpartition("|")
             if (g := by_id.get(gid)) is not None:
