@@ -29,12 +29,10 @@ def user(job: v1alpha1.RolloutJob) -> str:
     return f"{job.namespace}/{job.name}"
 
 
-def rules(job: v1alpha1.RolloutJob, password: str) -> list[str]:
-    """``ACL SETUSER`` rules of the job's user: ``reset`` first, so a rerun leaves exactly these."""
-    return _rules([f"~{p}" for p in auth.redis_key_patterns(user(job))], password)
-
-
-def _rules(patterns: list[str], password: str) -> list[str]:
+def rules(name: str, password: str) -> list[str]:
+    """``ACL SETUSER`` rules of the job user ``name`` (``user``): ``reset`` first, so a rerun leaves
+    exactly these."""
+    patterns = [f"~{p}" for p in auth.redis_key_patterns(name)]
     return ["reset", "on", f">{password}", *patterns, "resetchannels", "+@all", "-@admin", "-@dangerous"]
 
 
@@ -45,7 +43,7 @@ def _admin(cfg: config.OperatorConfig) -> redis.Redis:
 def ensure_user(cfg: config.OperatorConfig, job: v1alpha1.RolloutJob, password: str) -> None:
     """Create or reset the job's user (idempotent: every reconcile calls it)."""
     with _admin(cfg) as admin:
-        admin.execute_command("ACL", "SETUSER", user(job), *rules(job, password))
+        admin.execute_command("ACL", "SETUSER", user(job), *rules(user(job), password))
 
 
 class UserKeeper:
@@ -88,8 +86,9 @@ class UserKeeper:
                     name=name,
                     uid=uid,
                 )
-                patterns = [f"~{p}" for p in auth.redis_key_patterns(f"{namespace}/{name}")]
-                admin.execute_command("ACL", "SETUSER", f"{namespace}/{name}", *_rules(patterns, password))
+                admin.execute_command(
+                    "ACL", "SETUSER", f"{namespace}/{name}", *rules(f"{namespace}/{name}", password)
+                )
                 count += 1
         log.warning("Redis restarted (run_id %s): set up the Redis users of %d jobs again", run_id, count)
         self.restored += count
