@@ -189,15 +189,16 @@ def test_the_chart_and_a_jobs_coordination_pods_run(
     operator (in-cluster credentials through the agent's API relay) renders a job whose scheduler,
     placement and buffer pods pass their gRPC readiness probes against the chart's Redis."""
     helm = binaries.bin_dir() / "helm"
+    core.create_namespace({"metadata": {"name": "jobs"}})  # before the install: the operator's Role goes there
     subprocess.run(
         [str(helm), "install", "treadle", str(ROOT / "charts" / "treadle"), "--namespace", "treadle-system",
          "--create-namespace", "--wait", "--timeout", "60s", "--kubeconfig", str(run_cluster.kubeconfig),
-         "--set", "redis.persistence.enabled=false"],  # no volume provisioner on the dev cluster
+         "--set", "redis.persistence.enabled=false",  # no volume provisioner on the dev cluster
+         "--set", "operator.watchNamespaces={jobs}"],
         check=True, capture_output=True, timeout=90,
     )  # fmt: skip
     system = core.list_namespaced_pod("treadle-system").items
     assert len(system) == 3 and all(p.status.phase == "Running" and p.spec.node_name == NODE for p in system)
-    core.create_namespace({"metadata": {"name": "jobs"}})
     run_cluster.kubectl(
         "apply", "-n", "jobs", "-f", str(ROOT / "manifests" / "examples" / "math-tool-h20.yaml")
     )

@@ -65,7 +65,7 @@ def test_operator_deployment_is_single_replica_recreate_with_probes() -> None:
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     (container,) = spec["template"]["spec"]["containers"]
     assert container["command"] == ["treadle", "operator", "run"]
-    assert "--all-namespaces" in container["args"]
+    assert "--namespace=default" in container["args"] and "--all-namespaces" not in container["args"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     env = {e["name"]: e.get("value") for e in container["env"]}  # secrets come as valueFrom
     assert env["TREADLE_REDIS_URL"] == "redis://rel-treadle-redis.treadle-system.svc:6379/0"
@@ -149,8 +149,9 @@ def _rules(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], list[
 
 
 def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
-    docs = _render()
+    docs = _render("operator.clusterWide=true")
     rules = _rules(docs, "ClusterRole")
+    assert _by_kind(docs, "Role") == []
     assert rules[("", "nodes")] == ["list"]
     assert rules[("treadle.dev", "rolloutjobs/status")] == ["patch"]
     assert rules[("apps", "deployments")] == ["create", "delete", "list", "patch", "watch"]
@@ -168,6 +169,24 @@ def test_rbac_is_least_privilege_and_has_no_wildcards() -> None:
     # The job's Secret (token, Redis password) and NetworkPolicy, applied like any child.
     for key in (("", "secrets"), ("networking.k8s.io", "networkpolicies")):
         assert rules[key] == ["create", "delete", "list", "patch"], key
+
+
+def test_by_default_the_operator_serves_the_default_namespace_through_a_role() -> None:
+    """Least privilege unless asked: the namespaced rules (pods, Secrets, Deployments...) are a Role in
+    ``default``; cluster-wide only what must be (Nodes list, and what kopf itself watches)."""
+    docs = _render()
+    assert [r["metadata"]["namespace"] for r in _by_kind(docs, "Role")] == ["default"]
+    wide = _rules(_render("operator.clusterWide=true"), "ClusterRole")
+    cluster_scoped = {("", "nodes"), ("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions")}
+    assert set(_rules(docs, "ClusterRole")) == cluster_scoped
+    assert _rules(docs, "Role") == {k: v for k, v in wide.items() if k not in cluster_scoped}
+
+
+def test_an_operator_watching_no_namespace_is_refused_naming_both_values() -> None:
+    argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set-json", "operator.watchNamespaces=[]"]
+    proc = _helm(*argv, check=False)
+    assert proc.returncode != 0 and "operator.watchNamespaces" in proc.stderr, proc.stderr
+    assert "operator.clusterWide=true" in proc.stderr
 
 
 def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:
@@ -252,6 +271,14 @@ def test_scrape_config_toggle_holds_prometheus_scrape_configs() -> None:
     ]  # fmt: skip
     jobs = yaml.safe_load(cm["data"]["treadle-scrape-configs.yaml"])["scrape_configs"]
     assert [j["job_name"] for j in jobs] == ["treadle", "treadle-engines"]
+    # Pods of the jobs' namespaces, and of the release's (the operator's own pod).
+    watched = {"role": "pod", "namespaces": {"names": ["default", "treadle-system"]}}
+    assert all(j["kubernetes_sd_configs"] == [watched] for j in jobs)
+    (cm,) = [
+        d for d in _by_kind(_render("scrapeConfig.enabled=true", "operator.clusterWide=true"), "ConfigMap")
+        if d["metadata"]["name"].endswith("scrape-config")
+    ]  # fmt: skip
+    jobs = yaml.safe_load(cm["data"]["treadle-scrape-configs.yaml"])["scrape_configs"]
     assert all(j["kubernetes_sd_configs"] == [{"role": "pod"}] for j in jobs)
     # The operator's pod is scraped by the same annotations as a job's pods.
     (dep,) = [d for d in _by_kind(_render(), "Deployment") if d["metadata"]["name"] == "rel-treadle-operator"]

@@ -94,3 +94,14 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The namespaces a namespaced operator watches, as a JSON list; an empty list without clusterWide
+would leave the operator watching nothing, so it fails the install naming both values.
+*/}}
+{{- define "treadle.watchNamespaces" -}}
+{{- if and (not .Values.operator.clusterWide) (not .Values.operator.watchNamespaces) -}}
+{{- fail "operator.watchNamespaces: list at least one namespace whose RolloutJobs the operator reconciles, or set operator.clusterWide=true" -}}
+{{- end -}}
+{{- .Values.operator.watchNamespaces | default list | toJson -}}
+{{- end -}}
