@@ -19,19 +19,17 @@ runs them against a two-agent job in local mode.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dashboard_pictures
 import pytest
 import test_learn as learn
 import yaml
 
-from treadle.dashboards import catalog, model, tangram
+from treadle.dashboards import catalog, model, pictures, tangram
 from treadle.devcluster import binaries, kwok
 from treadle.testing import pod_discovery, prometheus_server
 
@@ -123,10 +121,10 @@ def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
         assert {(NAMESPACE, NAME)} <= {
             (v["metric"]["namespace"], v["metric"][dashboard.job_label]) for v in values
         }
-    if folder := os.environ.get("TREADLE_DASHBOARD_PICTURES"):
+    if folder := pictures.folder():
         for dashboard in DASHBOARDS:
-            dashboard_pictures.draw(
+            pictures.draw(
                 dashboard, prometheus, variables={"namespace": NAMESPACE, "job": NAME}, start=began,
-                end=time.time(), out=Path(folder),
+                end=time.time(), out=folder, source=f"job {NAME}, namespace {NAMESPACE}, dev cluster",
             )  # fmt: skip
     learn.delete(cluster, NAME)

@@ -31,7 +31,7 @@ class Engine(base.Model):
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment variables; one Treadle sets itself (``TREADLE_*``, ``VLLM_SERVER_DEV_MODE``)
     keeps Treadle's value."""
-    cpu: base.Quantity | None = None
-    """CPU request of the engine container; unset: 4 per GPU."""
-    memory: base.Quantity | None = None
-    """Memory request and limit of the engine container; unset: 32Gi per GPU, limit 64Gi per GPU."""
+    resources: base.Resources | None = None
+    """The engine container's CPU and memory, as on any container (``nvidia.com/gpu`` is the pool's
+    ``tensorParallel``, added to both lists); unset: requests 4 CPU and 32Gi per GPU, memory limit
+    64Gi per GPU."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.api import dataset
+from treadle.api import base, dataset
 
 
 @dataclass(frozen=True)
@@ -261,6 +261,36 @@ SPEC_RULES: tuple[Rule, ...] = (
         "spec.trainer.env names each variable once",
         "spec.trainer.env",
         lambda t: t is None or len({e.name for e in t.env}) == len(t.env),
+    ),
+    Rule(
+        (),
+        "self.pools.all(p, !has(p.engine) || " + base.limits_cover_requests_cel("p.engine.resources") + ")",
+        "spec.pools[].engine.resources: a limit may not be below its request",
+        "spec.pools.engine.resources",
+        lambda s: all(
+            p.engine.resources is None or base.limits_cover_requests(p.engine.resources) for p in s.pools
+        ),
+    ),
+    Rule(
+        (),
+        base.limits_cover_requests_cel("self.environment.resources"),
+        "spec.environment.resources: a limit may not be below its request",
+        "spec.environment.resources",
+        lambda s: base.limits_cover_requests(s.environment.resources),
+    ),
+    Rule(
+        (),
+        base.limits_cover_requests_cel("self.feeder.resources"),
+        "spec.feeder.resources: a limit may not be below its request",
+        "spec.feeder.resources",
+        lambda s: base.limits_cover_requests(s.feeder.resources),
+    ),
+    Rule(
+        (),
+        "!has(self.trainer) || " + base.limits_cover_requests_cel("self.trainer.resources"),
+        "spec.trainer.resources: a limit may not be below its request",
+        "spec.trainer.resources",
+        lambda s: s.trainer is None or base.limits_cover_requests(s.trainer.resources),
     ),
     # Transition rules (immutable fields): only the API server can check these.
     Rule(

@@ -57,10 +57,11 @@ class Trainer(base.Model):
     """Extra node labels the trainer's pod requires, merged over the accelerator selector."""
     tolerations: list[base.Toleration] = Field(default_factory=list, max_length=16)
     """Extra tolerations of the trainer's pod."""
-    cpu: base.Quantity = "2"
-    """CPU request (and limit) of the trainer's container."""
-    memory: base.Quantity = "8Gi"
-    """Memory request (and limit) of the trainer's container."""
+    resources: base.Resources = base.Resources(
+        requests=base.ResourceList(cpu="2", memory="8Gi"), limits=base.ResourceList(cpu="2", memory="8Gi")
+    )
+    """The trainer container's CPU and memory (``gpus`` adds ``nvidia.com/gpu``); unset: 2 CPU and 8Gi,
+    requested and limited."""
     steps: int = Field(default=20, ge=1, le=1_000_000)
     """Reference trainer: GRPO steps (one published and committed version each), then the Job ends."""
     learning_rate: float = Field(default=3e-3, gt=0.0, le=1.0)

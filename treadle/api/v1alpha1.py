@@ -172,10 +172,11 @@ class Environment(_Model):
 
     image: str = Field(default=DEFAULT_ENV_IMAGE, min_length=1, max_length=512)
     """Environment sandbox image."""
-    cpu: Quantity = "2"
-    """CPU request (and limit) per environment pod."""
-    memory: Quantity = "4Gi"
-    """Memory request (and limit) per environment pod."""
+    resources: base.Resources = base.Resources(
+        requests=base.ResourceList(cpu="2", memory="4Gi"), limits=base.ResourceList(cpu="2", memory="4Gi")
+    )
+    """Each environment pod's CPU and memory; unset: 2 CPU and 4Gi, requested and limited (limits keep
+    model-written code from taking the node)."""
     replicas: int = Field(default=2, ge=0, le=4096)
     """Environment pods."""
     warm_pool: int = Field(default=0, ge=0, le=64)
@@ -280,8 +281,11 @@ class Feeder(_Model):
     )
     """The Hugging Face hub cache ``huggingFace`` sources are read from, under one of ``volumes``;
     unset: the image's default cache (``HF_HUB_CACHE``)."""
-    memory: Quantity = "2Gi"
-    """Memory request and limit of the feeder's pod (it holds every dataset's rows)."""
+    resources: base.Resources = base.Resources(
+        requests=base.ResourceList(cpu="500m", memory="2Gi"), limits=base.ResourceList(memory="2Gi")
+    )
+    """The feeder's CPU and memory (it holds every dataset's rows); unset: requests 500m and 2Gi,
+    memory limit 2Gi."""
 
 
 class CpuPlacement(_Model):

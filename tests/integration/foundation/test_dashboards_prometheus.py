@@ -8,12 +8,13 @@ the two-agent rebalancing job, whose skewed start makes placement move workers.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import yaml
 
 from treadle.api import v1alpha1
-from treadle.dashboards import catalog, model, tangram
+from treadle.dashboards import catalog, model, pictures, tangram
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import run as run_mod
 from treadle.localmode import stack as stack_mod
@@ -47,6 +48,7 @@ async def _queries_without_data(
         targets = _scrape_targets(services)
         with prometheus_server.prometheus_server(targets) as prom:
             await asyncio.to_thread(prom.wait_scraped, list(targets))
+            began = time.time()
             summary = await run_mod.drive(services, plan, interval_s=60, timeout_s=240, echo=lambda _: None)
             assert summary["completed"] > 0 and summary["adds_up"]
             await asyncio.sleep(3)  # a few more scrapes after the last trajectory
@@ -55,6 +57,10 @@ async def _queries_without_data(
                 for target in panel.targets:
                     if not await asyncio.to_thread(prom.query, target.expr):
                         empty.append(f"{panel.title}: {target.expr}")
+            if folder := pictures.folder():
+                source = f"{Path(manifest).name} in local mode, simulated engines"
+                end = time.time()
+                pictures.draw(dashboard, prom, variables={}, start=began, end=end, out=folder, source=source)
     return empty
 
 

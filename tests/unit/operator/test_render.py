@@ -164,7 +164,7 @@ def test_pool_engine_overrides_extend_vllm_and_keep_treadles_variables(math_job:
         args=["--enforce-eager", "--dtype", "float32"],
         env=[engine_api.EnvVar(name="VLLM_CPU_KVCACHE_SPACE", value="1"),
              engine_api.EnvVar(name="VLLM_SERVER_DEV_MODE", value="0")],
-        cpu="1", memory="4Gi",
+        resources={"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
     )  # fmt: skip
     pools = [math_job.spec.pools[0].model_copy(update={"engine": engine})]
     job = math_job.model_copy(update={"spec": math_job.spec.model_copy(update={"pools": pools})})
@@ -172,13 +172,16 @@ def test_pool_engine_overrides_extend_vllm_and_keep_treadles_variables(math_job:
     assert vllm["args"][-3:] == ["--enforce-eager", "--dtype", "float32"]
     env = {e["name"]: e.get("value") for e in vllm["env"]}  # the last of a repeated name, as the kubelet
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert vllm["resources"]["requests"] | vllm["resources"]["limits"] == {
-        "cpu": "1",
-        "memory": "4Gi",
-        nodes.GPU_RESOURCE: "2",
+    assert vllm["resources"] == {  # as written, the pool's GPUs added to both lists
+        "requests": {"cpu": "1", "memory": "4Gi", nodes.GPU_RESOURCE: "2"},
+        "limits": {"memory": "4Gi", nodes.GPU_RESOURCE: "2"},
     }
     default = _pools(render.render_children(math_job, CFG))[0]["spec"]["template"]["spec"]["containers"][0]
-    assert default["resources"]["requests"]["memory"] == "64Gi" and "--enforce-eager" not in default["args"]
+    assert default["resources"] == {  # unset: scaled to the pool's 2 GPUs
+        "requests": {"cpu": "8", "memory": "64Gi", nodes.GPU_RESOURCE: "2"},
+        "limits": {"memory": "128Gi", nodes.GPU_RESOURCE: "2"},
+    }
+    assert "--enforce-eager" not in default["args"]
 
 
 def test_the_dev_clusters_learning_job_renders_vllm_for_its_cpu_build() -> None:

@@ -38,7 +38,7 @@ def _job(**spec: Any) -> v1alpha1.RolloutJob:
                 {"name": "hf", "mountPath": "/cache", "hostPath": {"path": "/var/lib/hf"}},
             ],
             "huggingFaceCache": "/cache/hub",
-            "memory": "6Gi",
+            "resources": {"requests": {"cpu": "500m", "memory": "6Gi"}, "limits": {"memory": "6Gi"}},
         },
     }  # fmt: skip
     return v1alpha1.parse_job({

@@ -48,14 +48,7 @@ def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
 def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """The CPU environment pool: sandboxed sessions, one container per pod (RollArt §3.1 isolation)."""
     env = job.spec.environment
-    quantity = {"cpu": env.cpu, "memory": env.memory}
-    container = common.service_container(
-        job,
-        cfg,
-        "env",
-        image=env.image,
-        resources={"requests": dict(quantity), "limits": dict(quantity)},
-    )
+    container = common.service_container(job, cfg, "env", image=env.image, resources=env.resources.rendered())
     pod = {"containers": [container], **common.cpu_placement(job)}
     deployment = common.deployment(job, cfg, "env", replicas=env.replicas, pod_spec=pod)
     # Headless: an environment session lives in one pod's memory, so the scheduler must open and

@@ -55,11 +55,7 @@ def render_feeder(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
     """Identity, Deployment and headless Service of the feeder; nothing for a job without dataset tasks."""
     if not dataset_tasks(job):
         return []
-    memory = job.spec.feeder.memory
-    container = common.service_container(
-        job, cfg, "feeder",
-        resources={"requests": {"cpu": "500m", "memory": memory}, "limits": {"memory": memory}},
-    )  # fmt: skip
+    container = common.service_container(job, cfg, "feeder", resources=job.spec.feeder.resources.rendered())
     # Alive while it serves at all: a feeder that cannot read a dataset stays up, not ready, and says
     # why (its /healthz fails), so liveness must not restart it into a crash loop.
     container["livenessProbe"] = {"tcpSocket": {"port": config.PORTS["feeder"]}, "periodSeconds": 10,

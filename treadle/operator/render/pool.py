@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.api import env_vars, nodes, v1alpha1
+from treadle.api import base, env_vars, nodes, v1alpha1
 from treadle.operator import config
 from treadle.operator.render import common
 
@@ -25,6 +25,17 @@ def local_weights(job: v1alpha1.RolloutJob) -> tuple[dict[str, Any], dict[str, A
 """The node's directory a ``weights.store: local`` job publishes to and its engines read from."""
 AGENT_STATE_DIR = "/var/run/treadle"
 """The inference pod's ``emptyDir`` where its agent keeps what it serves (lives as long as the pod)."""
+
+
+def engine_resources(resources: base.Resources | None, gpus: int) -> base.Resources:
+    """The engine container's CPU and memory: as the pool's ``engine.resources`` says, else scaled to
+    its GPUs (vLLM's tokenizer and scheduler threads, pinned host buffers for weight swaps)."""
+    if resources is not None:
+        return resources
+    return base.Resources(
+        requests=base.ResourceList(cpu=str(4 * gpus), memory=f"{32 * gpus}Gi"),
+        limits=base.ResourceList(memory=f"{64 * gpus}Gi"),
+    )
 
 
 def weights_env(
@@ -86,14 +97,7 @@ def render_pool(
             *weights_env(job, cfg, agent),
         ],
         "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
-        "resources": {
-            "requests": {
-                "cpu": pool.engine.cpu or str(4 * tp),
-                "memory": pool.engine.memory or f"{32 * tp}Gi",
-                nodes.GPU_RESOURCE: str(tp),
-            },
-            "limits": {"memory": pool.engine.memory or f"{64 * tp}Gi", nodes.GPU_RESOURCE: str(tp)},
-        },
+        "resources": engine_resources(pool.engine.resources, tp).rendered(**{nodes.GPU_RESOURCE: str(tp)}),
         # Loading a large model takes minutes: the startup probe covers it, not liveness.
         "startupProbe": {
             "httpGet": {"path": "/health", "port": vllm_port},

@@ -63,10 +63,7 @@ def render_trainer(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
         # The reference trainer serves /metrics (treadle.trainer.exporter); a trainer of the user's
         # own may not, and a declared port nobody serves would be a target always down.
         **({"ports": [common.metrics_port()]} if reference else {}),
-        "resources": {
-            "requests": {"cpu": trainer.cpu, "memory": trainer.memory, **gpus},
-            "limits": {"cpu": trainer.cpu, "memory": trainer.memory, **gpus},
-        },
+        "resources": trainer.resources.rendered(**gpus),
         "volumeMounts": [
             common.config_mount(),
             *([pool.local_weights(job)[1]] if local_weights else []),
