@@ -189,7 +189,7 @@ def test_the_chart_and_a_jobs_coordination_pods_run(
     operator (in-cluster credentials through the agent's API relay) renders a job whose scheduler,
     placement and buffer pods pass their gRPC readiness probes against the chart's Redis."""
     helm = binaries.bin_dir() / "helm"
-    core.create_namespace({"metadata": {"name": "jobs"}})  # before the install: the operator's Role goes there
+    core.create_namespace({"metadata": {"name": "jobs"}})  # first: the chart puts the operator's Role there
     subprocess.run(
         [str(helm), "install", "treadle", str(ROOT / "charts" / "treadle"), "--namespace", "treadle-system",
          "--create-namespace", "--wait", "--timeout", "60s", "--kubeconfig", str(run_cluster.kubeconfig),

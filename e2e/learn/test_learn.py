@@ -294,6 +294,41 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
     delete(cluster, name)
 
 
+FAULTS = ("buffer", "placement", "env", "reward")
+"""The job's pods deleted in turn by the next test, one every 2 steps: each comes back as a new pod."""
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 900)
+def test_deleting_the_buffer_placement_env_and_reward_pods_in_turn_loses_no_row(
+    cluster: kwok.DevCluster,
+) -> None:
+    """Issue 18's fault suite on running pods: from step 2, one of the job's buffer, placement,
+    environment and reward pods is deleted every 2 steps (the buffer's rows live in the chart's
+    Redis; placement, the environment and the reward gateway hold nothing a restart may lose). The
+    trainer rides each out (its calls wait out Unavailable), the job never reports a problem beyond
+    pods starting, and every row of epoch 0 still reaches the buffer with its 8 trajectories."""
+    name = "learn-faults"
+    apply(cluster, variant(name, CONFIG_MAP))
+    for i, component in enumerate(FAULTS):
+        train(cluster, name, steps=2 * (i + 1))
+        replace_pod(cluster, name, component)
+    train(cluster, name, steps=STEPS)
+    assert_epoch_whole(cluster, name)
+    rewards = [float(m.group(3)) for m in STEP_LINE.finditer(trainer_log(cluster, name))]
+    steps = [int(m.group(1)) for m in STEP_LINE.finditer(trainer_log(cluster, name))]
+    assert len(steps) == len(set(steps)) >= STEPS, steps  # no step trained twice
+    print(f"{name}: rewards per step {rewards}")
+    delete(cluster, name)
+
+
+def replace_pod(c: kwok.DevCluster, job: str, component: str) -> None:
+    """Delete ``job``'s ``component`` pod; return once its replacement is ready."""
+    before = {p["metadata"]["name"] for p in ready_pods(c, job, component)}
+    c.kubectl("delete", "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")
+    after = lambda: {p["metadata"]["name"] for p in ready_pods(c, job, component)} - before  # noqa: E731
+    poll(after, f"a new {component} pod of {job} ready", 240)
+
+
 def assert_epoch_whole(c: kwok.DevCluster, name: str) -> None:
     """Every row of epoch 0 reached the buffer with its 8 trajectories."""
     rows = [json.loads(line)["id"] for line in (DEV / "data" / "letters.jsonl").read_text().splitlines()]

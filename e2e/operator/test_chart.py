@@ -177,13 +177,16 @@ def test_by_default_the_operator_serves_the_default_namespace_through_a_role() -
     docs = _render()
     assert [r["metadata"]["namespace"] for r in _by_kind(docs, "Role")] == ["default"]
     wide = _rules(_render("operator.clusterWide=true"), "ClusterRole")
-    cluster_scoped = {("", "nodes"), ("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions")}
+    cluster_scoped = {
+        ("", "nodes"), ("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions"),
+    }  # fmt: skip
     assert set(_rules(docs, "ClusterRole")) == cluster_scoped
     assert _rules(docs, "Role") == {k: v for k, v in wide.items() if k not in cluster_scoped}
 
 
 def test_an_operator_watching_no_namespace_is_refused_naming_both_values() -> None:
-    argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set-json", "operator.watchNamespaces=[]"]
+    argv = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION,
+            "--set-json", "operator.watchNamespaces=[]"]  # fmt: skip
     proc = _helm(*argv, check=False)
     assert proc.returncode != 0 and "operator.watchNamespaces" in proc.stderr, proc.stderr
     assert "operator.clusterWide=true" in proc.stderr

@@ -25,6 +25,10 @@ from treadle.policy.tangram import quota
 REWARD_COLD_START_S = 180.0
 """How long the scheduler waits out an unavailable reward gateway that can scale to zero (a pod's
 scheduling, image pull and start, with margin) before failing a trajectory."""
+REWARD_RESTART_S = 90.0
+"""How long the scheduler waits out an unavailable reward gateway that is always on: its pod was
+deleted, crashed or moved, and the replacement starts (found on the dev cluster: with the gateway's
+pod deleted, 108 trajectories failed within seconds on four quick attempts)."""
 WORKER_START_S = 900.0
 """How long a turn waits for a ready inference worker: the inference pods' startup probe allows
 vLLM 900 s to load a model (found on the dev cluster: the feeder's first groups failed while vLLM
@@ -119,7 +123,7 @@ class Settings:
     scaled to zero starts its first pod, tens of seconds) for this long before a trajectory fails;
     until then ``Unavailable`` is retried with backoff capped at ``max_backoff_s`` beyond
     ``reward_attempts``. Timeouts and other errors still count against ``reward_attempts``. Set by
-    ``job_config`` when the job's reward gateway can scale to zero."""
+    ``job_config``: a cold start's budget when the gateway can scale to zero, else a pod restart's."""
     env_open_unavailable_s: float = 0.0
     """If > 0: opening an environment session waits out ``Unavailable`` (no env pod ready yet: a
     job's pods start together, and the scheduler takes prompts before its env pool is ready) this
@@ -346,8 +350,9 @@ def job_config(
         max_in_flight=max_in_flight,
         max_concurrent_generations=max_concurrent_generations,
         scheduling_policy=spec.rollout.scheduling_policy,
-        # A gateway scaled to zero answers Unavailable until its first pod is ready: wait that out.
-        reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else 0.0,
+        # A gateway scaled to zero answers Unavailable until its first pod is ready, one always on
+        # while a replacement of its pod starts: wait that out.
+        reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else REWARD_RESTART_S,
         env_open_unavailable_s=ENV_START_S,
         worker_unavailable_s=WORKER_START_S,
     )

@@ -27,6 +27,18 @@ counts the window in that same unit (``batch_trajectories``); counting it in raw
 deadlocked whenever ``batch_size`` was not a multiple of ``members``: with ``alpha = 0``, batch 6
 and groups of 4, one group fit the window, the second never did, and the buffer could never form a
 batch of 6 from 4 trajectories, so the version never moved.
+
+Failed members (issue 18, found on the dev cluster with pods deleted under a run): the live scheduler
+counts ``accepted`` in *completed* trajectories (what the trainer can use; a failed one frees its
+place), and the buffer delivers a group's completed members only, taking groups until a batch holds
+``batch_size`` of them. With holes in groups two things stalled a run for good: (1) the holes (4 of
+a batch of 32, say) can only be filled by a whole new group, which a window with 4 places left never
+admitted; (2) a batch of partial groups takes more than ``batch_size`` trajectories, and that excess
+accumulated against the window version after version. So a group starts while the window has *any*
+room (it may overshoot by fewer than ``group_size`` trajectories, which only happens when members
+failed), and, given ``consumed`` (the trajectories the buffer has delivered to the trainer), what the
+trainer took beyond ``batch_size`` per version no longer counts. The hard bound stays the buffer's
+(it evicts groups staler than ``alpha``) and ``stale_in_flight``'s.
 """
 
 from __future__ import annotations
@@ -42,6 +54,9 @@ class AdmissionState:
     version: int
     accepted: int
     running: int
+    consumed: int | None = None
+    """Of ``accepted``, those the trainer has taken (the buffer's delivered count); None: not known,
+    every accepted one counts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +71,18 @@ class Limits:
 def capacity(state: AdmissionState, limits: Limits) -> int:
     """How many more trajectories may start now (never negative)."""
     by_concurrency = limits.max_in_flight - state.running
-    by_staleness = (limits.alpha + state.version + 1) * limits.batch_size - (state.accepted + state.running)
+    by_staleness = (limits.alpha + state.version + 1) * limits.batch_size - (
+        _counted(state, limits) + state.running
+    )
     return max(0, min(by_concurrency, by_staleness))
+
+
+def _counted(state: AdmissionState, limits: Limits) -> int:
+    """``accepted``, less what the trainer took beyond ``batch_size`` per version it has reached."""
+    if state.consumed is None:
+        return state.accepted
+    budgeted = (state.version + 1) * limits.batch_size
+    return state.accepted - state.consumed + min(state.consumed, budgeted)
 
 
 def batch_trajectories(batch_size: int, group_size: int) -> int:
@@ -68,12 +93,16 @@ def batch_trajectories(batch_size: int, group_size: int) -> int:
 def admit_groups(state: AdmissionState, limits: Limits, *, group_size: int, pending_groups: int) -> int:
     """How many of ``pending_groups`` whole groups of ``group_size`` may start now.
 
-    The window is counted in whole groups, as the buffer delivers them (``batch_trajectories``).
+    The window is counted in whole groups, as the buffer delivers them (``batch_trajectories``); a
+    group starts while any room is left (failed members leave room smaller than a group: see above).
+    The concurrency cap is never exceeded.
     """
     if group_size <= 0:
         return 0
     whole = dataclasses.replace(limits, batch_size=batch_trajectories(limits.batch_size, group_size))
-    return min(pending_groups, capacity(state, whole) // group_size)
+    room = capacity(state, whole)
+    by_concurrency = (limits.max_in_flight - state.running) // group_size
+    return max(0, min(pending_groups, -(-room // group_size), by_concurrency))
 
 
 def is_stale(init_version: int, *, version: int, alpha: int) -> bool:

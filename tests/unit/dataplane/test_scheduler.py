@@ -25,7 +25,7 @@ from treadle.services.buffer import service as buffer_service
 from treadle.services.buffer import store
 from treadle.services.placement import service as placement_service
 from treadle.services.reward import protocol as reward_protocol
-from treadle.services.scheduler import grpc_server, journal, protocol, service
+from treadle.services.scheduler import admission, grpc_server, journal, protocol, service
 from treadle.v1 import common_pb2, placement_pb2, scheduler_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -158,11 +158,29 @@ async def test_env_failures_are_retried_then_fail_with_reason() -> None:
     assert await broken.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
     stats = broken.svc.stats()
     assert dict(stats.failed_by_reason) == {"environment: step failed after 3 attempts": 4}
+    # a step unreachable is a session lost with its env server: each ran again from its start twice
+    assert broken.env.calls == 4 * (1 + admission.MAX_RESTARTS) * (1 + 3)
     assert adds_up(stats)
     batch = await broken.buffer.stats()
     assert (batch.failed, batch.retired_empty_groups) == (4, 0)  # stored with the reason, never lost
     await st.svc.aclose()
     await broken.svc.aclose()
+
+
+async def test_a_trajectory_whose_env_server_went_away_runs_again_from_its_start() -> None:
+    """An env pod deleted mid-run: every step to it fails (Unavailable) and its sessions are gone.
+    The trajectories on it run again from their start on the pool as it is now, under the same ids,
+    and complete: nothing failed, nothing stored twice, the accounting adds up."""
+    st = Stack(env=fakes.Env(fail_step=2), env_attempts=1)  # two trajectories lose their session
+    results = st.svc.results()
+    await st.submit("g1")
+    assert sorted(await st.collect(4, results)) == [f"g1-{i}:completed" for i in range(4)]
+    stats = st.svc.stats()
+    assert (stats.failed, stats.completed) == (0, 4) and adds_up(stats)
+    assert st.env.calls == 4 * 3 + 2 * 2  # open and two steps each, and the two lost runs (open, step)
+    batch = await st.buffer.get_batch(batch_size=4, version=0, timeout_s=0)
+    assert sorted(t.trajectory_id for t in batch.trajectories) == [f"g1-{i}" for i in range(4)]
+    await st.svc.aclose()
 
 
 async def test_non_retryable_env_error_fails_at_once() -> None:
@@ -489,7 +507,8 @@ def test_job_config_waits_for_a_reward_gateway_that_scales_to_zero() -> None:
     )
     raw["spec"]["reward"] = {**raw["spec"].get("reward", {}), "scaleToZero": False, "minReplicas": 1}
     warm = jobconfig.job_config(v1alpha1.parse_job(raw), **counts)
-    assert warm.scheduler.settings.reward_unavailable_s == 0.0  # an always-on gateway keeps the attempt count
+    # an always-on gateway is waited for while a replacement of its pod starts, not a cold start's time
+    assert warm.scheduler.settings.reward_unavailable_s == jobconfig.REWARD_RESTART_S
 
 
 class _Gone:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -36,11 +38,63 @@ def test_capacity(state: admission.AdmissionState, limits: admission.Limits, exp
     assert admission.capacity(state, limits) == expected
 
 
-def test_admit_whole_groups_only() -> None:
-    # capacity 6 with groups of 4 admits one group, never a partial second one
-    assert admission.admit_groups(S(0, 0, 10), L(1, 8, 100), group_size=4, pending_groups=5) == 1
+def test_admit_whole_groups_while_any_room_is_left() -> None:
+    # room for 6 with groups of 4: two whole groups (a group starts while room is left: 2 over)
+    assert admission.admit_groups(S(0, 0, 10), L(1, 8, 100), group_size=4, pending_groups=5) == 2
+    assert admission.admit_groups(S(0, 0, 16), L(1, 8, 100), group_size=4, pending_groups=5) == 0
     assert admission.admit_groups(S(0, 0, 0), L(1, 8, 100), group_size=4, pending_groups=2) == 2
     assert admission.admit_groups(S(0, 0, 0), L(1, 8, 100), group_size=0, pending_groups=2) == 0
+    # never past the concurrency cap, even with room in the window
+    assert admission.admit_groups(S(0, 0, 6), L(3, 8, 8), group_size=4, pending_groups=5) == 0
+
+
+def test_failed_members_never_stall_the_trainer_at_the_window() -> None:
+    """The dev cluster's stall: version 9 committed, batch 32 of groups of 8, alpha 1; the trainer took
+    10 batches (320) and waits for the 11th; the buffer holds 28 completed in 4 groups with holes
+    (failed members), nothing runs. Counted as 348 accepted, the window (352) had 4 places: no group
+    of 8 fit and the run stalled for good. A group now starts in those 4."""
+    stalled = S(9, 348, 0, consumed=320)
+    assert admission.admit_groups(stalled, L(1, 32, 256), group_size=8, pending_groups=4) == 1
+    # Batches of partial groups took 360 (not 320): that excess no longer holds the window shut.
+    excess = S(9, 388, 0, consumed=360)
+    assert admission.capacity(excess, L(1, 32, 256)) == admission.capacity(stalled, L(1, 32, 256))
+    assert admission.admit_groups(S(9, 388, 0), L(1, 32, 256), group_size=8, pending_groups=4) == 0
+
+
+@given(
+    holes=st.lists(st.integers(0, 7), min_size=1, max_size=60),
+    alpha=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+)
+def test_a_run_whose_members_fail_never_deadlocks(holes: list[int], alpha: int, seed: int) -> None:
+    """A live-like loop: admission, groups of 8 whose members fail ``holes[i]`` at a time, the buffer's
+    batching (completed members only, until 32 are in) and a trainer committing a version per batch.
+    Whatever the failures, every group is admitted and the trainer never waits with nothing running."""
+    rng = random.Random(seed)
+    batch, members, total = 32, 8, len(holes)
+    pending, version, completed, consumed, started, batches = total, 0, 0, 0, 0, 0
+    stored: list[batching.Group] = []
+    for _ in range(10 * total + 10):
+        state = S(version, completed, 0, consumed=consumed)
+        n = admission.admit_groups(state, L(alpha, batch, 1000), group_size=members, pending_groups=pending)
+        for _ in range(n):
+            ok = members - holes[started]
+            stored.append(batching.Group(f"g{started}", "t", members, started, version, members, ok))
+            started += 1
+            completed += ok
+        pending -= n
+        stored = [g for g in stored if g.completed > 0]  # empty groups are retired
+        plan = batching.plan_batch(stored, batch_size=batch)
+        if plan is None:
+            if pending == 0:
+                break
+            assert n > 0, f"stalled at version {version}: {pending} groups waiting, nothing admitted"
+            continue
+        consumed += sum(g.completed for g in stored if g.group_id in plan)
+        stored = [g for g in stored if g.group_id not in plan]
+        batches += 1
+        version = max(version, batches - rng.choice((1, 2)))  # the commit lags one batch or two
+    assert pending == 0
 
 
 @pytest.mark.parametrize(

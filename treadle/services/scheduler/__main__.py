@@ -40,6 +40,8 @@ from treadle.services.scheduler import darts_store, grpc_server, jobreport, jour
 
 PROG = "python -m treadle.services.scheduler"
 REPORT_INTERVAL_S = 2.0
+CONSUMED_INTERVAL_S = 2.0
+"""How often the scheduler reads how much the trainer has taken from the buffer (``follow_consumption``)."""
 ENV_RESOLVE_INTERVAL_S = 10.0
 KNOBS = ("worker_slots", "preemption_margin", "preemption_max_progress")
 """``jobconfig.Settings`` fields given as flags: the job has no field for them."""
@@ -173,6 +175,21 @@ async def refresh_envs(
             log.info("env server %s gone and its sessions ended: client closed", url)
 
 
+async def follow_consumption(
+    svc: service.SchedulerService, buffer: buffer_client.BufferClient, *, interval_s: float
+) -> None:
+    """Tell ``svc`` every ``interval_s`` how many completed trajectories the trainer has taken from the
+    buffer (first deliveries, and those evicted as stale, which left it too), until cancelled."""
+    while True:
+        try:
+            stats = await buffer.stats()
+        except errors.TreadleError as exc:
+            log.info("buffer counters unavailable (%s); the admission window keeps its last count", exc)
+        else:
+            svc.set_consumed(stats.delivered - stats.redelivered + stats.evicted)
+        await asyncio.sleep(interval_s)
+
+
 class AgentPool:
     """One ``AgentClient`` per worker address, created on first use."""
 
@@ -252,7 +269,13 @@ async def main(cfg: Config) -> None:
         else None
     )
 
+    following = asyncio.create_task(
+        follow_consumption(svc, buffer, interval_s=CONSUMED_INTERVAL_S), name="trainer consumption"
+    )
+
     async def stop() -> None:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
         if refreshing is not None:
             refreshing.cancel()
             await asyncio.gather(refreshing, return_exceptions=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -105,6 +106,15 @@ class Progress:
     """Training step that produced ``version`` (0: the trainer did not say)."""
     mean_reward: float | None
     """Mean reward of the batch ``version`` was trained on (None: not said)."""
+
+    @classmethod
+    def checked(cls, *, version: int, step: int, mean_reward: float | None) -> Progress:
+        """A commit's progress, refused naming the field when ``step`` or ``mean_reward`` is not usable."""
+        if step < 0:
+            raise SpecError("must be >= 0", field="step", value=step)
+        if mean_reward is not None and not math.isfinite(mean_reward):
+            raise SpecError("must be a finite number", field="mean_reward", value=mean_reward)
+        return cls(version=version, step=step, mean_reward=mean_reward)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

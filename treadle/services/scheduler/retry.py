@@ -89,8 +89,10 @@ class Retrier:
                 else:
                     attempt += 1
                 if attempt >= attempts:
+                    # A step's session lives in one env pod: that pod unreachable took the session.
                     raise trajectory.Failed(
-                        f"{stage}: {call} failed after {attempt} attempts: {exc}"
+                        f"{stage}: {call} failed after {attempt} attempts: {exc}",
+                        restartable=(stage, call) == ("environment", "step"),
                     ) from exc
                 if stage == "environment":
                     self.tally.env_retries += 1

@@ -55,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
@@ -151,6 +150,11 @@ class SchedulerService:
         self.loop.envs = list(envs)
         self.metrics.env_servers.set(len(envs))
 
+    def set_consumed(self, consumed: int) -> None:
+        """The trainer has taken ``consumed`` completed trajectories (``Admission.consumed``)."""
+        self.admission.consumed = consumed
+        self._admit()
+
     async def submit(self, groups: Sequence[protocol.PromptGroup]) -> protocol.SubmitResult:
         """Queue the new groups of ``groups``, recorded in the journal first (``journal``)."""
         await self.darts.ready()
@@ -190,12 +194,8 @@ class SchedulerService:
         ``mean_reward`` (the trainer's account of it) become ``progress``."""
         if version < self.version:
             raise errors.Conflict(f"version {version} is older than the committed version {self.version}")
-        if step < 0:
-            raise errors.SpecError("must be >= 0", field="step", value=step)
-        if mean_reward is not None and not math.isfinite(mean_reward):
-            raise errors.SpecError("must be a finite number", field="mean_reward", value=mean_reward)
+        self.progress = protocol.Progress.checked(version=version, step=step, mean_reward=mean_reward)
         self.version = version
-        self.progress = protocol.Progress(version=version, step=step, mean_reward=mean_reward)
         self.journal.commit(self.progress)
         self.metrics.version.set(version)
         init = {tid: t.init_version for tid, t in self.loop.inflight.items() if not t.abort_reason}
@@ -236,18 +236,10 @@ class SchedulerService:
         return protocol.Listing(
             total=len(order),
             trajectories=tuple(
-                self._state(rank, inflight[tid])
+                inflight[tid].described(rank, self.gate.state(tid) or "other")
                 for rank, tid in enumerate(order[: limit or DEFAULT_LIST_LIMIT])
             ),
         )
-
-    def _state(self, rank: int, t: trajectory.Traj) -> protocol.TrajectoryState:
-        return protocol.TrajectoryState(
-            trajectory_id=t.tid, group_id=t.work.group_id, task=t.work.task.name, rank=rank,
-            predicted_remaining=t.predicted_remaining, tokens_so_far=t.tokens_so_far, turns=len(t.turns),
-            worker_id=t.worker.worker_id if t.worker else "", state=self.gate.state(t.tid) or "other",
-            preemptions=t.preemptions,
-        )  # fmt: skip
 
     def reward_backlog(self) -> int:
         """Trajectories waiting for or in reward scoring (the operator scales the reward gateway on it)."""
@@ -291,6 +283,9 @@ class SchedulerService:
         self.metrics.inflight.set(len(inflight))
 
     def _finish(self, t: trajectory.Traj, *, status: str, reason: str, reward: float, prompt: str) -> None:
+        if status == "failed" and t.restartable and self.admission.restart(t.work, t.tid, reason):
+            del self.loop.inflight[t.tid]  # its session went with its env server: it runs again whole
+            return self._admit()
         task = t.work.task
         versions = [v for turn in t.turns for v in turn.output_versions] or [t.init_version]
         traj = common_pb2.Trajectory(

@@ -153,7 +153,7 @@ class TurnLoop:
             self.rewards.scoring.add(t.tid)
             reward_ = await self.rewards.score(t, obs.info, prompt, env_reward)
         except trajectory.Failed as exc:
-            status, reason = "failed", str(exc)
+            status, reason, t.restartable = "failed", str(exc), exc.restartable
         except asyncio.CancelledError:
             if not t.abort_reason:
                 raise  # shutdown
@@ -198,8 +198,9 @@ class TurnLoop:
         return turn
 
     def _on_done(self, t: trajectory.Traj, task: asyncio.Task[None]) -> None:
-        """Account for a trajectory whose ``_run`` did not: aborted before it started, or a bug."""
-        if t.tid not in self.inflight or self.closed:
+        """Account for a trajectory whose ``_run`` did not: aborted before it started, or a bug. (Its id
+        may be in flight again already, run from its start: ``admission.Admission.restart``.)"""
+        if self.inflight.get(t.tid) is not t or self.closed:
             return
         if task.cancelled():
             if t.abort_reason:
