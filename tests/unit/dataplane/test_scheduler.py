@@ -184,11 +184,22 @@ async def test_a_trajectory_whose_env_server_went_away_runs_again_from_its_start
 
 
 async def test_non_retryable_env_error_fails_at_once() -> None:
+    st = Stack(env=fakes.Env(step_error=errors.SpecError("bad action", field="action")))
+    results = st.svc.results()
+    await st.submit("g1")
+    assert await st.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
+    assert st.env.calls == 8  # one open and one step each, no retry, no run again
+    assert dict(st.svc.stats().failed_by_reason) == {"environment: step": 4}
+    await st.svc.aclose()
+
+
+async def test_a_session_the_env_server_no_longer_knows_runs_again_then_fails_with_reason() -> None:
+    """NotFound on a step: the server was restarted under the session (same address, state gone)."""
     st = Stack(env=fakes.Env(step_error=errors.NotFound("session gone")))
     results = st.svc.results()
     await st.submit("g1")
     assert await st.collect(4, results) == [f"g1-{i}:failed" for i in range(4)]
-    assert st.env.calls == 8  # one open and one step each, no retry
+    assert st.env.calls == 4 * 2 * (1 + admission.MAX_RESTARTS)  # each run: one open, one step
     assert dict(st.svc.stats().failed_by_reason) == {"environment: step": 4}
     await st.svc.aclose()
 

@@ -99,7 +99,9 @@ class Retrier:
             except errors.TreadleError as exc:
                 if stage == "environment":
                     self.metrics.env_failures.labels(call).inc()
-                raise trajectory.Failed(f"{stage}: {call}: {exc}") from exc
+                # A server that no longer knows the session was restarted under it: the session is lost.
+                lost = (stage, call) == ("environment", "step") and isinstance(exc, errors.NotFound)
+                raise trajectory.Failed(f"{stage}: {call}: {exc}", restartable=lost) from exc
             finally:
                 if account:
                     self.spent(t, stage, began)
