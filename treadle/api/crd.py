@@ -58,6 +58,15 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
 )
 
 
+def _without_nulls(value: Any) -> Any:
+    """A default as the API server accepts it: an unset optional field (None) is left out, not null."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     """Inline ``$ref``s and turn pydantic's JSON schema idioms into structural-schema ones."""
     if isinstance(node, list):
@@ -91,7 +100,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         node["enum"] = [node.pop("const")]
     if "enum" in node and "type" not in node:
         node["type"] = "integer" if all(isinstance(v, int) for v in node["enum"]) else "string"
-    out = {k: _resolve(v, defs) for k, v in node.items() if k not in ("properties", "items")}
+    out = {
+        k: _without_nulls(v) if k == "default" else _resolve(v, defs)
+        for k, v in node.items()
+        if k not in ("properties", "items")
+    }
     if "properties" in node:
         required = set(node.get("required", ()))
         props = {}

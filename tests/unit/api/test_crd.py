@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,9 @@ def test_defaults_satisfy_their_own_schema_and_no_const_reaches_the_api_server()
             default = node.get("default")
             if isinstance(default, list):
                 assert len(default) >= node.get("minItems", 0), f"{path}: default {default} below minItems"
+            # A null inside a default is refused (the resources defaults once carried limits.cpu: null).
+            if "default" in node:
+                assert "None" not in repr(default) and "null" not in json.dumps(default), f"{path}: {default}"
             for key, sub in node.items():
                 walk(sub, f"{path}.{key}")
         elif isinstance(node, list):
