@@ -17,6 +17,8 @@ import op_harness
 import pytest
 import yaml
 
+from treadle.api import v1alpha1
+from treadle.operator import explain, reasons
 from treadle.operator.render import common as render_common
 
 EXAMPLES = sorted((op_harness.ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -143,6 +145,47 @@ def test_status_names_insufficient_gpus_for_a_job_asking_more_h800_than_exist(
     try:
         op_harness.wait_for(
             f"treadle status {name} to name the GPU shortage", blocked, timeout=60, interval=2
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nlast output:\n{seen[0]}") from None
+
+
+def test_status_names_a_reward_gateway_that_cannot_run_while_scoring_waits(
+    operator: op_harness.Operator, kubectl: op_harness.Kubectl, apply_job: ApplyJob
+) -> None:
+    """The second stall of issue 17: trajectories wait for scoring (the demand the scheduler writes on
+    the job, written here as it would) while no gateway pod can run (the job's CPU pods asked for a
+    node label no node has). ``treadle status`` names both: the gateway down with the waiting count,
+    and why its pods wait."""
+    doc = yaml.safe_load((op_harness.ROOT / "manifests" / "examples" / "math-tool-h20.yaml").read_text())
+    doc["metadata"]["name"] = "math-status-reward"
+    doc["spec"]["placement"] = {"cpu": {"nodeSelector": {"treadle.dev/no-such-pool": "cpu"}}}
+    name = apply_job(doc)
+    kubectl(
+        "annotate", "rolloutjob", name, "-n", op_harness.JOBS_NS, f"{v1alpha1.REWARD_DEMAND_ANNOTATION}=12"
+    )
+    status = [name, "-n", op_harness.JOBS_NS, "--kubeconfig", str(kubectl.cluster.kubeconfig)]
+    down = f"  reward: {explain.REWARD_GATEWAY_DOWN}: 12 scoring requests waiting"
+    seen = [""]
+
+    def blocked() -> bool:
+        proc = _treadle("status", *status)
+        assert proc.returncode == 0, proc.stderr
+        seen[0] = proc.stdout
+        lines = proc.stdout.splitlines()
+        gateway = [
+            line for line in lines if line.startswith(down) and "but the reward gateway has 0/" in line
+        ]
+        pods = [
+            line for line in lines
+            if line.startswith("  reward (") and f": {reasons.UNSCHEDULABLE}: " in line
+            and "didn't match Pod's node affinity/selector" in line
+        ]  # fmt: skip
+        return bool(gateway and pods)
+
+    try:
+        op_harness.wait_for(
+            f"treadle status {name} to name the reward gateway", blocked, timeout=60, interval=2
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nlast output:\n{seen[0]}") from None
