@@ -20,7 +20,9 @@ import asyncio
 import base64
 import collections
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -304,14 +306,18 @@ def test_deleting_the_buffer_placement_env_and_reward_pods_in_turn_loses_no_row(
 ) -> None:
     """Issue 18's fault suite on running pods: from step 2, one of the job's buffer, placement,
     environment and reward pods is deleted every 2 steps (the buffer's rows live in the chart's
-    Redis; placement, the environment and the reward gateway hold nothing a restart may lose). The
-    trainer rides each out (its calls wait out Unavailable), the job never reports a problem beyond
-    pods starting, and every row of epoch 0 still reaches the buffer with its 8 trajectories."""
+    Redis; placement, the environment and the reward gateway hold nothing a restart may lose), then
+    the chart's Redis crashes (its process killed: the container restarts and replays its AOF, and
+    the operator sets up the job's Redis user again). The trainer rides each out (its calls wait out
+    Unavailable), the job never reports a problem beyond pods starting, every row of epoch 0 still
+    reaches the buffer with its 8 trajectories, and no step is trained twice."""
     name = "learn-faults"
     apply(cluster, variant(name, CONFIG_MAP))
     for i, component in enumerate(FAULTS):
         train(cluster, name, steps=2 * (i + 1))
         replace_pod(cluster, name, component)
+    train(cluster, name, steps=2 * (len(FAULTS) + 1))
+    crash_redis(cluster)
     train(cluster, name, steps=STEPS)
     assert_epoch_whole(cluster, name)
     rewards = [float(m.group(3)) for m in STEP_LINE.finditer(trainer_log(cluster, name))]
@@ -327,6 +333,24 @@ def replace_pod(c: kwok.DevCluster, job: str, component: str) -> None:
     c.kubectl("delete", "pod", "-l", f"treadle.dev/job={job},treadle.dev/component={component}")
     after = lambda: {p["metadata"]["name"] for p in ready_pods(c, job, component)} - before  # noqa: E731
     poll(after, f"a new {component} pod of {job} ready", 240)
+
+
+def crash_redis(c: kwok.DevCluster) -> None:
+    """SIGKILL the chart's Redis server (its container crashes: the node agent restarts it on the same
+    AOF); return once the container is ready again."""
+    selector = ["-n", "treadle-system", "-l", "app.kubernetes.io/component=redis"]
+    (pod,) = get(c, "pod", *selector)["items"]
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    pids = subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True, check=True)
+    (pid,) = pids.stdout.split()  # the dev cluster's only Redis: its container's process on this host
+    os.kill(int(pid), signal.SIGKILL)
+
+    def back() -> bool:
+        (now,) = get(c, "pod", *selector)["items"]
+        status = now["status"]["containerStatuses"][0]
+        return bool(status["restartCount"] > restarts and status["ready"])
+
+    poll(back, "the chart's Redis restarted and ready", 120)
 
 
 def assert_epoch_whole(c: kwok.DevCluster, name: str) -> None:
