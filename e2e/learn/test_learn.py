@@ -300,30 +300,43 @@ FAULTS = ("buffer", "placement", "env", "reward")
 """The job's pods deleted in turn by the next test, one every 2 steps: each comes back as a new pod."""
 
 
+RESUMED = re.compile(r"resumed from version (\d+)'s weights, after step (\d+)")
+
+
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 900)
-def test_deleting_the_buffer_placement_env_and_reward_pods_in_turn_loses_no_row(
+def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twice(
     cluster: kwok.DevCluster,
 ) -> None:
     """Issue 18's fault suite on running pods: from step 2, one of the job's buffer, placement,
     environment and reward pods is deleted every 2 steps (the buffer's rows live in the chart's
     Redis; placement, the environment and the reward gateway hold nothing a restart may lose), then
     the chart's Redis crashes (its process killed: the container restarts and replays its AOF, and
-    the operator sets up the job's Redis user again). The trainer rides each out (its calls wait out
-    Unavailable), the job never reports a problem beyond pods starting, every row of epoch 0 still
-    reaches the buffer with its 8 trajectories, and no step is trained twice."""
+    the operator sets up the job's Redis user again), then the trainer's pod is deleted (its Job
+    starts another, which goes on from the committed version's weights and step). The trainer rides
+    each service restart out (its calls wait out Unavailable), the job never reports a problem
+    beyond pods starting and its STEP never goes back, every row of epoch 0 still reaches the buffer
+    with its 8 trajectories, and no step is trained twice."""
     name = "learn-faults"
     apply(cluster, variant(name, CONFIG_MAP))
+    shown: list[tuple[int, int]] = []
     for i, component in enumerate(FAULTS):
-        train(cluster, name, steps=2 * (i + 1))
+        shown += train(cluster, name, steps=2 * (i + 1))[0]
         replace_pod(cluster, name, component)
-    train(cluster, name, steps=2 * (len(FAULTS) + 1))
+    shown += train(cluster, name, steps=2 * (len(FAULTS) + 1))[0]
     crash_redis(cluster)
-    train(cluster, name, steps=STEPS)
+    shown += train(cluster, name, steps=2 * (len(FAULTS) + 2))[0]
+    replace_pod(cluster, name, "trainer")
+    shown += train(cluster, name, steps=STEPS)[0]
     assert_epoch_whole(cluster, name)
-    rewards = [float(m.group(3)) for m in STEP_LINE.finditer(trainer_log(cluster, name))]
-    steps = [int(m.group(1)) for m in STEP_LINE.finditer(trainer_log(cluster, name))]
-    assert len(steps) == len(set(steps)) >= STEPS, steps  # no step trained twice
-    print(f"{name}: rewards per step {rewards}")
+    steps_shown = [step for step, _ in shown]
+    assert steps_shown == sorted(steps_shown), shown  # kubectl's STEP never went back
+    log = trainer_log(cluster, name)  # the second trainer's
+    resumed = RESUMED.search(log)
+    assert resumed and int(resumed[2]) >= 2 * (len(FAULTS) + 2), log[:2000]
+    steps = [int(m.group(1)) for m in STEP_LINE.finditer(log)]
+    assert steps == list(range(int(resumed[2]) + 1, STEPS + 1)), steps  # none again, none skipped
+    print(f"{name}: the second trainer resumed at version {resumed[1]}, step {resumed[2]}; rewards "
+          f"{[float(m.group(3)) for m in STEP_LINE.finditer(log)]}")  # fmt: skip
     delete(cluster, name)
 
 

@@ -19,9 +19,12 @@ a published version (``treadle.client.swapper.ClusterSwapper`` over placement's 
 their agents (RollArt's suspend, pull, apply under pause, resume; ``docs/WEIGHT_SYNC.md``). Whether
 the engines load real weights is placement's setting (``--[no-]apply-weights``), not the trainer's.
 
-A restarted trainer continues the version numbers (it starts at the scheduler's committed version
-and publishes after the newest version in the store) but trains again from the base checkpoint:
-optimizer state and weights are not checkpointed yet, and its steps count from 1 again.
+A restarted trainer (its pod deleted, evicted or crashed) goes on where the job is: from the
+scheduler's committed version and step, with the weights of that version pulled from the job's
+weight store (every committed version stays there until it leaves the staleness window), training
+only the steps left and publishing after the newest version in the store. The optimizer's moments
+are not checkpointed: Adam starts again from zero (its first updates after a restart are
+bias-corrected as a first step's are).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from treadle.client import connect
 from treadle.client import swapper as swapper_mod
 from treadle.services import podenv
 from treadle.trainer import exporter, grpo, loop, policy
-from treadle.weights import loader
+from treadle.weights import loader, pull
 
 PROG = "python -m treadle.trainer.job"
 TINY_MODEL = re.compile(r"tiny-llama-seed(\d+)")
@@ -61,12 +64,24 @@ def model_path(model: str) -> Path:
     return loader.model_dir(model)
 
 
-def loop_config(cfg: jobconfig.TrainerConfig) -> loop.Config:
+def loop_config(cfg: jobconfig.TrainerConfig, *, steps_done: int = 0) -> loop.Config:
     return loop.Config(
         steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, temperature=cfg.temperature,
         loss=grpo.LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high),
-        batch_timeout_s=cfg.batch_timeout_s,
+        batch_timeout_s=cfg.batch_timeout_s, steps_done=steps_done,
     )  # fmt: skip
+
+
+def resume(pol: policy.Policy, conn: connect.Connection, version: int) -> None:
+    """Load the weights the job committed as ``version`` (a restart) into ``pol``; NotFound, naming the
+    version, when the store no longer holds it (then the learned policy is lost, which is said, not
+    hidden by training on from the base checkpoint)."""
+    reader = pull.Reader(conn.weights.store, conn.weights.prefix)
+    try:
+        snapshot = reader.pull(version, kind="torch")
+        pol.model.load_state_dict(snapshot.tensors)
+    finally:
+        reader.close()
 
 
 def swapper(conn: connect.Connection, job: jobconfig.JobConfig, agent: str) -> loop.Swapper:
@@ -95,13 +110,21 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
         # A restarted trainer goes on from the version the job committed, not from 0. The trainer's
         # pod may start before the scheduler's Service name resolves: waited for, not a restart.
         what = f"the scheduler at {conn.endpoints.scheduler}"
-        conn.publisher.committed = (await connect.wait_for(conn.scheduler.stats, what=what)).version
+        at = await connect.wait_for(conn.scheduler.stats, what=what)
+        conn.publisher.committed, steps_done = at.version, min(at.step, cfg.steps)
         echo(
             f"[{PROG}] job {job.job}: agent {cfg.agent}, model {path}; {cfg.steps} steps of {cfg.batch_size} "
             f"trajectories, alpha {cfg.alpha}; from version {conn.publisher.committed}"
         )
+        if steps_done >= cfg.steps:
+            echo(f"[{PROG}] the job committed its last step ({steps_done}) already: nothing to train")
+            return []
+        if conn.publisher.committed > 0:
+            await asyncio.to_thread(resume, pol, conn, conn.publisher.committed)
+            version = conn.publisher.committed
+            echo(f"[{PROG}] resumed from version {version}'s weights, after step {steps_done}")
         batches = conn.batches(
-            batch_size=cfg.batch_size, timeout_s=cfg.batch_timeout_s, max_batches=cfg.steps
+            batch_size=cfg.batch_size, timeout_s=cfg.batch_timeout_s, max_batches=cfg.steps - steps_done
         )
         trainer = loop.Trainer(
             pol,
@@ -109,7 +132,7 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
             publisher=conn.publisher,
             gate=conn.scheduler,
             swapper=swapper(conn, job, cfg.agent),
-            config=loop_config(cfg),
+            config=loop_config(cfg, steps_done=steps_done),
             echo=echo,
             observe=step_metrics.observe,
         )
@@ -118,7 +141,8 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
         await conn.aclose()
     if history:
         echo(
-            f"[{PROG}] mean reward {history[0].mean_reward:.3f} (step 1) -> {history[-1].mean_reward:.3f} "
+            f"[{PROG}] mean reward {history[0].mean_reward:.3f} (step {history[0].step}) -> "
+            f"{history[-1].mean_reward:.3f} "
             f"(step {history[-1].step}); version {history[-1].published} committed"
         )
     return history

@@ -63,11 +63,15 @@ class Config:
     batch_timeout_s: float = 120.0
     restart_wait_s: float = 300.0
     """How long a scheduler or placement that does not answer (restarting) is waited for, per call."""
+    steps_done: int = 0
+    """Steps an earlier run of this trainer committed (a restart goes on after them, to ``steps``)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise errors.SpecError("must be >= 1", field=name, value=getattr(self, name))
+        if not 0 <= self.steps_done < self.steps:
+            raise errors.SpecError(f"must be in [0, {self.steps})", field="steps_done", value=self.steps_done)
         if not self.lr > 0:
             raise errors.SpecError("must be > 0", field="lr", value=self.lr)
 
@@ -175,7 +179,7 @@ class Trainer:
     async def run(self) -> list[StepRecord]:
         """``config.steps`` iterations; the last published version is swapped in and committed too."""
         pending: StepRecord | None = None
-        step = 0
+        step = self.config.steps_done
         waiting = time.perf_counter()
         async for batch in self.batches:
             step += 1

@@ -372,6 +372,7 @@ class SchedulerStats(_message.Message):
     STAGE_SECONDS_FIELD_NUMBER: _builtins.int
     PREEMPTIONS_FIELD_NUMBER: _builtins.int
     TURNS_BY_AGENT_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     suspended: _builtins.bool
     submitted: _builtins.int
@@ -387,6 +388,10 @@ class SchedulerStats(_message.Message):
     env_retries: _builtins.int
     preemptions: _builtins.int
     """Running generations preempted (ABORTed and re-queued) for higher-ranked waiting turns."""
+    step: _builtins.int
+    """The training step of the committed version, as its commit said (0: none said): a restarted
+    trainer goes on from it.
+    """
     @_builtins.property
     def failed_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -418,10 +423,11 @@ class SchedulerStats(_message.Message):
         stage_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         preemptions: _builtins.int = ...,
         turns_by_agent: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "completed", b"completed", "env_retries", b"env_retries", "failed", b"failed", "failed_by_reason", b"failed_by_reason", "in_flight", b"in_flight", "pending", b"pending", "preemptions", b"preemptions", "stage_seconds", b"stage_seconds", "submitted", b"submitted", "suspended", b"suspended", "tasks", b"tasks", "turns", b"turns", "turns_by_agent", b"turns_by_agent", "unsaved", b"unsaved", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "completed", b"completed", "env_retries", b"env_retries", "failed", b"failed", "failed_by_reason", b"failed_by_reason", "in_flight", b"in_flight", "pending", b"pending", "preemptions", b"preemptions", "stage_seconds", b"stage_seconds", "step", b"step", "submitted", b"submitted", "suspended", b"suspended", "tasks", b"tasks", "turns", b"turns", "turns_by_agent", b"turns_by_agent", "unsaved", b"unsaved", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

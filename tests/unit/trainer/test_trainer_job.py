@@ -8,17 +8,20 @@ workers, and ``treadle.client.connect`` finding every endpoint in the pod's envi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 from typing import Any
 
 import pytest
+import torch
 
 from treadle import errors
 from treadle.api import env_vars, jobconfig, v1alpha1
 from treadle.client import connect, retrying
 from treadle.services.placement import protocol as placement_protocol
 from treadle.trainer import job as trainer_job
+from treadle.trainer import policy
 from treadle.weights import objects
 
 SPEC: dict[str, Any] = {
@@ -226,3 +229,25 @@ async def test_other_errors_are_not_waited_out() -> None:
 
     with pytest.raises(errors.SpecError):
         await connect.wait_for(refused, what="the scheduler", sleep=Flaky(0).sleep)
+
+
+async def test_a_restarted_trainer_loads_the_weights_the_job_committed(
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+) -> None:
+    """``resume``: the committed version's tensors, from the job's weight store, replace the base
+    checkpoint's; a version the store no longer holds is NotFound, naming it."""
+    conn = connect.connect(environ=pod_env(tmp_path), keep_versions=3)
+    try:
+        trained = policy.load(tiny_model_dir)
+        with torch.no_grad():
+            for p in trained.model.parameters():
+                p.add_(0.5)
+        await asyncio.to_thread(conn.weights.publish, trained.model.state_dict(), 4)
+        fresh = policy.load(tiny_model_dir)
+        trainer_job.resume(fresh, conn, 4)
+        got, want = fresh.model.state_dict(), trained.model.state_dict()
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        with pytest.raises(errors.NotFound, match="version 9"):
+            trainer_job.resume(fresh, conn, 9)
+    finally:
+        await conn.aclose()

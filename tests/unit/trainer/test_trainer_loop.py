@@ -157,3 +157,23 @@ def test_turns_without_output_are_skipped() -> None:
     )
     seqs, owner = loop.sequences(batch)
     assert owner == [1] and seqs == [([3, 10, 11, 12], [7], [-6.0])]
+
+
+async def test_a_restarted_trainer_numbers_its_steps_after_those_done_and_stops_at_the_last(
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+) -> None:
+    """A trainer restarted after 3 of 5 steps were committed trains steps 4 and 5 only."""
+    rec = Recorder()
+    weights = publish.Publisher(objects.FileStore(tmp_path / "w"), PREFIX, bucket_bytes=1 << 20)
+    pub = publisher.Publisher(weights, committer=rec)
+    trainer = loop.Trainer(
+        policy.load(tiny_model_dir), batches=batches.Batches(rec, batch_size=2, version=lambda: pub.committed,
+                                                             max_batches=2),
+        publisher=pub, gate=rec, swapper=rec,
+        config=loop.Config(steps=5, batch_size=2, lr=1e-2, restart_wait_s=0.1, steps_done=3),
+    )  # fmt: skip
+    history = await trainer.run()
+    assert [r.step for r in history] == [4, 5]
+    assert [step for _, step, _ in rec.progress] == [4, 5]  # the job's status.step goes on, never back
+    with pytest.raises(errors.SpecError, match="steps_done"):
+        loop.Config(steps=5, steps_done=5)

@@ -166,6 +166,8 @@ class Stats:
     stage_seconds: dict[str, float]
     preemptions: int
     turns_by_agent: dict[str, int]
+    step: int = 0
+    """The training step of the committed version, as its commit said (0: none said)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -224,7 +224,7 @@ class SchedulerService:
         return self.tally.stats(
             version=self.version, suspended=self.gate.suspended,
             pending=self.admission.pending_trajectories, in_flight=len(self.loop.inflight),
-            unsaved=self.saver.unsaved,
+            unsaved=self.saver.unsaved, step=self.progress.step,
         )  # fmt: skip
 
     def list_trajectories(self, limit: int = 0) -> protocol.Listing:

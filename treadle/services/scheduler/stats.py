@@ -123,7 +123,7 @@ class Tally:
         self.metrics.trajectories_of(traj.task, traj.status).inc()
 
     def stats(
-        self, *, version: int, suspended: bool, pending: int, in_flight: int, unsaved: int
+        self, *, version: int, suspended: bool, pending: int, in_flight: int, unsaved: int, step: int = 0
     ) -> protocol.Stats:
         counts = self.per_task.values()
         return protocol.Stats(
@@ -139,7 +139,7 @@ class Tally:
                 for name, c in sorted(self.per_task.items())
             ),
             stage_seconds=dict(self.stage_totals), preemptions=self.preemptions,
-            turns_by_agent=dict(self.turns_by_agent),
+            turns_by_agent=dict(self.turns_by_agent), step=step,
         )  # fmt: skip
 
 
