@@ -11,9 +11,12 @@ the chart's ``relabel_configs`` run unchanged. The job is ``learn.yaml`` under a
 rows from a ConfigMap (as ``test_learn``'s), trained a few steps, so trainer, weight sync and every
 service have reported.
 
+A second job (``tangram_variant``: the same rows scored by two SIMULATED reward models sharing two of
+the GPU node's SIMULATED GPUs, in the reward gateway's pod) feeds the External resources dashboard.
 The multi-agent dashboard is the one left out: its panels are about moves between two agents'
-workers, which a single-agent job never makes; ``tests/integration/foundation/test_dashboards_prometheus``
-runs them against a two-agent job in local mode.
+workers, which needs two inference pools of real vLLM on this 2-core machine;
+``tests/integration/foundation/test_dashboards_prometheus`` runs them against a two-agent job in
+local mode.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ STEPS = 3
 SCRAPE_INTERVAL = "2s"
 KUBE_VERSION = "1.34.0"
 COMPONENTS = {"scheduler", "placement", "buffer", "env", "reward", "feeder", "pool", "trainer"}
-# learn.yaml has one agent (no worker moves between agents) and no external resources (no sandboxed
-# run, no reward model, no quota): tests/integration/foundation/test_dashboards_prometheus.py runs
-# those two dashboards against local jobs that use them.
+# learn.yaml has one agent (no worker moves between agents) and no external resources: the External
+# resources dashboard has a job of its own (``tangram_variant``); the multi-agent one runs against a
+# local job in tests/integration/foundation/test_dashboards_prometheus.py.
 DASHBOARDS = [d for d in catalog.ALL if d not in (catalog.MULTI_AGENT, tangram.TANGRAM)]
+TANGRAM_NAME = "learn-tangram"
 DATA_TIMEOUT_S = 90.0
 """How long a query may stay empty after training: a rate needs two samples in its window."""
 
@@ -75,20 +79,49 @@ def prometheus(cluster: kwok.DevCluster) -> Iterator[prometheus_server.Prometheu
             yield prom
 
 
-def scraped(prom: prometheus_server.PrometheusServer) -> set[str]:
-    """The components of the job whose pods Prometheus scrapes now (``up == 1``)."""
-    up = prom.query(f'up{{namespace="{NAMESPACE}", job="{NAME}"}} == 1')
+def scraped(prom: prometheus_server.PrometheusServer, job: str = NAME) -> set[str]:
+    """The components of ``job`` whose pods Prometheus scrapes now (``up == 1``)."""
+    up = prom.query(f'up{{namespace="{NAMESPACE}", job="{job}"}} == 1')
     return {r["metric"].get("component", "") for r in up}
 
 
-def queries(dashboard: model.Dashboard) -> list[tuple[str, str]]:
-    """(panel title, expression as Grafana sends it with this job selected) of every target."""
+def queries(dashboard: model.Dashboard, job: str = NAME) -> list[tuple[str, str]]:
+    """(panel title, expression as Grafana sends it with ``job`` selected) of every target."""
     rendered = model.render(dashboard)
     return [
-        (p["title"], model.resolve(t["expr"], namespace=NAMESPACE, job=NAME))
+        (p["title"], model.resolve(t["expr"], namespace=NAMESPACE, job=job))
         for p in rendered["panels"]
         for t in p["targets"]
     ]
+
+
+def without_data(
+    prom: prometheus_server.PrometheusServer, todo: set[tuple[str, str, str]], timeout_s: float
+) -> set[tuple[str, str, str]]:
+    """Of (dashboard, panel, expression), those still returning nothing after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while todo and time.monotonic() < deadline:
+        todo = {(d, title, expr) for d, title, expr in todo if not prom.query(expr)}
+        if todo:
+            time.sleep(3)
+    return todo
+
+
+def tangram_variant() -> dict[str, Any]:
+    """``learn.yaml``'s rows in two tasks scored by two SIMULATED reward models (``judge:small``,
+    ``judge:large``, as ``manifests/local/tangram.yaml``) sharing 2 SIMULATED GPUs: ARL-Tangram's GPU
+    actions, restores from host memory and evictions; no trainer (the window fills and admission stops,
+    which is enough to read the dashboard)."""
+    job = learn.variant(TANGRAM_NAME, learn.CONFIG_MAP, pools=1)
+    (task,) = job["spec"]["tasks"]
+    job["spec"]["tasks"] = [task | {"name": "small", "reward": "judge:small"},
+                            task | {"name": "large", "reward": "judge:large"}]  # fmt: skip
+    job["spec"]["externalResources"] = {
+        "rewardModelGpus": 2, "rewardModelGpuMemoryGb": 0.1,
+        "rewardModels": [{"name": "small", "model": "judge-small", "weightsGb": 0.02},
+                         {"name": "large", "model": "judge-large", "weightsGb": 0.1, "parallelism": [1, 2]}],
+    }  # fmt: skip
+    return job
 
 
 @pytest.mark.timeout(learn.TRAIN_TIMEOUT_S + 600)
@@ -106,12 +139,9 @@ def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
         "operator not scraped"
     )
 
-    todo = {(d.title, title, expr) for d in DASHBOARDS for title, expr in queries(d)}
-    deadline = time.monotonic() + DATA_TIMEOUT_S
-    while todo and time.monotonic() < deadline:
-        todo = {(d, title, expr) for d, title, expr in todo if not prometheus.query(expr)}
-        if todo:
-            time.sleep(3)
+    todo = without_data(
+        prometheus, {(d.title, title, expr) for d in DASHBOARDS for title, expr in queries(d)}, DATA_TIMEOUT_S
+    )
     assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
     # The variables list the job (and its namespace) for every dashboard.
     for dashboard in DASHBOARDS:
@@ -128,3 +158,24 @@ def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
                 end=time.time(), out=folder, source=f"job {NAME}, namespace {NAMESPACE}, dev cluster",
             )  # fmt: skip
     learn.delete(cluster, NAME)
+
+
+@pytest.mark.timeout(900)
+def test_every_external_resources_query_returns_data_from_a_job_with_reward_models(
+    cluster: kwok.DevCluster, prometheus: prometheus_server.PrometheusServer
+) -> None:
+    """The External resources (ARL-Tangram) dashboard from the pods of ``tangram_variant``: its reward
+    gateway's pod holds the 2 GPUs and serves both models, restoring each from host memory on demand."""
+    began = time.time()
+    learn.apply(cluster, tangram_variant())
+    learn.poll(lambda: scraped(prometheus, TANGRAM_NAME) >= {"reward", "pool", "scheduler"},
+               f"the pods of {TANGRAM_NAME} scraped", 300)  # fmt: skip
+    todo = {(tangram.TANGRAM.title, title, expr) for title, expr in queries(tangram.TANGRAM, TANGRAM_NAME)}
+    todo = without_data(prometheus, todo, 300)  # vLLM on CPU starts in 60-100 s; then the judges score
+    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
+    if folder := pictures.folder():
+        pictures.draw(
+            tangram.TANGRAM, prometheus, variables={"namespace": NAMESPACE, "job": TANGRAM_NAME}, start=began,
+            end=time.time(), out=folder, source=f"job {TANGRAM_NAME}, namespace {NAMESPACE}, dev cluster",
+        )  # fmt: skip
+    learn.delete(cluster, TANGRAM_NAME)

@@ -234,12 +234,13 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FeedTask:
-    """A dataset task as the feeder feeds it."""
+    """A task as the feeder feeds it: a dataset's rows, or its environment's seeds."""
 
     index: int
     """The task's index in ``spec.tasks`` (errors name ``spec.tasks[index].dataset``)."""
     name: str
-    dataset: dataset_api.Dataset
+    dataset: dataset_api.Dataset | None
+    """None: the task draws its prompts from its environment's seeds 0, 1, 2, ... (``feeding.Seeds``)."""
     members: int
     """Trajectories per group (group size plus redundancy), as the scheduler counts them."""
     weight: float
@@ -248,7 +249,7 @@ class FeedTask:
 @dataclasses.dataclass(frozen=True)
 class FeederConfig:
     tasks: tuple[FeedTask, ...]
-    """The job's dataset tasks, in ``spec.tasks`` order (none: the job renders no feeder)."""
+    """Every task of the job, in ``spec.tasks`` order."""
     target_pending: int
     """Trajectories the feeder keeps waiting for admission: ``spec.rollout.batchSize``."""
     hf_cache: str | None
@@ -411,7 +412,6 @@ def feeder_config(spec: v1alpha1.RolloutJobSpec) -> FeederConfig:
                                    redundancy=t.redundancy).members,
             )
             for i, t in enumerate(spec.tasks)
-            if t.dataset is not None
         ),
         target_pending=spec.rollout.batch_size,
         hf_cache=spec.feeder.hugging_face_cache,

@@ -18,7 +18,6 @@ from typing import Any, Literal
 from treadle.api import v1alpha1
 from treadle.operator import reasons, render
 from treadle.operator.render import common as render_common
-from treadle.operator.render import feeder as render_feeder
 
 
 @dataclass(frozen=True)
@@ -125,8 +124,7 @@ def _components(job: v1alpha1.RolloutJob) -> list[tuple[str, str, str | None]]:
         (render_common.child_name(job, "env"), "env", None),
         (render_common.child_name(job, "reward"), "reward", None),
     ]
-    if render_feeder.dataset_tasks(job):
-        out.append((render_common.child_name(job, "feeder"), "feeder", None))
+    out.append((render_common.child_name(job, "feeder"), "feeder", None))
     out += [(render_common.child_name(job, "pool", p.name), "pool", p.name) for p in job.spec.pools]
     return out
 
@@ -138,8 +136,7 @@ def _classify(job: v1alpha1.RolloutJob, observed: Observed) -> tuple[str, str] |
     by_reason: dict[str, list[PodProblem]] = {}
     problems = list(observed.problems)
     said = str(job.metadata.get("annotations", {}).get(v1alpha1.FEEDER_PROBLEM_ANNOTATION, ""))
-    # Only while the job has a feeder: one removed with its datasets can no longer clear what it said.
-    if said and render_feeder.dataset_tasks(job):
+    if said:
         problems.append(PodProblem("feeder", None, reasons.DATASET_UNUSABLE, said))
     for problem in problems:
         by_reason.setdefault(problem.reason, []).append(problem)

@@ -18,6 +18,10 @@ group starts, so the staleness window stays the scheduler's alone.
 
 Invariants (tests): over a whole run every (epoch, row) is taken exactly once, epochs in order;
 taking in chunks of any sizes gives the same sequence (``run_to_completion``).
+
+Seeds. A task without a dataset draws its prompts from its environment's seeds: ``Seeds`` takes
+0, 1, 2, ... in order (the environment makes each seed's problem; seeds need no shuffle), as one
+epoch without end: the job's trainer, or whoever consumes the batches, decides when it has enough.
 """
 
 from __future__ import annotations
@@ -83,6 +87,31 @@ class Shuffle:
     def fed(self, pos: Position) -> int:
         """Rows taken before ``pos`` over every epoch."""
         return min(pos.epoch, self.epochs) * self.rows + (0 if self.done(pos) else pos.offset)
+
+
+class Seeds:
+    """The feeding order of a task without a dataset: seeds 0, 1, 2, ... in one epoch without end;
+    a slot's ``row`` is its seed."""
+
+    rows = 0
+    """No dataset rows."""
+
+    def done(self, pos: Position) -> bool:
+        return False
+
+    def take(self, pos: Position, count: int) -> tuple[list[Slot], Position]:
+        """The next ``count`` seeds from ``pos`` and the position after them."""
+        end = pos.offset + max(count, 0)
+        slots = [Slot(pos.epoch, offset, offset) for offset in range(pos.offset, end)]
+        return slots, Position(pos.epoch, end)
+
+    def fed(self, pos: Position) -> int:
+        """Seeds taken before ``pos``."""
+        return pos.offset
+
+
+Order = Shuffle | Seeds
+"""How a task's groups are drawn: a dataset's rows (``Shuffle``) or its environment's seeds (``Seeds``)."""
 
 
 def wanted_groups(

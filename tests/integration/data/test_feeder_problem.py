@@ -124,7 +124,7 @@ async def test_a_feeder_with_an_unusable_dataset_stays_up_says_why_and_recovers(
                 await until("/healthz 200 after the fix", lambda: healthz(200))
                 assert _said(patches)[-1] is None
                 feeds = (await http.get(f"{url}/v1/feeds")).json()
-                assert [(f["task"], f["rows"]) for f in feeds] == [("rows", 8)]
+                assert [(f["task"], f["rows"]) for f in feeds] == [("seeds", 0), ("rows", 8)]
         finally:
             if proc.returncode is None:
                 proc.terminate()

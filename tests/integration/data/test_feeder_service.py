@@ -234,3 +234,42 @@ async def test_a_feeder_dying_mid_submit_neither_repeats_nor_skips(
     stats = await _settled(scheduler_svc)
     assert stats.submitted == ROWS * EPOCHS * GROUP
     _check_every_row_once_per_epoch(await _take(results, stats.submitted))
+
+
+async def test_a_task_without_a_dataset_is_fed_its_environments_seeds_and_a_restart_goes_on(
+    redis: aioredis.Redis, scheduler_svc: service.SchedulerService
+) -> None:
+    """math-tool's own problems, seed by seed (``feeding.Seeds``), as a cluster feeds the examples:
+    a feeder dying after the scheduler took its third batch, and a fresh one resuming from Redis,
+    together feed seeds 0, 1, 2, ... with none skipped and none run twice; every group scores."""
+    spec = v1alpha1.parse_spec({
+        "agents": [{"name": "a", "model": "m"}],
+        "pools": [{"name": "decode", "agent": "a", "accelerator": "H20"}],
+        "tasks": [{"name": "math", "agents": ["a"], "environment": "math-tool", "reward": "math",
+                   "groupSize": GROUP}],
+    })  # fmt: skip
+    namespace = uuid.uuid4().hex
+    results = scheduler_svc.results()
+    dying = Scheduler(scheduler_svc, crash_at=3, after=True)
+    feed = _feeder(spec, redis, namespace, dying)
+    await feed.restore()
+    with pytest.raises(Crash):
+        for _ in range(100):
+            await feed.tick()
+            await asyncio.sleep(0.005)
+    resumed = Scheduler(scheduler_svc)
+    feed = _feeder(spec, redis, namespace, resumed)
+    await feed.restore()
+    for _ in range(20):
+        await feed.tick()
+        await asyncio.sleep(0.005)
+    assert resumed.calls[0] == dying.calls[-1]  # the unacknowledged batch goes again first
+    fed = sorted({int(g.rsplit(":s", 1)[1]) for call in dying.calls + resumed.calls for g in call})
+    assert fed == list(range(len(fed))) and len(fed) > 3 * 2  # seeds 0, 1, 2, ...: none skipped
+    stats = await _settled(scheduler_svc)
+    assert stats.submitted == len(fed) * GROUP  # the batch sent twice ran once
+    done = await _take(results, stats.submitted)
+    unsolved = [r for r in done if r.status != "completed" or r.reward != 1.0]
+    assert not unsolved, unsolved[:3]
+    assert feed.status() == [{"task": "math", "epoch": 0, "offset": len(fed), "rows": 0, "fed": len(fed),
+                              "done": False}]  # fmt: skip

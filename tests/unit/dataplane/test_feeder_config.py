@@ -83,12 +83,18 @@ def test_an_unusable_dataset_exits_2_naming_its_field(
     assert "spec.tasks[1].dataset.answerColumn: no column 'solution'" in err, err
 
 
-def test_only_dataset_tasks_are_read_with_their_members_and_weights() -> None:
+def test_every_task_is_fed_with_its_members_and_weights_a_seed_task_its_seeds() -> None:
     spec = v1alpha1.parse_spec(_spec(EXAMPLE, groupSize=4, redundancy=0.5, weight=2.0))
     datasets = service.read_datasets(jobconfig.feeder_config(spec), mount=dataset_api.CONFIG_MAP_MOUNT)
-    assert [d.task.index for d in datasets] == [1] and len(datasets[0].rows) == 64
+    assert [(d.task.index, len(d.rows)) for d in datasets] == [(0, 0), (1, 64)]
     unconnected = aioredis.Redis.from_url("redis://127.0.0.1:1")  # builds no connection until used
-    (feed,) = service.feeds(datasets, client=unconnected, namespace="ns")
+    seeds, feed = service.feeds(datasets, client=unconnected, namespace="ns")
+    first = seeds.groups(seeds.position, 3)
+    assert [(g.group_id, g.seed, g.options_json) for g in first] == [
+        (f"{seeds.task}:s{i}", i, "") for i in range(3)
+    ]
+    assert seeds.store.key == f"treadle:feed:{{ns}}:{seeds.task}:seeds"
+    assert not seeds.shuffle.done(seeds.position)  # as long as the job runs
     assert (feed.task, feed.members, feed.weight) == ("rows", 6, 2.0)
     assert feed.store.key.startswith("treadle:feed:{ns}:rows:")
     (group,) = feed.groups(feed.position, 1)

@@ -56,10 +56,15 @@ def _pod(children: dict[tuple[str, str], dict[str, Any]], name: str) -> dict[str
     return pod
 
 
-def test_a_job_without_datasets_renders_no_feeder() -> None:
+def test_a_job_without_datasets_gets_a_feeder_of_its_environments_seeds() -> None:
+    """Nothing else submits a task without a dataset in a cluster: before the feeder fed seeds, the
+    examples applied, reconciled and sat at STEP 0 for ever."""
     job = operator_examples.load_example(operator_examples.ROOT / "manifests/examples/math-tool-h20.yaml")
-    assert not [c for c in render.render_children(job, CFG) if "feeder" in c["metadata"]["name"]]
-    assert "math-tool-feeder" not in render.expected_replicas(job)
+    children = _children(job)
+    assert ("Deployment", "math-tool-feeder") in children
+    assert render.expected_replicas(job)["math-tool-feeder"] == 1
+    pod = _pod(children, "math-tool-feeder")
+    assert not [v for v in pod.get("volumes", []) if "configMap" in v and v["name"].startswith("dataset")]
 
 
 def test_the_feeder_is_one_recreated_pod_mounting_every_source() -> None:
@@ -232,7 +237,7 @@ def test_what_the_feeder_says_on_the_job_makes_it_degraded_naming_the_dataset() 
     assert next(c for c in st.conditions if c.type == "Degraded").status == "False"
 
 
-def test_a_feeder_problem_left_on_a_job_without_datasets_is_ignored() -> None:
+def test_a_feeder_problem_degrades_a_job_whatever_its_tasks_read() -> None:
     job = operator_examples.load_example(
         operator_examples.ROOT / "manifests/examples/math-tool-h20.yaml",
         annotations={v1alpha1.FEEDER_PROBLEM_ANNOTATION: "spec.tasks[0].dataset: gone"},
@@ -242,4 +247,4 @@ def test_a_feeder_problem_left_on_a_job_without_datasets_is_ignored() -> None:
         for name, n in render.expected_replicas(job).items()
     }
     st, _ = status.compute(job, status.Observed(deployments=deployments, gpu_capacity={"H20": 8}), now="t")
-    assert st.phase == "Ready"
+    assert st.phase == "Degraded"

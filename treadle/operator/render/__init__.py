@@ -23,7 +23,8 @@ the garbage collector deletes them with J even while the operator is down):
   the feeder runs without a ServiceAccount token.
 - ``J-weights`` Deployment + Service (Mooncake store processes; only for ``weights.store: mooncake``).
 - ``J-env`` Deployment + Service: CPU environment pods.
-- ``J-feeder`` Deployment + Service: the dataset feeder (only for a job with dataset tasks), with a
+- ``J-feeder`` Deployment + Service: the feeder (each dataset task's rows, each other task's
+  environment seeds 0, 1, 2, ...), with a
   ServiceAccount + Role + RoleBinding like the scheduler's: it may patch this one RolloutJob, to say
   why it cannot read a dataset (``v1alpha1.FEEDER_PROBLEM_ANNOTATION``).
 - ``J-reward`` Deployment + Service: the reward gateway, 0 replicas when idle and scale-to-zero.
@@ -59,8 +60,7 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
         out[common.child_name(job, "weights")] = spec.weights.replicas
     out[common.child_name(job, "env")] = spec.environment.replicas
     out[common.child_name(job, "reward")] = backends.reward_replicas(job)
-    if feeder.dataset_tasks(job):
-        out[common.child_name(job, "feeder")] = 1
+    out[common.child_name(job, "feeder")] = 1
     out |= {common.child_name(job, "pool", p.name): p.replicas for p in spec.pools}
     return {name: 0 if spec.suspend else n for name, n in out.items()}
 

@@ -1,4 +1,5 @@
-"""Keep the scheduler supplied with prompt groups made from each dataset task's rows.
+"""Keep the scheduler supplied with prompt groups: each dataset task's rows, and the seeds of each
+task without a dataset (its environment makes the problem from the seed: ``feeding.Seeds``).
 
 Driven by ``__main__`` (``run`` in a loop) and by the tests, with the scheduler injected (the gRPC
 client, or anything with ``submit`` and ``stats``). Each ``tick``:
@@ -53,15 +54,21 @@ def group_id(task: str, epoch: int, row_id: str) -> str:
     return f"{task}:e{epoch}:{row_id}"
 
 
+def seed_group_id(task: str, seed: int) -> str:
+    """A seed task's group id, unique per (task, seed) and stable: the scheduler's dedupe key."""
+    return f"{task}:s{seed}"
+
+
 @dataclasses.dataclass
 class Feed:
-    """One dataset task: its rows (options JSON built once), order, group size and durable position."""
+    """One task: its rows (options JSON built once; none for a seed task), order, group size and
+    durable position."""
 
     task: str
     rows: Sequence[rows_mod.Row]
     options: Sequence[str]
     """``options_json`` of each row's group."""
-    shuffle: feeding.Shuffle
+    shuffle: feeding.Order
     members: int
     """Trajectories per group (group size plus redundancy), as the scheduler counts them."""
     weight: float
@@ -73,6 +80,13 @@ class Feed:
     def groups(self, start: feeding.Position, size: int) -> list[scheduler_pb2.PromptGroup]:
         """The groups of the batch of ``size`` slots from ``start`` (the same on every call)."""
         slots, _ = self.shuffle.take(start, size)
+        if isinstance(self.shuffle, feeding.Seeds):
+            return [
+                scheduler_pb2.PromptGroup(
+                    group_id=seed_group_id(self.task, s.row), task=self.task, seed=s.row
+                )
+                for s in slots
+            ]
         return [
             scheduler_pb2.PromptGroup(
                 group_id=group_id(self.task, s.epoch, self.rows[s.row].row_id),
@@ -86,7 +100,7 @@ class Feed:
 
 @dataclasses.dataclass(frozen=True)
 class TaskRows:
-    """A dataset task's rows as read at start, with each row's group options."""
+    """A task's rows as read at start, with each row's group options (none: a seed task)."""
 
     task: jobconfig.FeedTask
     rows: list[rows_mod.Row]
@@ -94,10 +108,14 @@ class TaskRows:
 
 
 def read_datasets(cfg: jobconfig.FeederConfig, *, mount: PurePosixPath) -> list[TaskRows]:
-    """Every dataset task's rows; ``SpecError`` naming ``spec.tasks[i].dataset...`` for one unusable."""
+    """Every task's rows (a task without a dataset has none); ``SpecError`` naming
+    ``spec.tasks[i].dataset...`` for a dataset that cannot be used."""
     out = []
     hf_cache = Path(cfg.hf_cache) if cfg.hf_cache is not None else None
     for task in cfg.tasks:
+        if task.dataset is None:
+            out.append(TaskRows(task, [], []))
+            continue
         field = f"spec.tasks[{task.index}].dataset"
         rows = reader.load(task.dataset, field=field, mount=mount, hf_cache=hf_cache)
         options = [json.dumps({rows_mod.OPTION: r.option()}, separators=(",", ":")) for r in rows]
@@ -112,15 +130,20 @@ def read_datasets(cfg: jobconfig.FeederConfig, *, mount: PurePosixPath) -> list[
 
 
 def feeds(datasets: Sequence[TaskRows], *, client: aioredis.Redis, namespace: str) -> list[Feed]:
-    """One ``Feed`` per dataset task, its position keyed by the rows' digest (``store``)."""
+    """One ``Feed`` per task, its position keyed by the rows' digest (``store``; ``seeds`` for a task
+    without a dataset)."""
     out = []
     for d in datasets:
         task = d.task
-        digest = hashlib.blake2b("\n".join(d.options).encode(), digest_size=8).hexdigest()
+        order: feeding.Order
+        if task.dataset is None:
+            order, digest = feeding.Seeds(), "seeds"
+        else:
+            digest = hashlib.blake2b("\n".join(d.options).encode(), digest_size=8).hexdigest()
+            order = feeding.Shuffle(len(d.rows), seed=task.dataset.shuffle_seed, epochs=task.dataset.epochs)
         out.append(Feed(
             task=task.name, rows=d.rows, options=d.options, members=task.members, weight=task.weight,
-            shuffle=feeding.Shuffle(len(d.rows), seed=task.dataset.shuffle_seed, epochs=task.dataset.epochs),
-            store=store.PositionStore(client, store.key(namespace, task.name, digest)),
+            shuffle=order, store=store.PositionStore(client, store.key(namespace, task.name, digest)),
         ))  # fmt: skip
     return out
 
