@@ -123,11 +123,10 @@ async def test_killing_an_env_server_loses_no_trajectory(stack: stack_mod.Stack)
             stats.submitted
             == stats.pending + stats.in_flight + stats.unsaved + stats.completed + stats.failed
         )
-        assert stats.failed > 0, "the kill hit no trajectory; the test proves nothing"
-        assert set(stats.failed_by_reason) <= {
-            "environment: step",
-            "environment: step failed after 4 attempts",
-        }
+        # The sessions on env-0 died with it: their trajectories ran again from the start on env-1
+        # (scheduler.admission.Admission.restart) and completed; none failed.
+        assert stats.env_retries > 0, "the kill hit no trajectory; the test proves nothing"
+        assert (stats.completed, stats.failed) == (64, 0), stats.failed_by_reason
         stored = await buffer.stats()
         assert (stored.put, stored.completed, stored.failed) == (64, stats.completed, stats.failed)
         assert sum(stored.failed_by_reason.values()) == stats.failed
