@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -355,7 +356,11 @@ def crash_redis(c: kwok.DevCluster) -> None:
     (pod,) = get(c, "pod", *selector)["items"]
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     pids = subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True, check=True)
-    (pid,) = pids.stdout.split()  # the dev cluster's only Redis: its container's process on this host
+    # Other tests' Redis servers may run too: the container's process has the pod's name as HOSTNAME.
+    hostname = f"HOSTNAME={pod['metadata']['name']}".encode()
+    (pid,) = [
+        p for p in pids.stdout.split() if hostname in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+    ]
     os.kill(int(pid), signal.SIGKILL)
 
     def back() -> bool:

@@ -5,7 +5,8 @@ are not packaged). This stands in for ``kubernetes_sd_configs: [{role: pod}]`` a
 an HTTP service discovery endpoint (``http_sd_configs``) answering, on every refresh, the targets
 role ``pod`` makes of the pods ``list_pods`` returns now, with the same ``__meta_kubernetes_*``
 labels (Prometheus' documentation of role ``pod``), so a scrape job's ``relabel_configs`` run
-unchanged. Init containers and the node/controller labels are left out.
+unchanged; a job's ``namespaces: {names: [...]}`` keeps only the pods of those namespaces, as
+Prometheus does. Init containers and the node/controller labels are left out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import http.server
 import json
 import re
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -72,7 +74,10 @@ def serving(list_pods: Callable[[], Sequence[Mapping[str, Any]]]) -> Iterator[st
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps(pod_targets(list_pods())).encode()
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            namespaces = set(query["namespaces"][0].split(",")) if "namespaces" in query else None
+            pods = [p for p in list_pods() if namespaces is None or p["metadata"]["namespace"] in namespaces]
+            body = json.dumps(pod_targets(pods)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -94,15 +99,29 @@ def serving(list_pods: Callable[[], Sequence[Mapping[str, Any]]]) -> Iterator[st
 
 
 def with_pod_discovery(jobs: Sequence[Mapping[str, Any]], url: str, refresh: str) -> list[dict[str, Any]]:
-    """Scrape jobs with each ``kubernetes_sd_configs: [{role: pod}]`` replaced by ``url``'s ``http_sd``;
-    any other Kubernetes discovery (another role, a namespace filter) is refused, not approximated."""
+    """Scrape jobs with each ``kubernetes_sd_configs: [{role: pod}]`` (optionally with ``namespaces:
+    {names: [...]}``) replaced by ``url``'s ``http_sd``; any other Kubernetes discovery (another role,
+    other selectors) is refused, not approximated."""
     out = []
     for job in jobs:
         job = dict(job)
         sd = job.pop("kubernetes_sd_configs", None)
         if sd is not None:
-            if sd != [{"role": "pod"}]:
-                raise ValueError(f"{job['job_name']}: only kubernetes_sd role pod is emulated, not {sd}")
-            job["http_sd_configs"] = [{"url": url, "refresh_interval": refresh}]
+            names = _namespaces(str(job["job_name"]), sd)
+            where = "" if names is None else "?namespaces=" + ",".join(names)
+            job["http_sd_configs"] = [{"url": url + where, "refresh_interval": refresh}]
         out.append(job)
     return out
+
+
+def _namespaces(job: str, sd: Any) -> list[str] | None:
+    """The namespaces ``[{role: pod, namespaces: {names: [...]}}]`` keeps (None: every one)."""
+    if isinstance(sd, list) and len(sd) == 1 and sd[0] == {"role": "pod"}:
+        return None
+    config = sd[0] if isinstance(sd, list) and len(sd) == 1 and isinstance(sd[0], dict) else {}
+    names = config.get("namespaces", {}).get("names") if set(config) == {"role", "namespaces"} else None
+    if config.get("role") == "pod" and names and config["namespaces"] == {"names": names}:
+        return [str(n) for n in names]
+    raise ValueError(
+        f"{job}: only kubernetes_sd role pod (optionally by namespace names) is emulated, not {sd}"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from treadle.testing import pod_discovery
@@ -48,7 +49,24 @@ def test_only_role_pod_is_replaced_and_other_discovery_is_refused() -> None:
     }
     assert b == jobs[1]
     namespaced = [
-        {"job_name": "c", "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": ["x"]}}]}
+        {"job_name": "c", "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": ["x", "y"]}}]}
     ]
-    with pytest.raises(ValueError, match="only kubernetes_sd role pod"):
-        pod_discovery.with_pod_discovery(namespaced, "u", refresh="2s")
+    (c,) = pod_discovery.with_pod_discovery(namespaced, url, refresh="2s")
+    assert c["http_sd_configs"] == [{"url": f"{url}?namespaces=x,y", "refresh_interval": "2s"}]
+    for other in ({"role": "node"}, {"role": "pod", "selectors": [{"role": "pod"}]},
+                  {"role": "pod", "namespaces": {"names": ["x"], "own_namespace": True}}):  # fmt: skip
+        with pytest.raises(ValueError, match="only kubernetes_sd role pod"):
+            pod_discovery.with_pod_discovery([{"job_name": "d", "kubernetes_sd_configs": [other]}], url, "2s")
+
+
+def test_the_endpoint_keeps_only_the_namespaces_a_job_names() -> None:
+    pods = [
+        {"metadata": {"name": n, "namespace": ns}, "status": {"podIP": f"10.0.0.{i}"},
+         "spec": {"containers": [{"name": "c"}]}}
+        for i, (n, ns) in enumerate((("p", "default"), ("q", "treadle-system"), ("r", "other")))
+    ]  # fmt: skip
+    with pod_discovery.serving(lambda: pods) as url:
+        every = httpx.get(url, timeout=10).json()
+        kept = httpx.get(f"{url}?namespaces=default,treadle-system", timeout=10).json()
+    assert len(every) == 3
+    assert sorted(g["labels"][f"{META}pod_name"] for g in kept) == ["p", "q"]
