@@ -356,11 +356,9 @@ def crash_redis(c: kwok.DevCluster) -> None:
     (pod,) = get(c, "pod", *selector)["items"]
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     pids = subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True, check=True)
-    # Other tests' Redis servers may run too: the container's process has the pod's name as HOSTNAME.
-    hostname = f"HOSTNAME={pod['metadata']['name']}".encode()
-    (pid,) = [
-        p for p in pids.stdout.split() if hostname in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
-    ]
+    # Other tests' Redis servers may run too: the container's process is a child of the node agent.
+    # (Not its HOSTNAME: Redis writes its process title over the memory /proc/PID/environ shows.)
+    (pid,) = [p for p in pids.stdout.split() if b"treadle.devcluster.nodeagent" in _parent_cmdline(p)]
     os.kill(int(pid), signal.SIGKILL)
 
     def back() -> bool:
@@ -369,6 +367,11 @@ def crash_redis(c: kwok.DevCluster) -> None:
         return bool(status["restartCount"] > restarts and status["ready"])
 
     poll(back, "the chart's Redis restarted and ready", 120)
+
+
+def _parent_cmdline(pid: str) -> bytes:
+    parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    return Path(f"/proc/{parent}/cmdline").read_bytes()
 
 
 def assert_epoch_whole(c: kwok.DevCluster, name: str) -> None:
