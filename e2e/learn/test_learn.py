@@ -356,9 +356,10 @@ def crash_redis(c: kwok.DevCluster) -> None:
     (pod,) = get(c, "pod", *selector)["items"]
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     pids = subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True, check=True)
-    # Other tests' Redis servers may run too: the container's process is a child of the node agent.
-    # (Not its HOSTNAME: Redis writes its process title over the memory /proc/PID/environ shows.)
-    (pid,) = [p for p in pids.stdout.split() if b"treadle.devcluster.nodeagent" in _parent_cmdline(p)]
+    # Other Redis servers may run too (the suite's own; another test's dev cluster): the container's
+    # process is a child of this cluster's node agent. (Not found by HOSTNAME: Redis writes its
+    # process title over the memory /proc/PID/environ shows.)
+    (pid,) = [p for p in pids.stdout.split() if _node_agent_of(p) == c.name]
     os.kill(int(pid), signal.SIGKILL)
 
     def back() -> bool:
@@ -369,9 +370,13 @@ def crash_redis(c: kwok.DevCluster) -> None:
     poll(back, "the chart's Redis restarted and ready", 120)
 
 
-def _parent_cmdline(pid: str) -> bytes:
+def _node_agent_of(pid: str) -> str | None:
+    """The cluster whose node agent started process ``pid`` (None: not a node agent's)."""
     parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-    return Path(f"/proc/{parent}/cmdline").read_bytes()
+    args = Path(f"/proc/{parent}/cmdline").read_bytes().decode().split("\0")
+    if "treadle.devcluster.nodeagent" not in args or "--cluster" not in args:
+        return None
+    return args[args.index("--cluster") + 1]
 
 
 def assert_epoch_whole(c: kwok.DevCluster, name: str) -> None:
