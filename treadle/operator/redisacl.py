@@ -74,8 +74,9 @@ class UserKeeper:
             run_id = str(admin.info("server")["run_id"])
             if run_id == self.run_id:
                 return 0
-            first, self.run_id = self.run_id is None, run_id
-            if first:  # the operator just started: every job is reconciled, its user set up, anyway
+            if self.run_id is None:
+                # The operator just started: every job is reconciled, its user set up, anyway.
+                self.run_id = run_id
                 return 0
             count = 0
             for namespace, name, uid in self.jobs():
@@ -90,6 +91,8 @@ class UserKeeper:
                     "ACL", "SETUSER", f"{namespace}/{name}", *rules(f"{namespace}/{name}", password)
                 )
                 count += 1
+            # Only now: a round that failed midway (Redis went away again) is done again, whole.
+            self.run_id = run_id
         log.warning("Redis restarted (run_id %s): set up the Redis users of %d jobs again", run_id, count)
         self.restored += count
         return count

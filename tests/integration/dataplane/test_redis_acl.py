@@ -165,6 +165,11 @@ def test_the_jobs_users_come_back_when_redis_restarts(tmp_path: Path) -> None:
             pytest.raises(redis.exceptions.AuthenticationError),
         ):
             pod.ping()
+        # A round that fails midway (here: after the first user) is done again whole, not taken as done.
+        keeper.jobs = lambda: failing_after_one(known)
+        with pytest.raises(redis.exceptions.ConnectionError):
+            keeper.check()
+        keeper.jobs = lambda: known
         assert keeper.check() == 2
         with redis.Redis.from_url(url, protocol=2) as pod:
             assert pod.ping()
@@ -172,3 +177,9 @@ def test_the_jobs_users_come_back_when_redis_restarts(tmp_path: Path) -> None:
             with pytest.raises(redis.exceptions.NoPermissionError):  # and is as restricted as before
                 pod.get("treadle:buf:{team-a/b}:x")
         assert keeper.check() == 0
+
+
+def failing_after_one(jobs: list[tuple[str, str, str]]) -> Iterator[tuple[str, str, str]]:
+    """``jobs``' first, then Redis gone (what the keeper sees when Redis dies again mid-round)."""
+    yield jobs[0]
+    raise redis.exceptions.ConnectionError("Redis went away mid-round")
