@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import functools
 import json
 import os
 import re
@@ -107,15 +108,44 @@ TRANSIENT = ("PodsNotReady", "Unschedulable")
 """Degraded reasons a starting job passes through (pods not ready yet, nodes being found)."""
 
 
-def problem(status: dict[str, Any], tolerate: tuple[str, ...] = ()) -> dict[str, Any] | None:
-    """The job's Degraded condition when it is not one of the ``TRANSIENT`` ones (or ``tolerate``)."""
+def problem(
+    status: dict[str, Any], tolerate: tuple[str, ...] = (), crashed: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
+    """The job's Degraded condition when it is not one of the ``TRANSIENT`` ones (or ``tolerate``), nor
+    the back-off of a container the test crashed on purpose (``crashed``: container names)."""
     conditions = status.get("conditions", [])
     found = next((x for x in conditions if x["type"] == "Degraded" and x["status"] == "True"), None)
-    return found if found and found["reason"] not in TRANSIENT + tolerate else None
+    if found is None or found["reason"] in TRANSIENT + tolerate:
+        return None
+    message = found.get("message", "")
+    if found["reason"] == "CrashLoopBackOff" and any(f"container {c} keeps" in message for c in crashed):
+        return None
+    return found
+
+
+def crash_logs(c: kwok.DevCluster, job: str, degraded: dict[str, Any]) -> str:
+    """The end of the log of the component a Degraded condition names ("trainer: ..."), the crashed
+    container's included: what CI shows of a crash."""
+    component = re.split(r"[ ,:]", degraded.get("message", ""), maxsplit=1)[0]  # "pool cpu: ..." is a pool
+    selector = f"treadle.dev/job={job},treadle.dev/component={component}"
+    logs = []
+    for previous in ("--previous=true", "--previous=false"):
+        try:
+            logs.append(
+                c.kubectl("logs", "-l", selector, previous, "--all-containers", "--tail=60", "--prefix")
+            )
+        except kwok.ClusterError as exc:  # a diagnostic: the assertion is what fails
+            logs.append(f"(kubectl logs {previous}: {exc})")
+    return "\n".join(logs)
 
 
 def train(
-    c: kwok.DevCluster, name: str, *, steps: int, tolerate: tuple[str, ...] = ()
+    c: kwok.DevCluster,
+    name: str,
+    *,
+    steps: int,
+    tolerate: tuple[str, ...] = (),
+    crashed: tuple[str, ...] = (),
 ) -> tuple[list[tuple[int, int]], list[float]]:
     """Watch the applied job ``name`` until STEP reaches ``steps``.
 
@@ -126,7 +156,8 @@ def train(
 
     def progressed() -> bool:
         status = get(c, "rolloutjob", name).get("status", {})
-        assert problem(status, tolerate) is None, status
+        found = problem(status, tolerate, crashed)
+        assert found is None, (status, crash_logs(c, name, found))
         pair = (int(status.get("step", 0)), int(status.get("policyVersion", 0)))
         if not seen or seen[-1] != pair:
             seen.append(pair)
@@ -301,6 +332,10 @@ def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluste
 
 FAULTS = ("buffer", "placement", "env", "reward")
 """The job's pods deleted in turn by the next test, one every 2 steps: each comes back as a new pod."""
+CRASHES = ("agent", "vllm")
+"""The inference pod's containers crashed in turn by the next test, after the trainer's restart: the pod
+stays, the container restarts in it (the agent with no state but its pod's ``emptyDir``; vLLM on the
+base checkpoint, which its agent must take back to the committed version before it gets a turn)."""
 
 
 RESUMED = re.compile(r"resumed from version (\d+)'s weights, after step (\d+)")
@@ -315,10 +350,12 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     Redis; placement, the environment and the reward gateway hold nothing a restart may lose), then
     the chart's Redis crashes (its process killed: the container restarts and replays its AOF, and
     the operator sets up the job's Redis user again), then the trainer's pod is deleted (its Job
-    starts another, which goes on from the committed version's weights and step). The trainer rides
-    each service restart out (its calls wait out Unavailable), the job never reports a problem
-    beyond pods starting and its STEP never goes back, every row of epoch 0 still reaches the buffer
-    with its 8 trajectories, and no step is trained twice."""
+    starts another, which goes on from the committed version's weights and step), then the inference
+    pod's agent and vLLM containers crash in turn (``CRASHES``). The trainer rides each restart out
+    (its calls wait out Unavailable), the job never reports a problem beyond pods starting (and the
+    back-off of the containers crashed on purpose) and its STEP never goes back, every row of epoch 0
+    still reaches the buffer with its 8 trajectories, no step is trained twice, and none on tokens
+    staler than the bound."""
     name = "learn-faults"
     apply(cluster, variant(name, CONFIG_MAP))
     shown: list[tuple[int, int]] = []
@@ -331,7 +368,15 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     redis_down = ("RedisUnavailable",)
     shown += train(cluster, name, steps=2 * (len(FAULTS) + 2), tolerate=redis_down)[0]
     replace_pod(cluster, name, "trainer")
-    shown += train(cluster, name, steps=STEPS, tolerate=redis_down)[0]
+    for i, container in enumerate(CRASHES):
+        at = 2 * (len(FAULTS) + 3 + i)
+        shown += train(cluster, name, steps=at, tolerate=redis_down, crashed=CRASHES)[0]
+        crash_container(cluster, name, "pool", container)
+        # vLLM comes back on the base checkpoint: its agent takes it to the committed version.
+        (pod,) = ready_pods(cluster, name, "pool")
+        serving = functools.partial(serving_committed, cluster, name, pod)
+        poll(serving, f"the pod serving the committed version after its {container} crashed", 240)
+    shown += train(cluster, name, steps=STEPS, tolerate=redis_down, crashed=CRASHES)[0]
     assert_epoch_whole(cluster, name)
     steps_shown = [step for step, _ in shown]
     assert steps_shown == sorted(steps_shown), shown  # kubectl's STEP never went back
@@ -340,6 +385,12 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     assert resumed and int(resumed[2]) >= 2 * (len(FAULTS) + 2), log[:2000]
     steps = [int(m.group(1)) for m in STEP_LINE.finditer(log)]
     assert steps == list(range(int(resumed[2]) + 1, STEPS + 1)), steps  # none again, none skipped
+    # Through both container crashes no step trained on tokens staler than the bound (vLLM came back on
+    # the base checkpoint: its agent reloaded the committed version before the worker got a turn).
+    staleness = [int(x) for x in re.findall(r"\bstaleness (\d+)", log)]
+    alpha = int(variant(name, CONFIG_MAP)["spec"]["rollout"]["staleness"])
+    assert len(staleness) == len(steps) and max(staleness) <= alpha, staleness
+    print(f"{name}: staleness per step of the second trainer {staleness}")
     print(f"{name}: the second trainer resumed at version {resumed[1]}, step {resumed[2]}; rewards "
           f"{[float(m.group(3)) for m in STEP_LINE.finditer(log)]}")  # fmt: skip
     delete(cluster, name)
@@ -374,10 +425,42 @@ def crash_redis(c: kwok.DevCluster) -> None:
     poll(back, "the chart's Redis restarted and ready", 120)
 
 
+def crash_container(c: kwok.DevCluster, job: str, component: str, container: str) -> None:
+    """SIGKILL ``container`` of ``job``'s ``component`` pod, its whole process group (as the OOM killer
+    takes a container's cgroup); return once the pod's node agent restarted it and it is ready."""
+    (pod,) = ready_pods(c, job, component)
+    pod_name = pod["metadata"]["name"]
+    restarts = {s["name"]: s["restartCount"] for s in pod["status"]["containerStatuses"]}[container]
+    # A container's process runs in its own work directory under its pod's: <ns>_<pod>_<uid>/<name>/work.
+    work = f"_{pod_name}_{pod['metadata']['uid']}/{container}/work"
+    pids = [d.name for d in Path("/proc").iterdir() if d.name.isdigit()]
+    (pid,) = [p for p in pids if _cwd(p).endswith(work) and _node_agent_of(p) == c.name]
+    os.killpg(int(pid), signal.SIGKILL)
+    began = time.monotonic()
+
+    def back() -> bool:
+        now = get(c, "pod", pod_name)
+        status = {s["name"]: s for s in now["status"]["containerStatuses"]}[container]
+        return bool(status["restartCount"] > restarts and status["ready"])
+
+    poll(back, f"{container} of {pod_name} restarted and ready", 300)
+    print(f"{job}: {container} (pid {pid}) killed; restarted and ready in {time.monotonic() - began:.0f}s")
+
+
+def _cwd(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:  # gone meanwhile, or not ours to read
+        return ""
+
+
 def _node_agent_of(pid: str) -> str | None:
     """The cluster whose node agent started process ``pid`` (None: not a node agent's)."""
-    parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-    args = Path(f"/proc/{parent}/cmdline").read_bytes().decode().split("\0")
+    try:
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        args = Path(f"/proc/{parent}/cmdline").read_bytes().decode().split("\0")
+    except OSError:  # the process (or its parent) ended meanwhile
+        return None
     if "treadle.devcluster.nodeagent" not in args or "--cluster" not in args:
         return None
     return args[args.index("--cluster") + 1]
@@ -423,15 +506,7 @@ def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_com
 
     def serving() -> tuple[int, int] | None:
         new = [p for p in ready_pods(cluster, name, "pool") if p["metadata"]["name"] != old]
-        if not new:
-            return None
-        try:
-            info = httpx.get(f"http://{new[0]['status']['podIP']}:8080/weight_info", timeout=5).json()
-        except httpx.HTTPError:
-            return None  # ready, but vLLM answers slowly while its agent loads the version: not yet
-        committed = int(get(cluster, "rolloutjob", name)["status"]["policyVersion"])
-        served = agent_service.parse_version(info.get("weight_version"))
-        return (served, committed) if served == committed else None
+        return serving_committed(cluster, name, new[0]) if new else None
 
     # vLLM's CPU build restarts in 60-100 s; the agent repairs to the committed version right after.
     served, committed = poll(serving, "the new inference pod serving the committed version", 240)
@@ -445,6 +520,17 @@ def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_com
     print(f"learn-swap: fences (s) {swaps_s}; longest {max(swaps_s):.1f}s")
     assert len(swaps_s) >= STEPS and max(swaps_s) <= SWAP_STALL_S, swaps_s
     delete(cluster, name)
+
+
+def serving_committed(c: kwok.DevCluster, job: str, pod: dict[str, Any]) -> tuple[int, int] | None:
+    """(served, committed) once ``pod``'s vLLM serves the version ``job`` committed, else None."""
+    try:
+        info = httpx.get(f"http://{pod['status']['podIP']}:8080/weight_info", timeout=5).json()
+    except httpx.HTTPError:
+        return None  # ready, but vLLM answers slowly while its agent loads the version: not yet
+    committed = int(get(c, "rolloutjob", job)["status"]["policyVersion"])
+    served = agent_service.parse_version(info.get("weight_version"))
+    return (served, committed) if served == committed else None
 
 
 def pod_ip(c: kwok.DevCluster, job: str, component: str) -> str:
