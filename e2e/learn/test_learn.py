@@ -383,6 +383,7 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     log = trainer_log(cluster, name)  # the second trainer's
     resumed = RESUMED.search(log)
     assert resumed and int(resumed[2]) >= 2 * (len(FAULTS) + 2), log[:2000]
+    assert f"resumed Adam's state of version {resumed[1]}" in log, log[:2000]  # and its optimizer with it
     steps = [int(m.group(1)) for m in STEP_LINE.finditer(log)]
     assert steps == list(range(int(resumed[2]) + 1, STEPS + 1)), steps  # none again, none skipped
     # Through both container crashes no step trained on tokens staler than the bound (vLLM came back on

@@ -22,9 +22,9 @@ the engines load real weights is placement's setting (``--[no-]apply-weights``),
 A restarted trainer (its pod deleted, evicted or crashed) goes on where the job is: from the
 scheduler's committed version and step, with the weights of that version pulled from the job's
 weight store (every committed version stays there until it leaves the staleness window), training
-only the steps left and publishing after the newest version in the store. The optimizer's moments
-are not checkpointed: Adam starts again from zero (its first updates after a restart are
-bias-corrected as a first step's are).
+only the steps left and publishing after the newest version in the store. Adam's state of that
+version comes back too (``treadle.trainer.checkpoint``: published beside each version, before it is
+committed), so its next update is the one an uninterrupted trainer would have made.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from treadle.api import env_vars, jobconfig
 from treadle.client import connect
 from treadle.client import swapper as swapper_mod
 from treadle.services import podenv
-from treadle.trainer import exporter, grpo, loop, policy
+from treadle.trainer import checkpoint, exporter, grpo, loop, policy
 from treadle.weights import loader, pull
 
 PROG = "python -m treadle.trainer.job"
@@ -119,12 +119,11 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
         if steps_done >= cfg.steps:
             echo(f"[{PROG}] the job committed its last step ({steps_done}) already: nothing to train")
             return []
-        if conn.publisher.committed > 0:
-            await asyncio.to_thread(resume, pol, conn, conn.publisher.committed)
-            version = conn.publisher.committed
-            echo(f"[{PROG}] resumed from version {version}'s weights, after step {steps_done}")
         batches = conn.batches(
             batch_size=cfg.batch_size, timeout_s=cfg.batch_timeout_s, max_batches=cfg.steps - steps_done
+        )
+        optimizer_store = checkpoint.OptimizerStore(
+            conn.weights.store, conn.weights.prefix, keep_versions=cfg.alpha + 1
         )
         trainer = loop.Trainer(
             pol,
@@ -135,7 +134,16 @@ async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print
             config=loop_config(cfg, steps_done=steps_done),
             echo=echo,
             observe=step_metrics.observe,
+            optimizer_store=optimizer_store,
         )
+        if conn.publisher.committed > 0:
+            version = conn.publisher.committed
+            await asyncio.to_thread(resume, pol, conn, version)
+            echo(f"[{PROG}] resumed from version {version}'s weights, after step {steps_done}")
+            if await asyncio.to_thread(optimizer_store.load, version, trainer.optimizer):
+                echo(f"[{PROG}] resumed Adam's state of version {version}")
+            else:
+                echo(f"[{PROG}] version {version} has no optimizer state in the store: Adam starts from zero")
         history = await trainer.run()
     finally:
         await conn.aclose()

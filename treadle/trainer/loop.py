@@ -33,7 +33,7 @@ from treadle import errors
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
 from treadle.client import retrying
-from treadle.trainer import grpo, policy
+from treadle.trainer import checkpoint, grpo, policy
 
 
 class Gate(Protocol):
@@ -164,6 +164,7 @@ class Trainer:
         config: Config,
         echo: Callable[[str], None] | None = None,
         observe: Callable[[StepRecord], None] | None = None,
+        optimizer_store: checkpoint.OptimizerStore | None = None,
     ) -> None:
         self.policy = pol
         self.batches = batches
@@ -174,6 +175,8 @@ class Trainer:
         self.echo = echo
         self.observe = observe
         self.optimizer = torch.optim.Adam(pol.model.parameters(), lr=config.lr)
+        self.optimizer_store = optimizer_store
+        """Where each published version's optimizer state goes too (None: nowhere)."""
         self.history: list[StepRecord] = []
 
     async def run(self) -> list[StepRecord]:
@@ -239,6 +242,8 @@ class Trainer:
         stats = await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.config)
         trained = time.perf_counter()
         manifest = await self.publisher.publish(self.policy.model.state_dict())
+        if self.optimizer_store is not None:  # before the version can be committed (at the next fence)
+            await self.optimizer_store.save(manifest.version, self.optimizer)
         await retrying.wait_for(
             lambda: self.swapper.prefetch(manifest.version),
             what="placement (PrefetchWeights)",

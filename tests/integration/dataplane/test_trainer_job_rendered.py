@@ -38,7 +38,7 @@ from treadle.operator import config, render
 from treadle.operator.render import pool as render_pool
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import redis_server as redis_server_mod
-from treadle.trainer import policy
+from treadle.trainer import checkpoint, policy
 from treadle.v1 import scheduler_pb2
 from treadle.weights import layout
 
@@ -198,3 +198,6 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
         assert label == str(STEPS)
         # The trainer published to the store the engines read, under the job's prefix.
         assert (weights_dir / layout.manifest_key(f"{NAMESPACE}/learn", STEPS)).exists()
+        # ... and beside it, its optimizer state, which a restarted trainer goes on with.
+        kept = checkpoint.prefix(f"{NAMESPACE}/learn")
+        assert (weights_dir / layout.manifest_key(kept, STEPS)).exists()
