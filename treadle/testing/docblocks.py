@@ -162,19 +162,23 @@ def run(
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
             deadline, done = time.monotonic() + timeout_s, False
-            while True:
-                exited = proc.poll() is not None
-                log.seek(0)
-                seen = log.read()
-                if until is not None and until(seen):
-                    done = True
-                    break
-                if exited or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(30)
+            try:
+                while True:
+                    exited = proc.poll() is not None
+                    log.seek(0)
+                    seen = log.read()
+                    if until is not None and until(seen):
+                        done = True
+                        break
+                    if exited or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+            finally:
+                # Also when the wait is cut short (a ``watch`` predicate's assertion, pytest-timeout): a
+                # demo left running in its own session went on beside the next tests, on their cluster.
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(30)
         if not done and proc.returncode != 0:
             why = "timed out" if time.monotonic() > deadline else f"exit {proc.returncode}"
             raise AssertionError(f"{b.where}: `{command}` failed ({why}):\n{seen[-3000:]}")

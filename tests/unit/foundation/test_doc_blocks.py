@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,20 @@ def test_an_export_line_reports_what_it_changed(tmp_path: Path) -> None:
     b = docblocks.Block(Path("x.md"), 1, "bash", "run", None, 'export A=${A:-one} B=two\nexport C="$A$B"')
     first, second = docblocks.run(b, env={"PATH": "/usr/bin:/bin", "A": "set"}, cwd=tmp_path)
     assert first.output == "B=two\n" and second.output == "C=settwo\n"
+
+
+def test_a_command_whose_wait_is_cut_short_is_stopped_with_it(tmp_path: Path) -> None:
+    """A ``watch`` predicate that fails (as a test's assertion does) ends the command's whole process
+    group too: it must not run on beside the next test."""
+    b = docblocks.Block(Path("x.md"), 1, "bash", "run", None, "echo $$ > pid; exec sleep 60")
+
+    def fails(seen: str) -> bool:
+        if not (tmp_path / "pid").is_file():
+            return False
+        raise AssertionError("the job went Degraded")
+
+    with pytest.raises(AssertionError, match="Degraded"):
+        docblocks.run(b, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout_s=10, watch={"sleep": fails})
+    pid = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # its process group is gone
