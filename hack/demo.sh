@@ -33,7 +33,7 @@ kubectl get pods -n treadle-system -o wide
 install -D manifests/dev/data/letters.jsonl /var/lib/treadle/datasets/letters.jsonl
 "$VENV/bin/python" -c 'from treadle.trainer import policy; policy.ensure_model(policy.model_dir(0))'
 # The node's local weight store outlives jobs (a hostPath the operator cannot reach): an earlier
-# demo's versions would be taken up by this one's trainer, which then stalled at step 10 (seen).
+# demo's versions (under its job's uid, so never read by this one) would only take disk.
 rm -rf /var/lib/treadle/weights/default/learn
 kubectl apply -f manifests/dev/learn.yaml
 echo "kubectl get rolloutjobs, on every change (vLLM on CPU needs 1-2 min before the first step):"

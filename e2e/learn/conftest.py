@@ -22,7 +22,7 @@ def cluster() -> Iterator[kwok.DevCluster]:
     the tiny model in place. ``test_learn`` runs the rest of the block (apply, watch, logs)."""
     block = docblocks.block(ROOT, "dev-cluster-learn")
     assert block.commands()[SETUP] == "kubectl apply -f manifests/dev/learn.yaml", block.commands()
-    # The node's local weight store outlives jobs: a trainer would continue an earlier run's versions.
+    # The node's local weight store outlives jobs (each job's versions under its uid): reclaim the disk.
     for old in WEIGHTS.glob("default/learn*"):
         shutil.rmtree(old)
     kubeconfig = Path.home() / ".kube" / "config"

@@ -17,7 +17,7 @@ import op_harness
 import pytest
 import yaml
 
-from treadle.api import v1alpha1
+from treadle.api import env_vars, v1alpha1
 from treadle.operator import explain, reasons
 from treadle.operator.render import common as render_common
 
@@ -69,6 +69,18 @@ def _covers(server: Any, rendered: Any, where: str) -> list[str]:
     return [] if server == rendered else [f"{where}: server {server!r} != rendered {rendered!r}"]
 
 
+def _add_uid_to_weights_prefix(rendered: Any, uid: str) -> None:
+    """The job's weights prefix ends in its uid (``render.pool.weights_prefix``), left out by render."""
+    if isinstance(rendered, dict):
+        if rendered.get("name") == env_vars.WEIGHTS_PREFIX and "value" in rendered:
+            rendered["value"] = f"{rendered['value']}/{uid}"
+        for value in rendered.values():
+            _add_uid_to_weights_prefix(value, uid)
+    elif isinstance(rendered, list):
+        for value in rendered:
+            _add_uid_to_weights_prefix(value, uid)
+
+
 def _children(kubectl: op_harness.Kubectl, job: str) -> dict[tuple[str, str], dict[str, Any]]:
     rbac = "rbac.authorization.k8s.io"
     kinds = (
@@ -97,8 +109,10 @@ def test_render_equals_what_the_operator_creates(
     for key, want in rendered.items():
         got = observed[key]
         # The uid is the one field render cannot know (the API server assigns it on create), and
-        # the spec-hash annotation digests the whole object, uid included: fill it in, re-stamp.
+        # the spec-hash annotation digests the whole object, uid included: fill it in (the owner
+        # reference, the weights prefix), re-stamp.
         want["metadata"]["ownerReferences"][0]["uid"] = uid
+        _add_uid_to_weights_prefix(want, uid)
         render_common.stamp(want)
         compared = ("labels", "annotations", "ownerReferences")
         if key[0] == "Secret":

@@ -10,7 +10,7 @@ nothing a manifest does not vouch for). Keys for version ``v`` under a job prefi
 A single-agent job publishes under its prefix itself; a multi-agent job (FlexMARL) publishes each
 agent's versions under ``p/<agent>`` (``agent_prefix``), so an engine that moves between agents
 reads the receiver's versions, numbered on their own. In a cluster ``p`` is what the operator
-renders as ``TREADLE_WEIGHTS_PREFIX`` (``<namespace>/<job>``).
+renders as ``TREADLE_WEIGHTS_PREFIX`` (``<namespace>/<job>/<uid>``: a re-created job starts empty).
 
 The manifest names every bucket with its size and xxh3-128 digest and every tensor with its bucket,
 offset, dtype and shape; it carries a digest of its own canonical JSON so a damaged manifest is

@@ -197,7 +197,9 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
             label = (await http.get(f"http://127.0.0.1:{engine_port}/weight_info")).json()["weight_version"]
         assert label == str(STEPS)
         # The trainer published to the store the engines read, under the job's prefix.
-        assert (weights_dir / layout.manifest_key(f"{NAMESPACE}/learn", STEPS)).exists()
+        prefix = render_pool.weights_prefix(the_job)
+        assert prefix.startswith(f"{NAMESPACE}/learn")
+        assert (weights_dir / layout.manifest_key(prefix, STEPS)).exists()
         # ... and beside it, its optimizer state, which a restarted trainer goes on with.
-        kept = checkpoint.prefix(f"{NAMESPACE}/learn")
+        kept = checkpoint.prefix(prefix)
         assert (weights_dir / layout.manifest_key(kept, STEPS)).exists()

@@ -75,7 +75,7 @@ def test_the_pod_runs_the_reference_trainer_with_the_sdks_endpoints() -> None:
     for var in (env_vars.CONFIG, env_vars.SCHEDULER_ADDR, env_vars.BUFFER_ADDR, env_vars.PLACEMENT_ADDR,
                 env_vars.WEIGHTS_PREFIX, env_vars.WEIGHTS_MASTER, env_vars.WEIGHTS_METADATA):  # fmt: skip
         assert env[var], var
-    assert env[env_vars.WEIGHTS_PREFIX] == "team-a/math-tool"
+    assert env[env_vars.WEIGHTS_PREFIX] == "team-a/math-tool/0000-uid-trainer"  # its versions only
     assert env["HF_HOME"] == "/cache/hf"
     names = [e["name"] for e in c["env"]]
     assert len(names) == len(set(names))  # server-side apply refuses a repeated key of a map list

@@ -102,3 +102,19 @@ def test_placement_applies_weights_in_a_cluster_and_not_without_a_job(tmp_path: 
     assert placement_main.parse_args([], env).apply_weights is True
     assert placement_main.parse_args(["--no-apply-weights"], env).apply_weights is False
     assert placement_main.parse_args(["--apply-weights"], env).apply_weights is True
+
+
+def test_a_job_recreated_under_its_name_reads_and_publishes_none_of_the_earlier_jobs_versions() -> None:
+    """Versions outlive a deleted job (a node's local store, the Mooncake master): the prefix carries
+    the job's uid, so the new job's trainer and engines start on an empty prefix."""
+    first, again = (job("math-tool-h20.yaml", store="local", replicas=1) for _ in range(2))
+    first.metadata["uid"], again.metadata["uid"] = "uid-1", "uid-2"
+    prefixes = [
+        {env_of(pod["container"])["TREADLE_WEIGHTS_PREFIX"] for pod in containers(j, "vllm").values()}
+        for j in (first, again)
+    ]
+    assert prefixes == [{f"{first.namespace}/{first.name}/uid-1"}, {f"{first.namespace}/{first.name}/uid-2"}]
+    # Under the job's own hostPath directory, which the pod mounts (no other job's versions in reach).
+    (pod,) = containers(again, "vllm").values()
+    (mount,) = [m for m in pod["container"]["volumeMounts"] if m["name"] == "weights"]
+    assert f"{render_pool.LOCAL_WEIGHTS_DIR}/{prefixes[1].pop()}".startswith(mount["mountPath"] + "/")

@@ -40,7 +40,8 @@ choices (``rollout.schedulingPolicy``/``placementPolicy``); one process per job 
 restart inside one job, lets a job be suspended or deleted by scaling or garbage-collecting its
 own pods, and needs no registration protocol or multi-tenant authorization inside the services.
 Only the stateful backends are shared and installed by the chart: Redis (the experience store,
-keys prefixed ``<namespace>/<job>``) and the Mooncake master (object keys prefixed the same way).
+keys prefixed ``<namespace>/<job>``) and the Mooncake master (object keys prefixed
+``<namespace>/<job>/<uid>``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ LOCAL_WEIGHTS_DIR = "/var/lib/treadle/weights"
 
 def local_weights(job: v1alpha1.RolloutJob) -> tuple[dict[str, Any], dict[str, Any]]:
     """The volume and mount of ``weights.store: local``: only the job's own directory of the node's
-    store (``<dir>/<namespace>/<job>``, its weights prefix), at the same path in the container, so the
+    store (``<dir>/<namespace>/<job>``, above its weights prefix), at the same path in the container, so the
     store's root stays ``LOCAL_WEIGHTS_DIR`` and no job can read or overwrite another's versions."""
     path = f"{LOCAL_WEIGHTS_DIR}/{job.namespace}/{job.name}"
     return (
@@ -38,6 +38,19 @@ def engine_resources(resources: base.Resources | None, gpus: int) -> base.Resour
     )
 
 
+def weights_prefix(job: v1alpha1.RolloutJob) -> str:
+    """``<namespace>/<job>/<uid>``: the versions of this job, not of an earlier one of the same name.
+
+    A deleted job's versions outlive it where the operator cannot reach them (a node's
+    ``weights.store: local`` directory, the Mooncake master's memory); a job re-created under the
+    name would otherwise find them, publish after the newest, and commit versions far ahead of its
+    own steps. ``treadle render`` of a file has no uid (the API server assigns it): the segment is
+    left out there.
+    """
+    uid = str(job.metadata.get("uid", ""))
+    return "/".join(part for part in (job.namespace, job.name, uid) if part)
+
+
 def weights_env(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, agent: v1alpha1.Agent
 ) -> list[dict[str, Any]]:
@@ -47,7 +60,7 @@ def weights_env(
     The prefix is the job's; a multi-agent job's agents publish under ``<prefix>/<agent>``
     (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
     """
-    env = {env_vars.WEIGHTS_PREFIX: f"{job.namespace}/{job.name}"}
+    env = {env_vars.WEIGHTS_PREFIX: weights_prefix(job)}
     if len(job.spec.agents) > 1:
         env[env_vars.WEIGHTS_AGENT] = agent.name
     if job.spec.weights.store == "mooncake":
