@@ -44,7 +44,7 @@ def job_secret(key: str, *, namespace: str, name: str, uid: str, purpose: str) -
 
 
 def redis_key_patterns(prefix: str) -> list[str]:
-    """The Redis keys of the job whose key prefix is ``prefix`` (``<namespace>/<job>``), as ACL globs:
+    """The Redis keys of the job whose key prefix is ``prefix`` (``<namespace>/<job>/<uid>``), as ACL globs:
     the buffer's (``buffer.redis_store``), the feeder's (``feeder.store``), the DARTS statistics
     (``scheduler.darts_store``), the scheduler's journal (``scheduler.journal``) and the API quotas
     (``env.quotas``). Kubernetes names hold none of

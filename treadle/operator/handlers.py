@@ -299,19 +299,23 @@ def _apply(memo: runtime.Runtime, job: v1alpha1.RolloutJob) -> list[str]:
 
 
 @kopf.on.delete(*JOBS, optional=True)
-def forget(*, namespace: str | None, name: str, memo: runtime.Runtime, **_: Any) -> None:
+def forget(
+    *, namespace: str | None, name: str, meta: Mapping[str, Any], memo: runtime.Runtime, **_: Any
+) -> None:
     """Drop the job's metric series, its Redis user and its Redis keys; ``optional=True`` keeps kopf
     from adding a finalizer (so what an operator that was down left is removed by nothing: the user
-    can reach only the keys of a job that no longer exists, a job re-created under the name resets
-    the user, and takes up the keys: its feeder's position, its journal's groups and version)."""
+    can reach only the keys of a job that no longer exists). Users and keys carry the job's uid
+    (``render.common.job_prefix``): a job already re-created under the name, whose reconcile may run
+    before this, keeps its own and never takes up these."""
+    uid = str(meta.get("uid", ""))
     memo.metrics.forget_job(namespace or "", name)
-    memo.forget((namespace or "", name))
+    memo.forget((namespace or "", name), uid)
     if memo.cfg.redis_password:
         log = logging.getLogger(__name__)
         try:
-            redisacl.delete_user(memo.cfg, namespace or "", name)
-            log.info("deleted %d Redis keys of %s/%s", redisacl.delete_keys(memo.cfg, namespace or "", name),
-                     namespace, name)  # fmt: skip
+            redisacl.delete_user(memo.cfg, namespace or "", name, uid)
+            deleted = redisacl.delete_keys(memo.cfg, namespace or "", name, uid)
+            log.info("deleted %d Redis keys of %s/%s (uid %s)", deleted, namespace, name, uid)
         except redis.RedisError as exc:
             log.warning("Redis user or keys of %s/%s not deleted: %s", namespace, name, exc)
 

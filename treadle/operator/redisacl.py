@@ -2,7 +2,8 @@
 with the job, and so are its keys. Called by ``treadle.operator.handlers`` with the shared Redis's
 admin password (``OperatorConfig.redis_password``, the chart's Secret).
 
-The user is named after the job's key prefix (``<namespace>/<job>``); its password is the job's
+The user is named after the job's key prefix (``<namespace>/<job>/<uid>``, ``render.common.job_prefix``:
+deleting a job's user and keys never touches a job re-created under its name); its password is the job's
 Secret's ``redis-password`` (``render.security``), which the job's pods read
 (``TREADLE_REDIS_PASSWORD_FILE``, ``services.podenv.redis_url``). Its keys are
 ``auth.redis_key_patterns``; it has no Pub/Sub channel and none of the ``@admin`` and ``@dangerous``
@@ -21,12 +22,13 @@ import redis
 from treadle import auth
 from treadle.api import v1alpha1
 from treadle.operator import config
+from treadle.operator.render import common as render_common
 
 log = logging.getLogger(__name__)
 
 
 def user(job: v1alpha1.RolloutJob) -> str:
-    return f"{job.namespace}/{job.name}"
+    return render_common.prefix_of(job)
 
 
 def rules(name: str, password: str) -> list[str]:
@@ -87,9 +89,8 @@ class UserKeeper:
                     name=name,
                     uid=uid,
                 )
-                admin.execute_command(
-                    "ACL", "SETUSER", f"{namespace}/{name}", *rules(f"{namespace}/{name}", password)
-                )
+                name_of_user = render_common.job_prefix(namespace, name, uid)
+                admin.execute_command("ACL", "SETUSER", name_of_user, *rules(name_of_user, password))
                 count += 1
             # Only now: a round that failed midway (Redis went away again) is done again, whole.
             self.run_id = run_id
@@ -114,18 +115,18 @@ class UserKeeper:
                 log.info("Redis users: Redis not reachable: %s", exc)
 
 
-def delete_user(cfg: config.OperatorConfig, namespace: str, name: str) -> None:
+def delete_user(cfg: config.OperatorConfig, namespace: str, name: str, uid: str) -> None:
     with _admin(cfg) as admin:
-        admin.execute_command("ACL", "DELUSER", f"{namespace}/{name}")
+        admin.execute_command("ACL", "DELUSER", render_common.job_prefix(namespace, name, uid))
 
 
-def delete_keys(cfg: config.OperatorConfig, namespace: str, name: str) -> int:
+def delete_keys(cfg: config.OperatorConfig, namespace: str, name: str, uid: str) -> int:
     """Delete every key of the deleted job (its trajectories, feeder positions, scheduler journal, DARTS
-    statistics, API quotas); returns how many. A job re-created under the name then starts afresh
-    instead of taking up the old one's position, groups and committed version."""
+    statistics, API quotas); returns how many. Only that job's: one re-created under the name has
+    another uid, so keys of its own (possibly written before this runs) are not touched."""
     deleted = 0
     with _admin(cfg) as admin:
-        for pattern in auth.redis_key_patterns(f"{namespace}/{name}"):
+        for pattern in auth.redis_key_patterns(render_common.job_prefix(namespace, name, uid)):
             batch: list[bytes] = []
             for key in admin.scan_iter(match=pattern, count=1000):
                 batch.append(key)

@@ -83,5 +83,8 @@ class Runtime:
         with self._guard:
             return [(ns, name, uid) for (ns, name), (uid, _, _) in self.last_status.items()]
 
-    def forget(self, key: JobKey) -> None:
-        self.last_status.pop(key, None)
+    def forget(self, key: JobKey, uid: str) -> None:
+        """Drop the deleted job ``key`` of ``uid``; a job re-created under the name (another uid) stays."""
+        with self._guard:
+            if key in self.last_status and self.last_status[key][0] == uid:
+                del self.last_status[key]

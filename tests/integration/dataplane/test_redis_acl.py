@@ -18,6 +18,7 @@ import yaml
 from treadle import auth, errors
 from treadle.api import env_vars, v1alpha1
 from treadle.operator import config, redisacl
+from treadle.operator.render import common as render_common
 from treadle.operator.render import security
 from treadle.policy import feeding
 from treadle.policy.tangram import quota
@@ -56,7 +57,7 @@ def pod_url(j: v1alpha1.RolloutJob, cfg: config.OperatorConfig, secret: str, tmp
     """The URL a pod of ``j`` connects with: the rendered variables, the Secret's file where it is mounted."""
     path = tmp_path / f"{j.name}-redis-password"
     path.write_text(secret)
-    environ = {env_vars.REDIS_URL: cfg.redis_url, env_vars.KEY_PREFIX: f"{j.namespace}/{j.name}",
+    environ = {env_vars.REDIS_URL: cfg.redis_url, env_vars.KEY_PREFIX: render_common.prefix_of(j),
                env_vars.REDIS_PASSWORD_FILE: str(path)}  # fmt: skip
     return podenv.redis_url(environ)
 
@@ -76,43 +77,45 @@ async def test_each_job_reaches_only_its_own_keys(
     for j in (a, b):
         redisacl.ensure_user(cfg, j, password(j, cfg))
     redisacl.ensure_user(cfg, a, password(a, cfg))  # every reconcile: idempotent
+    pa, pb = render_common.prefix_of(a), render_common.prefix_of(b)
+    assert (pa, pb) == ("team-a/a/uid-a", "team-a/b/uid-b")
     url_a = pod_url(a, cfg, password(a, cfg), tmp_path)
-    assert url_a.startswith("redis://team-a%2Fa:")
+    assert url_a.startswith("redis://team-a%2Fa%2Fuid-a:")
 
     # The job's own stores, each through its real code (Lua scripts included).
     client = aioredis.Redis.from_url(url_a, protocol=2)
     try:
-        svc = service.BufferService(store=redis_store.RedisStore(client, namespace="team-a/a"), alpha=1)
+        svc = service.BufferService(store=redis_store.RedisStore(client, namespace=pa), alpha=1)
         assert (await svc.put([trajectory("t0"), trajectory("t1")])).stored == 2
         batch = await svc.get_batch(batch_size=2, version=0, timeout_s=0)
         assert await svc.ack(batch.batch_id) == 2
-        positions = feeder_store.PositionStore(client, feeder_store.key("team-a/a", "math", "d"))
+        positions = feeder_store.PositionStore(client, feeder_store.key(pa, "math", "d"))
         await positions.record(feeding.Position(0, 0), 2, feeding.Position(0, 2))
         assert (await positions.load()) is not None
-        stats = darts_store.RedisStats(client, namespace="team-a/a")
+        stats = darts_store.RedisStats(client, namespace=pa)
         assert await stats.load("math") is None
-        work = journal.RedisJournal(client, namespace="team-a/a")
+        work = journal.RedisJournal(client, namespace=pa)
         await work.accept([journal.Group(scheduler_protocol.PromptGroup("g", "math"), seq=0, pool=2)])
         assert [g.group.group_id for g in (await work.load()).groups] == ["g"]
         limits = {"search": quota.limit(0, "search", requests_per_minute=10, max_concurrent=1)}
         registry = http_app.registry()
-        q = quotas.Quotas(client=client, namespace="team-a/a", limits=limits, registry=registry,
+        q = quotas.Quotas(client=client, namespace=pa, limits=limits, registry=registry,
                           action_metrics=cores.ActionMetrics(registry))  # fmt: skip
         async with q.hold(["search"]) as held:
             assert held == {"search": 1}
 
         # Another job's keys: refused, by every store.
-        other = service.BufferService(store=redis_store.RedisStore(client, namespace="team-a/b"), alpha=1)
+        other = service.BufferService(store=redis_store.RedisStore(client, namespace=pb), alpha=1)
         with pytest.raises(
             redis.exceptions.ResponseError, match=r"can't access|no permissions to access"
         ):  # in its Lua script
             await other.put([trajectory("forged")])
         with pytest.raises(redis.exceptions.NoPermissionError):
-            await darts_store.RedisStats(client, namespace="team-a/b").load("math")
+            await darts_store.RedisStats(client, namespace=pb).load("math")
         with pytest.raises(errors.Unavailable, match=r"NOPERM|permission"):
-            await journal.RedisJournal(client, namespace="team-a/b").load()
+            await journal.RedisJournal(client, namespace=pb).load()
         with pytest.raises(redis.exceptions.NoPermissionError):
-            await client.get(f"{'team-a/b'}:tangram:quota:{{search}}:q")
+            await client.get(f"{pb}:tangram:quota:{{search}}:q")
         # Listing or wiping the shared Redis, or changing the users: refused.
         for command in (("KEYS", "*"), ("FLUSHALL",), ("ACL", "LIST"), ("CONFIG", "GET", "requirepass")):
             with pytest.raises(redis.exceptions.NoPermissionError):
@@ -125,16 +128,34 @@ async def test_each_job_reaches_only_its_own_keys(
         anon = aioredis.Redis.from_url(url, protocol=2)
         try:
             with pytest.raises(redis.exceptions.AuthenticationError):
-                await anon.get("treadle:buf:{team-a/a}:x")
+                await anon.get(f"treadle:buf:{{{pa}}}:x")
         finally:
             await anon.aclose()
 
-    keys_b = set(redis.Redis.from_url(guarded.url, password=ADMIN).keys("*{team-a/b}*"))
-    assert redisacl.delete_keys(cfg, a.namespace, a.name) >= 5  # buffer, feeder, journal, quota keys...
+    # Job a is deleted and at once created again under its name (another uid) before the operator's
+    # delete handler ran (it has no finalizer): the new one has its own user and keys from the start.
+    again = job("a")
+    again.metadata["uid"] = "uid-a2"
+    redisacl.ensure_user(cfg, again, password(again, cfg))
+    again_client = aioredis.Redis.from_url(pod_url(again, cfg, password(again, cfg), tmp_path), protocol=2)
+    try:
+        fresh = journal.RedisJournal(again_client, namespace=render_common.prefix_of(again))
+        assert (await fresh.load()).groups == []  # the deleted job's accepted groups are not taken up
+        await fresh.accept([journal.Group(scheduler_protocol.PromptGroup("g-new", "math"), seq=0, pool=2)])
+    finally:
+        await again_client.aclose()
+
+    keys_b = set(redis.Redis.from_url(guarded.url, password=ADMIN).keys(f"*{{{pb}}}*"))
+    keys_again = set(redis.Redis.from_url(guarded.url, password=ADMIN).keys("*uid-a2*"))
+    assert keys_again
+    assert redisacl.delete_keys(cfg, a.namespace, a.name, "uid-a") >= 5  # buffer, feeder, journal, quota...
     with redis.Redis.from_url(guarded.url, password=ADMIN) as admin:
-        assert not [k for k in admin.keys("*") if b"team-a/a" in k], "a deleted job's keys are left"
-        assert set(admin.keys("*{team-a/b}*")) == keys_b  # another job's keys are not touched
-    redisacl.delete_user(cfg, a.namespace, a.name)  # the job is deleted: its user goes with it
+        assert not admin.keys("*" + pa + "[}:]*"), "a deleted job's keys are left"
+        assert set(admin.keys(f"*{{{pb}}}*")) == keys_b  # another job's keys are not touched
+        assert set(admin.keys("*uid-a2*")) == keys_again  # nor those of the job re-created
+    redisacl.delete_user(cfg, a.namespace, a.name, "uid-a")  # the job is deleted: its user goes with it
+    with redis.Redis.from_url(pod_url(again, cfg, password(again, cfg), tmp_path), protocol=2) as pod:
+        assert pod.ping()  # the re-created job's user stays
     gone = aioredis.Redis.from_url(url_a, protocol=2)
     try:
         with pytest.raises(redis.exceptions.AuthenticationError):
@@ -173,9 +194,9 @@ def test_the_jobs_users_come_back_when_redis_restarts(tmp_path: Path) -> None:
         assert keeper.check() == 2
         with redis.Redis.from_url(url, protocol=2) as pod:
             assert pod.ping()
-            pod.set("treadle:buf:{team-a/a}:x", "1")
+            pod.set(f"treadle:buf:{{{render_common.prefix_of(a)}}}:x", "1")
             with pytest.raises(redis.exceptions.NoPermissionError):  # and is as restricted as before
-                pod.get("treadle:buf:{team-a/b}:x")
+                pod.get(f"treadle:buf:{{{render_common.prefix_of(b)}}}:x")
         assert keeper.check() == 0
 
 

@@ -35,6 +35,7 @@ import rendered_pods
 from treadle.api import v1alpha1
 from treadle.localmode import stack as stack_mod
 from treadle.operator import config, render
+from treadle.operator.render import common as render_common
 from treadle.operator.render import pool as render_pool
 from treadle.services.scheduler import client as scheduler_client
 from treadle.testing import redis_server as redis_server_mod
@@ -197,7 +198,7 @@ async def test_the_rendered_trainer_trains_and_its_progress_reaches_the_jobs_sta
             label = (await http.get(f"http://127.0.0.1:{engine_port}/weight_info")).json()["weight_version"]
         assert label == str(STEPS)
         # The trainer published to the store the engines read, under the job's prefix.
-        prefix = render_pool.weights_prefix(the_job)
+        prefix = render_common.prefix_of(the_job)
         assert prefix.startswith(f"{NAMESPACE}/learn")
         assert (weights_dir / layout.manifest_key(prefix, STEPS)).exists()
         # ... and beside it, its optimizer state, which a restarted trainer goes on with.

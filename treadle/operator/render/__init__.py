@@ -39,9 +39,8 @@ state (staleness window, policy version, sticky worker map, group bookkeeping) a
 choices (``rollout.schedulingPolicy``/``placementPolicy``); one process per job keeps a crash or a
 restart inside one job, lets a job be suspended or deleted by scaling or garbage-collecting its
 own pods, and needs no registration protocol or multi-tenant authorization inside the services.
-Only the stateful backends are shared and installed by the chart: Redis (the experience store,
-keys prefixed ``<namespace>/<job>``) and the Mooncake master (object keys prefixed
-``<namespace>/<job>/<uid>``).
+Only the stateful backends are shared and installed by the chart: Redis (the experience store) and
+the Mooncake master, a job's keys in both prefixed ``<namespace>/<job>/<uid>`` (``common.job_prefix``).
 """
 
 from __future__ import annotations

@@ -112,6 +112,25 @@ def endpoints(job: v1alpha1.RolloutJob) -> dict[str, Any]:
     return out
 
 
+def job_prefix(namespace: str, name: str, uid: str) -> str:
+    """``<namespace>/<job>/<uid>``: where this job keeps its state in the shared stores (its Redis keys
+    and Redis user, its weight versions), so no other job reaches it.
+
+    The uid tells a job from an earlier one of the same name: a deleted job's state outlives it where
+    its deletion does not reach in time or at all (the node's local weight store, the Mooncake master;
+    its Redis keys, deleted by the operator without a finalizer, so possibly after a job of the same
+    name was created again), and a re-created job took it up before: the committed version and step of
+    the deleted one, or versions far ahead of its own steps. ``treadle render`` of a file has no uid
+    (the API server assigns it): the segment is left out there.
+    """
+    return "/".join(part for part in (namespace, name, uid) if part)
+
+
+def prefix_of(job: v1alpha1.RolloutJob) -> str:
+    """``job_prefix`` of a parsed job."""
+    return job_prefix(job.namespace, job.name, str(job.metadata.get("uid", "")))
+
+
 def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     ep = endpoints(job)
     pairs = {
@@ -119,7 +138,7 @@ def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[s
         env_vars.NAMESPACE: job.namespace,
         env_vars.CONFIG: f"{CONFIG_MOUNT}/job.json",
         env_vars.ENDPOINTS: f"{CONFIG_MOUNT}/endpoints.json",
-        env_vars.KEY_PREFIX: f"{job.namespace}/{job.name}",
+        env_vars.KEY_PREFIX: prefix_of(job),
         env_vars.REDIS_URL: cfg.redis_url,
         env_vars.MOONCAKE_MASTER: cfg.mooncake_master,
         env_vars.MOONCAKE_METADATA_URL: cfg.mooncake_metadata_url,

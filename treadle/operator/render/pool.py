@@ -38,29 +38,17 @@ def engine_resources(resources: base.Resources | None, gpus: int) -> base.Resour
     )
 
 
-def weights_prefix(job: v1alpha1.RolloutJob) -> str:
-    """``<namespace>/<job>/<uid>``: the versions of this job, not of an earlier one of the same name.
-
-    A deleted job's versions outlive it where the operator cannot reach them (a node's
-    ``weights.store: local`` directory, the Mooncake master's memory); a job re-created under the
-    name would otherwise find them, publish after the newest, and commit versions far ahead of its
-    own steps. ``treadle render`` of a file has no uid (the API server assigns it): the segment is
-    left out there.
-    """
-    uid = str(job.metadata.get("uid", ""))
-    return "/".join(part for part in (job.namespace, job.name, uid) if part)
-
-
 def weights_env(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, agent: v1alpha1.Agent
 ) -> list[dict[str, Any]]:
     """Where the engine's weights extension pulls published versions (``weights.loader.store_from_env``),
     and where the job's trainer publishes them (``treadle.operator.render.trainer``).
 
-    The prefix is the job's; a multi-agent job's agents publish under ``<prefix>/<agent>``
-    (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
+    The prefix is the job's (``common.job_prefix``, its uid included: a job re-created under a
+    deleted one's name never meets the versions it left); a multi-agent job's agents publish under
+    ``<prefix>/<agent>`` (``weights.layout.agent_prefix``), and the engine starts on its pool's agent's.
     """
-    env = {env_vars.WEIGHTS_PREFIX: weights_prefix(job)}
+    env = {env_vars.WEIGHTS_PREFIX: common.prefix_of(job)}
     if len(job.spec.agents) > 1:
         env[env_vars.WEIGHTS_AGENT] = agent.name
     if job.spec.weights.store == "mooncake":
