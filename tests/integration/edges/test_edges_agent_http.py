@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -52,6 +53,26 @@ async def test_abort_cancels_the_engine_request(
     await wait_until(lambda: not sim_engine.running)
     assert not sim_engine.running and sim_engine.finished["abort"] == 1  # the engine stopped too
     assert await c.abort("long") is False and await c.abort("never-seen") is False
+    await c.aclose()
+
+
+async def test_abort_after_the_caller_hung_up_still_cancels_the_engine_request(
+    agent: str, sim_engine: engine.SimulatedEngine, wait_until: WaitUntil
+) -> None:
+    """The scheduler's order on a DARTS early stop or a cancelled trajectory: its own call is cancelled
+    (the connection closes) and the ABORT follows. The engine request must not run on to its end: the
+    agent keeps it in flight until it ends, not until its caller leaves."""
+    c = agent_client.AgentClient(agent)
+    task = asyncio.create_task(c.generate(gen("gone", max_tokens=1500)))
+    await wait_until(lambda: bool(sim_engine.running))
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.2)  # the agent has seen the connection close
+    assert sim_engine.running  # a caller's hang-up alone does not stop it (a retry may join it)
+    assert await c.abort("gone") is True
+    await wait_until(lambda: not sim_engine.running)
+    assert sim_engine.finished["abort"] == 1 and sim_engine.finished["length"] == 0
     await c.aclose()
 
 
