@@ -114,6 +114,7 @@ import benchcli
 import heddle_probes
 
 from treadle.api import v1alpha1
+from treadle.localmode import run as run_mod
 from treadle.localmode import stack as stack_mod
 from treadle.policy import costmodel
 from treadle.services import podenv
@@ -334,9 +335,19 @@ async def run_config(
         )  # fmt: skip
         pc = placement_client.PlacementClient(placement.address)
         sc = scheduler_client.SchedulerClient(scheduler.address)
+        reporting: asyncio.Task[None] | None = None
         try:
-            for wid, url in shared["agents"].items():
-                await pc.register_worker(placement_pb2.Worker(worker_id=wid, pool="decode", address=url))
+            workers = [placement_pb2.Worker(worker_id=wid, pool="decode", address=url)
+                       for wid, url in shared["agents"].items()]  # fmt: skip
+            for worker in workers:
+                await pc.register_worker(worker)
+            # Placement lets a worker go that has not reported for --lost-after-s (10 s): the agents'
+            # loads go to it as local mode sends them (the agent's own reporter in a cluster).
+            reporting = asyncio.create_task(run_mod.report_loads(run_mod.Services(
+                scheduler=scheduler.address, placement=placement.address, buffer=buffer.address,
+                reward=shared["reward"], envs=[shared["env"]], agents=shared["agents"], engines={},
+                metrics={}, token="", workers=workers,
+            )))  # fmt: skip
             steps: list[float] = []
             listed: list[dict[str, Any]] = []
             finished: dict[str, tuple[float, int, int]] = {}
@@ -368,7 +379,11 @@ async def run_config(
                     if stats.completed + stats.failed + stats.aborted >= target and stats.unsaved == 0:
                         break
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"{name} step {step} not done in {cfg.step_timeout_s}s: {stats}")
+                        stuck = (await sc.list_trajectories(limit=20)).trajectories
+                        raise TimeoutError(
+                            f"{name} step {step} not done in {cfg.step_timeout_s}s: {stats}\n"
+                            f"in flight:\n{stuck}"
+                        )
                     if not listed and step == cfg.steps - 1:
                         reply = await sc.list_trajectories(limit=5)
                         listed = [
@@ -400,6 +415,10 @@ async def run_config(
             stats = await sc.stats()
             pool = await pc.pool_state()
         finally:
+            if reporting is not None:
+                reporting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporting
             await pc.aclose()
             await sc.aclose()
     return {
