@@ -69,16 +69,17 @@ def _covers(server: Any, rendered: Any, where: str) -> list[str]:
     return [] if server == rendered else [f"{where}: server {server!r} != rendered {rendered!r}"]
 
 
-def _add_uid_to_weights_prefix(rendered: Any, uid: str) -> None:
-    """The job's weights prefix ends in its uid (``render.pool.weights_prefix``), left out by render."""
+def _add_uid_to_prefixes(rendered: Any, uid: str) -> None:
+    """The job's key and weights prefixes end in its uid (``render.common.job_prefix``), which render
+    leaves out."""
     if isinstance(rendered, dict):
-        if rendered.get("name") == env_vars.WEIGHTS_PREFIX and "value" in rendered:
+        if rendered.get("name") in (env_vars.KEY_PREFIX, env_vars.WEIGHTS_PREFIX) and "value" in rendered:
             rendered["value"] = f"{rendered['value']}/{uid}"
         for value in rendered.values():
-            _add_uid_to_weights_prefix(value, uid)
+            _add_uid_to_prefixes(value, uid)
     elif isinstance(rendered, list):
         for value in rendered:
-            _add_uid_to_weights_prefix(value, uid)
+            _add_uid_to_prefixes(value, uid)
 
 
 def _children(kubectl: op_harness.Kubectl, job: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -110,9 +111,9 @@ def test_render_equals_what_the_operator_creates(
         got = observed[key]
         # The uid is the one field render cannot know (the API server assigns it on create), and
         # the spec-hash annotation digests the whole object, uid included: fill it in (the owner
-        # reference, the weights prefix), re-stamp.
+        # reference, the key and weights prefixes), re-stamp.
         want["metadata"]["ownerReferences"][0]["uid"] = uid
-        _add_uid_to_weights_prefix(want, uid)
+        _add_uid_to_prefixes(want, uid)
         render_common.stamp(want)
         compared = ("labels", "annotations", "ownerReferences")
         if key[0] == "Secret":
