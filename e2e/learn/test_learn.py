@@ -615,11 +615,10 @@ def test_a_jobs_services_and_redis_refuse_callers_without_its_secrets(cluster: k
     host = pod["status"]["podIP"]
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis(host=host, port=6379, protocol=2).get("x")
-    job_user = redis.Redis(
-        host=host, port=6379, username=key_prefix(cluster, name), password=redis_password, protocol=2
-    )
+    prefix = key_prefix(cluster, name)
+    job_user = redis.Redis(host=host, port=6379, username=prefix, password=redis_password, protocol=2)
     try:
-        job_user.get(f"treadle:buf:{{{key_prefix(cluster, name)}}}:seen")  # its own keys
+        job_user.get(f"treadle:buf:{{{prefix}}}:seen")  # its own keys
         with pytest.raises(redis.exceptions.NoPermissionError):
             job_user.get("treadle:buf:{default/learn}:seen")  # another job's
     finally:
