@@ -13,10 +13,9 @@ service have reported.
 
 A second job (``tangram_variant``: the same rows scored by two SIMULATED reward models sharing two of
 the GPU node's SIMULATED GPUs, in the reward gateway's pod) feeds the External resources dashboard.
-The multi-agent dashboard is the one left out: its panels are about moves between two agents'
-workers, which needs two inference pools of real vLLM on this 2-core machine;
-``tests/integration/foundation/test_dashboards_prometheus`` runs them against a two-agent job in
-local mode.
+A third (``two_agent_variant``: a planner and an executor of one instance shape, three pods of real
+vLLM, each serving two sequences at a time) feeds the Multi-agent dashboard: every turn is the
+planner's, so its queue builds and placement moves an executor worker to it.
 """
 
 from __future__ import annotations
@@ -44,10 +43,10 @@ SCRAPE_INTERVAL = "2s"
 KUBE_VERSION = "1.34.0"
 COMPONENTS = {"scheduler", "placement", "buffer", "env", "reward", "feeder", "pool", "trainer"}
 # learn.yaml has one agent (no worker moves between agents) and no external resources: the External
-# resources dashboard has a job of its own (``tangram_variant``); the multi-agent one runs against a
-# local job in tests/integration/foundation/test_dashboards_prometheus.py.
+# resources and Multi-agent dashboards have a job each (``tangram_variant``, ``two_agent_variant``).
 DASHBOARDS = [d for d in catalog.ALL if d not in (catalog.MULTI_AGENT, tangram.TANGRAM)]
 TANGRAM_NAME = "learn-tangram"
+TWO_AGENT_NAME = "learn-two-agent"
 DATA_TIMEOUT_S = 90.0
 """How long a query may stay empty after training: a rate needs two samples in its window."""
 
@@ -179,3 +178,53 @@ def test_every_external_resources_query_returns_data_from_a_job_with_reward_mode
             end=time.time(), out=folder, source=f"job {TANGRAM_NAME}, namespace {NAMESPACE}, dev cluster",
         )  # fmt: skip
     learn.delete(cluster, TANGRAM_NAME)
+
+
+def two_agent_variant() -> dict[str, Any]:
+    """``learn.yaml``'s rows for a planner (one pod) and an executor (two pods) of one instance shape
+    taking turns, no trainer. Every answer ends its trajectory (``maxTurns: 1``), so every turn is the
+    planner's: with vLLM serving two sequences at a time its queue builds while the executor's workers
+    idle, and placement (polling every 0.5 s) moves one of them to the planner: drained, its engine
+    loaded with the planner's version 0 (the checkpoint it started from), re-registered."""
+    job = learn.variant(TWO_AGENT_NAME, learn.CONFIG_MAP, pools=1)
+    (agent,) = job["spec"]["agents"]
+    job["spec"]["agents"] = [agent | {"name": "planner"}, agent | {"name": "executor"}]
+    (pool,) = job["spec"]["pools"]
+    engine = pool["engine"] | {"args": ["--enforce-eager", "--max-num-seqs", "2"]}
+    job["spec"]["pools"] = [
+        pool | {"name": "planner", "agent": "planner", "replicas": 1, "engine": engine},
+        pool | {"name": "executor", "agent": "executor", "replicas": 2, "engine": engine},
+    ]
+    job["spec"]["tasks"][0]["agents"] = ["planner", "executor"]
+    job["spec"]["rollout"]["rebalance"] = {"intervalSeconds": 0.5}
+    return job
+
+
+@pytest.mark.timeout(900)
+def test_every_multi_agent_query_returns_data_from_a_two_agent_job(
+    cluster: kwok.DevCluster, prometheus: prometheus_server.PrometheusServer
+) -> None:
+    """The Multi-agent (FlexMARL) dashboard from the pods of ``two_agent_variant``: placement's queue
+    per agent and the workers it moved, scraped from its pod through the chart's configuration."""
+    began = time.time()
+    learn.apply(cluster, two_agent_variant())
+    learn.poll(lambda: scraped(prometheus, TWO_AGENT_NAME) >= {"placement", "pool", "scheduler"},
+               f"the pods of {TWO_AGENT_NAME} scraped", 300)  # fmt: skip
+    panels = queries(catalog.MULTI_AGENT, TWO_AGENT_NAME)
+    todo = without_data(prometheus, {(catalog.MULTI_AGENT.title, t, e) for t, e in panels}, 420)
+    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
+    (moved,) = [e for t, e in panels if t.startswith("Workers moved")]
+    moves = {(r["metric"]["donor"], r["metric"]["receiver"]) for r in prometheus.query(moved)}
+    assert moves == {("executor", "planner")}, moves
+    # The planner's queue, served by its own worker and the one it was lent, drains (the window's
+    # 64 trajectories; no trainer, so admission then stops).
+    (queued,) = [e for t, e in panels if t.startswith("Queued turns")]
+    learn.poll(lambda: (now := prometheus.query(queued)) and all(float(r["value"][1]) == 0 for r in now),
+               "the planner's queue drained", 300)  # fmt: skip
+    if folder := pictures.folder():
+        pictures.draw(
+            catalog.MULTI_AGENT, prometheus, variables={"namespace": NAMESPACE, "job": TWO_AGENT_NAME},
+            start=began, end=time.time(), out=folder,
+            source=f"job {TWO_AGENT_NAME}, namespace {NAMESPACE}, dev cluster",
+        )  # fmt: skip
+    learn.delete(cluster, TWO_AGENT_NAME)
