@@ -2,9 +2,9 @@
 
 REAL ENGINE, TOY MODEL: the engines are real vLLM (the CPU build in the venv, started with
 ``treadle.models.vllm_server``'s recipe) serving the tiny random Llama of ``treadle.models.tiny``
-(2 layers, hidden 128, vocab ~512, random weights, so it never solves anything). Its
-``max_position_embeddings`` is raised in the generated ``config.json`` to ``--max-model-len``
-(RoPE has no learned position table; the weights are random either way) so that multi-turn
+(2 layers, hidden 128, vocab ~512, random weights, so it never solves anything), generated with a
+context of ``--max-model-len`` (``tiny.generate(context=...)``: RoPE has no learned position
+table; the weights are random either way) so that multi-turn
 trajectories fit. Every other service is its own process on 127.0.0.1, started as
 ``bench/heddle_live.py`` starts them (reward gateway, math-tool environment server, one inference
 agent per routing target, and per configuration fresh buffer, placement and scheduler processes);
@@ -115,12 +115,7 @@ def live_config(cfg: Config) -> heddle_live.Config:
 
 
 def make_model(out: Path, max_model_len: int) -> Path:
-    model = tiny.generate(out / "tiny-llama", seed=0)
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text())
-    config["max_position_embeddings"] = max(config["max_position_embeddings"], max_model_len)
-    config_path.write_text(json.dumps(config, indent=2))
-    return model
+    return tiny.generate(out / "tiny-llama", seed=0, context=max(512, max_model_len))
 
 
 async def start_shared(stack: stack_mod.Stack, cfg: Config, model: Path, out: Path) -> dict[str, Any]:

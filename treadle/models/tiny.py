@@ -32,8 +32,18 @@ def _corpus() -> list[str]:
     return lines
 
 
-def generate(out: pathlib.Path, *, seed: int = 0, vocab_size: int = 512) -> pathlib.Path:
-    """Write config, safetensors weights, tokenizer and chat template to ``out``; returns ``out``."""
+def generate(
+    out: pathlib.Path, *, seed: int = 0, vocab_size: int = 512, context: int = 512, hidden: int = 128,
+    layers: int = 2,
+) -> pathlib.Path:  # fmt: skip
+    """Write config, safetensors weights, tokenizer and chat template to ``out``; returns ``out``.
+
+    ``context`` is ``max_position_embeddings``; the weights do not depend on it (rotary positions).
+    ``hidden`` (a multiple of 64: heads of 64) and ``layers`` size the model; the defaults make the
+    2-layer, 128-wide model every test uses, whose decode step is far cheaper than vLLM's per-token
+    work around it."""
+    if hidden <= 0 or hidden % 64:
+        raise ValueError(f"hidden: expected a positive multiple of 64, got {hidden}")
     import tokenizers
     import torch
     import transformers
@@ -53,8 +63,8 @@ def generate(out: pathlib.Path, *, seed: int = 0, vocab_size: int = 512) -> path
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
     config = transformers.LlamaConfig(
-        vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+        vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=hidden // 64, num_key_value_heads=1, head_dim=64, max_position_embeddings=context,
         tie_word_embeddings=True, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id, dtype="float32",
     )  # fmt: skip
