@@ -68,6 +68,10 @@ class Config:
         metadata={"help": "0: vLLM's own CPU binding; n: each engine unbound with OMP_NUM_THREADS=n"},
     )
     max_model_len: int = dataclasses.field(default=4096, metadata={"help": "vLLM --max-model-len"})
+    hidden: int = dataclasses.field(
+        default=128, metadata={"help": "generated model width (multiple of 64); wider: batches cost more"}
+    )
+    layers: int = dataclasses.field(default=2, metadata={"help": "layers of the generated model"})
     max_num_seqs: int = dataclasses.field(default=8, metadata={"help": "vLLM --max-num-seqs per engine"})
     groups: int = dataclasses.field(default=24, metadata={"help": "prompt groups per rollout step"})
     group_size: int = dataclasses.field(default=2, metadata={"help": "trajectories per prompt group"})
@@ -114,8 +118,10 @@ def live_config(cfg: Config) -> heddle_live.Config:
     )  # fmt: skip
 
 
-def make_model(out: Path, max_model_len: int) -> Path:
-    return tiny.generate(out / "tiny-llama", seed=0, context=max(512, max_model_len))
+def make_model(out: Path, cfg: Config) -> Path:
+    return tiny.generate(
+        out / "tiny-llama", seed=0, context=max(512, cfg.max_model_len), hidden=cfg.hidden, layers=cfg.layers
+    )
 
 
 async def start_shared(stack: stack_mod.Stack, cfg: Config, model: Path, out: Path) -> dict[str, Any]:
@@ -159,7 +165,7 @@ async def main(cfg: Config, out: Path) -> dict[str, Any]:
     live = live_config(cfg)
     turns = heddle_live.workload(live)
     results: dict[str, Any] = {"config": dataclasses.asdict(cfg), "turns_per_group": turns, "configs": {}}
-    model = make_model(out, cfg.max_model_len)
+    model = make_model(out, cfg)
     with stack_mod.Stack(out / "shared") as stack:
         shared = await start_shared(stack, cfg, model, out)
         names = cfg.configs.split(",")
