@@ -60,7 +60,7 @@ if not vllm_server.installed():
 
 M, GROUPS, MAX_TOKENS, STOP = 4, 4, 3800, "}"
 MAX_MODEL_LEN = 4096
-"""The tiny Llama's context (generated for it). The prompts are 133-134 tokens, so MAX_TOKENS leaves
+"""The model's context (generated for it). The prompts are 133-134 tokens, so MAX_TOKENS leaves
 room for them: vLLM clamps a request's max_tokens to what is left of the context, and a candidate cut
 at the context's end is not counted as truncated while its rescore (prompt + output + 1 token) is
 refused with 400 (found once in CI with a 512-token context)."""
@@ -214,7 +214,7 @@ async def test_darts_aborts_reach_vllm_and_the_selected_tokens_and_logprobs_are_
         # Early stops go out as aborts through the agent, which counts those of requests still in
         # flight; vLLM leaves unfinished those still decoding when the abort arrives. 16 of 16 in
         # every run of this model; the bound leaves room for this host's stalls of a few seconds
-        # (every process but vLLM's worker stood still for up to 3.4 s, measured by a bystander).
+        # (a bystander process stood still for up to 3.4 s while vLLM decoded).
         assert agent_aborts <= early_stops
         assert received - finished <= agent_aborts
         assert received - finished >= GROUPS, "fewer surplus aborts reached vLLM than there are groups"
