@@ -44,6 +44,10 @@ def generate(
     work around it."""
     if hidden <= 0 or hidden % 64:
         raise ValueError(f"hidden: expected a positive multiple of 64, got {hidden}")
+    if layers < 1:
+        raise ValueError(f"layers: expected at least 1, got {layers}")
+    if context < 1:
+        raise ValueError(f"context: expected a positive number of positions, got {context}")
     import tokenizers
     import torch
     import transformers

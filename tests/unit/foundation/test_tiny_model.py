@@ -28,3 +28,12 @@ def test_width_and_depth_size_the_model(tmp_path: Path) -> None:
 def test_a_width_that_is_not_whole_heads_is_refused(tmp_path: Path, hidden: int) -> None:
     with pytest.raises(ValueError, match="hidden: expected a positive multiple of 64"):
         tiny.generate(tmp_path / "m", hidden=hidden)
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [({"layers": 0}, "layers: expected at least 1"), ({"context": 0}, "context: expected a positive number")],
+)
+def test_no_layers_or_no_context_is_refused(tmp_path: Path, size: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny.generate(tmp_path / "m", **size)
