@@ -106,6 +106,27 @@ def without_data(
     return todo
 
 
+def assert_data(
+    prom: prometheus_server.PrometheusServer, dashboards: list[model.Dashboard], job: str, timeout_s: float
+) -> None:
+    """Every query of ``dashboards`` returns data for ``job`` within ``timeout_s``."""
+    todo = {(d.title, title, expr) for d in dashboards for title, expr in queries(d, job)}
+    todo = without_data(prom, todo, timeout_s)
+    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
+
+
+def draw_pictures(
+    prom: prometheus_server.PrometheusServer, dashboards: list[model.Dashboard], job: str, began: float
+) -> None:
+    """Pictures of ``dashboards`` for ``job`` since ``began``, when ``pictures.folder()`` names a folder."""
+    if folder := pictures.folder():
+        for dashboard in dashboards:
+            pictures.draw(
+                dashboard, prom, variables={"namespace": NAMESPACE, "job": job}, start=began, end=time.time(),
+                out=folder, source=f"job {job}, namespace {NAMESPACE}, dev cluster",
+            )  # fmt: skip
+
+
 def tangram_variant() -> dict[str, Any]:
     """``learn.yaml``'s rows in two tasks scored by two SIMULATED reward models (``judge:small``,
     ``judge:large``, as ``manifests/local/tangram.yaml``) sharing 2 SIMULATED GPUs: ARL-Tangram's GPU
@@ -138,10 +159,7 @@ def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
         "operator not scraped"
     )
 
-    todo = without_data(
-        prometheus, {(d.title, title, expr) for d in DASHBOARDS for title, expr in queries(d)}, DATA_TIMEOUT_S
-    )
-    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
+    assert_data(prometheus, DASHBOARDS, NAME, DATA_TIMEOUT_S)
     # The variables list the job (and its namespace) for every dashboard.
     for dashboard in DASHBOARDS:
         values = prometheus.query(
@@ -150,12 +168,7 @@ def test_every_dashboard_query_returns_data_from_the_pods_of_a_job(
         assert {(NAMESPACE, NAME)} <= {
             (v["metric"]["namespace"], v["metric"][dashboard.job_label]) for v in values
         }
-    if folder := pictures.folder():
-        for dashboard in DASHBOARDS:
-            pictures.draw(
-                dashboard, prometheus, variables={"namespace": NAMESPACE, "job": NAME}, start=began,
-                end=time.time(), out=folder, source=f"job {NAME}, namespace {NAMESPACE}, dev cluster",
-            )  # fmt: skip
+    draw_pictures(prometheus, DASHBOARDS, NAME, began)
     learn.delete(cluster, NAME)
 
 
@@ -169,14 +182,8 @@ def test_every_external_resources_query_returns_data_from_a_job_with_reward_mode
     learn.apply(cluster, tangram_variant())
     learn.poll(lambda: scraped(prometheus, TANGRAM_NAME) >= {"reward", "pool", "scheduler"},
                f"the pods of {TANGRAM_NAME} scraped", 300)  # fmt: skip
-    todo = {(tangram.TANGRAM.title, title, expr) for title, expr in queries(tangram.TANGRAM, TANGRAM_NAME)}
-    todo = without_data(prometheus, todo, 300)  # vLLM on CPU starts in 60-100 s; then the judges score
-    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
-    if folder := pictures.folder():
-        pictures.draw(
-            tangram.TANGRAM, prometheus, variables={"namespace": NAMESPACE, "job": TANGRAM_NAME}, start=began,
-            end=time.time(), out=folder, source=f"job {TANGRAM_NAME}, namespace {NAMESPACE}, dev cluster",
-        )  # fmt: skip
+    assert_data(prometheus, [tangram.TANGRAM], TANGRAM_NAME, 300)  # vLLM on CPU starts in 60-100 s
+    draw_pictures(prometheus, [tangram.TANGRAM], TANGRAM_NAME, began)
     learn.delete(cluster, TANGRAM_NAME)
 
 
@@ -210,9 +217,8 @@ def test_every_multi_agent_query_returns_data_from_a_two_agent_job(
     learn.apply(cluster, two_agent_variant())
     learn.poll(lambda: scraped(prometheus, TWO_AGENT_NAME) >= {"placement", "pool", "scheduler"},
                f"the pods of {TWO_AGENT_NAME} scraped", 300)  # fmt: skip
+    assert_data(prometheus, [catalog.MULTI_AGENT], TWO_AGENT_NAME, 420)  # three vLLM pods on 2 cores
     panels = queries(catalog.MULTI_AGENT, TWO_AGENT_NAME)
-    todo = without_data(prometheus, {(catalog.MULTI_AGENT.title, t, e) for t, e in panels}, 420)
-    assert not todo, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(todo))
     (moved,) = [e for t, e in panels if t.startswith("Workers moved")]
     moves = {(r["metric"]["donor"], r["metric"]["receiver"]) for r in prometheus.query(moved)}
     assert moves == {("executor", "planner")}, moves
@@ -221,10 +227,5 @@ def test_every_multi_agent_query_returns_data_from_a_two_agent_job(
     (queued,) = [e for t, e in panels if t.startswith("Queued turns")]
     learn.poll(lambda: (now := prometheus.query(queued)) and all(float(r["value"][1]) == 0 for r in now),
                "the planner's queue drained", 300)  # fmt: skip
-    if folder := pictures.folder():
-        pictures.draw(
-            catalog.MULTI_AGENT, prometheus, variables={"namespace": NAMESPACE, "job": TWO_AGENT_NAME},
-            start=began, end=time.time(), out=folder,
-            source=f"job {TWO_AGENT_NAME}, namespace {NAMESPACE}, dev cluster",
-        )  # fmt: skip
+    draw_pictures(prometheus, [catalog.MULTI_AGENT], TWO_AGENT_NAME, began)
     learn.delete(cluster, TWO_AGENT_NAME)
