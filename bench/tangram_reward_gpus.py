@@ -20,7 +20,7 @@ import benchcli
 
 from treadle.api import v1alpha1
 from treadle.policy.tangram import buddy
-from treadle.services.reward import gpus
+from treadle.services.reward import engines
 
 
 @dataclasses.dataclass
@@ -33,7 +33,7 @@ async def run(cfg: Config) -> None:
     rm = v1alpha1.RewardModel(
         name="judge", model="judge", weights_gb=cfg.weights_gb, parallelism=[1, 2, 4, 8]
     )
-    engines = gpus.SimulatedEngines([rm])
+    simulated = engines.SimulatedEngines([rm])
     try:
         print(f"load {os.getloadavg()[0]:.1f}; weights {cfg.weights_gb} GB; host-to-host copies (module doc)")
         print("degree  shard GB  median s  GB/s (all shards, copied one after another)")
@@ -41,13 +41,13 @@ async def run(cfg: Config) -> None:
             chunk = buddy.Chunk(0, 0, degree)
             times = []
             for _ in range(cfg.repeats):
-                times.append(await engines.restore(rm, degree, chunk))
-                engines.evict(rm.name, degree, chunk)
+                times.append(await simulated.restore(rm, degree, chunk))
+                simulated.evict(rm.name, degree, chunk)
             median = statistics.median(times)
             shard, rate = cfg.weights_gb / degree, cfg.weights_gb / median
             print(f"{degree:>6}  {shard:>8.3f}  {median:>8.4f}  {rate:>8.2f}")
     finally:
-        await engines.aclose()
+        await simulated.aclose()
 
 
 def main() -> None:

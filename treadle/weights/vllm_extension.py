@@ -11,6 +11,10 @@ agent (or a test) then drives an update over vLLM's dev routes::
     POST /resume
     POST /collective_rpc {"method": "treadle_weights_status"}                    # loaded_version
 
+A reward-model engine of the reward gateway (``treadle.services.reward.engines.VllmEngines``) is not
+versioned: its restore reloads the checkpoint from the gateway's host-memory copy of it,
+``{"method": "treadle_weights_restore", "args": ["/dev/shm/treadle-reward-models/judge"]}``.
+
 In a multi-agent job each agent's versions live under ``<TREADLE_WEIGHTS_PREFIX>/<agent>``
 (``layout.agent_prefix``); the engine starts on ``TREADLE_WEIGHTS_AGENT``'s. An inter-agent move
 (placement's rebalancer) applies the receiver's version with the agent as a second argument,
@@ -98,6 +102,30 @@ class WeightsExtension:
 
         prefix = layout.agent_prefix(os.environ[env_vars.WEIGHTS_PREFIX], agent) if agent else None
         return self._treadle_loader().apply(int(version), load, prefix=prefix)
+
+    def treadle_weights_restore(self, path: str) -> dict[str, Any]:
+        """Reload the engine's own checkpoint from its copy in ``path`` (a reward model's backup).
+
+        The copy's tensors are checked against the checkpoint the engine started from (every name,
+        equal shapes) before any is loaded: a mismatch raises with the weights untouched.
+        """
+        from safetensors import torch as st_torch
+
+        loader.check_copy(
+            loader.checkpoint_spec(self._treadle_model_dir()), loader.checkpoint_spec(path), path
+        )
+
+        def weights() -> Iterator[tuple[str, Any]]:
+            for file in sorted(Path(path).glob("*.safetensors")):
+                yield from st_torch.load_file(str(file)).items()
+
+        self.model_runner.reload_weights(weights_iterator=weights())
+        self._repack_vocab_embeddings()
+        if _cuda():
+            import torch
+
+            torch.cuda.synchronize()
+        return {"restored": path}
 
     def _repack_vocab_embeddings(self) -> None:
         """Redo the CPU GEMM packing of every vocabulary embedding from its reloaded weights.

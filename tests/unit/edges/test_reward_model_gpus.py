@@ -14,7 +14,7 @@ from treadle import errors
 from treadle.api import v1alpha1
 from treadle.policy.tangram import buddy
 from treadle.sandbox import cores
-from treadle.services.reward import gpus
+from treadle.services.reward import engines, gpus
 
 
 class Recording:
@@ -39,6 +39,9 @@ class Recording:
     def client(self, name: str, degree: int, chunk: buddy.Chunk) -> httpx.AsyncClient:
         assert (name, degree, chunk) in self.resident
         return self.client_
+
+    def served_name(self, name: str) -> str | None:
+        return name
 
     async def aclose(self) -> None:
         await self.client_.aclose()
@@ -140,3 +143,43 @@ async def test_a_degree_whose_shard_does_not_fit_a_gpu_is_never_granted() -> Non
         async with m.lease("big") as lease:
             assert lease.degree in (2, 4)
     await engines.aclose()
+
+
+class Starting(Recording):
+    """An engine whose first restore of each variant fails as ``VllmEngines``' does while it starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: set[tuple[str, int, buddy.Chunk]] = set()
+
+    async def restore(self, rm: v1alpha1.RewardModel, degree: int, chunk: buddy.Chunk) -> float:
+        if (rm.name, degree, chunk) not in self.started:
+            self.started.add((rm.name, degree, chunk))
+            raise errors.Unavailable("starting")
+        return await super().restore(rm, degree, chunk)
+
+
+async def test_a_failed_restore_gives_the_gpu_back_and_the_next_grant_restores_again() -> None:
+    engines = Starting()
+    m = manager([rm("a", 10, [1])], 1, 80, engines)
+    with pytest.raises(errors.Unavailable):
+        async with m.lease("a"):
+            pass
+    assert m.free_gpus == 1 and not engines.restores
+    async with m.lease("a") as lease:  # not taken for resident: restored this time
+        assert lease.restore_s > 0
+    assert engines.restores == [("a", 1, buddy.Chunk(0, 0, 1))]
+
+
+def test_vllm_engines_get_sleep_mode_and_their_gpu_share_on_cuda_and_float32_on_cpu() -> None:
+    judge = v1alpha1.RewardModel(
+        name="j", model="/models/j", weights_gb=20, parallelism=[1, 2], engine="vllm",
+        engine_args=["--max-model-len", "4096"],
+    )  # fmt: skip
+    cuda = engines.vllm_argv(judge, 2, port=8001, cuda=True, gpu_gb=80)
+    assert cuda[cuda.index("--tensor-parallel-size") + 1] == "2" and "--enable-sleep-mode" in cuda
+    assert cuda[cuda.index("--gpu-memory-utilization") + 1] == "0.150"  # 10 GB shard x 1.2 of 80
+    assert cuda[-2:] == ["--max-model-len", "4096"] and "--served-model-name" in cuda
+    cpu = engines.vllm_argv(judge, 1, port=8001, cuda=False, gpu_gb=80)
+    assert "--enable-sleep-mode" not in cpu and cpu[cpu.index("--dtype") + 1] == "float32"
+    assert cpu[cpu.index("--worker-extension-cls") + 1] == engines.VLLM_EXTENSION

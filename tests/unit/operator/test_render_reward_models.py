@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from treadle import errors
 from treadle.api import jobconfig, nodes, v1alpha1
 from treadle.operator import config, render
 from treadle.operator.render import common as render_common
@@ -47,3 +48,34 @@ def test_the_gateway_holds_the_reward_model_gpus_and_their_backups() -> None:
     reward = jobconfig.job_config(as_read, max_tokens=8, max_in_flight=8, max_concurrent_generations=8).reward
     assert [m.name for m in reward.models] == ["big", "small"] and reward.gpus == 4
     assert reward.models[0].parallelism == [1, 2, 4] and reward.gpu_memory_gb == 80.0
+
+
+def test_vllm_reward_models_run_in_the_gateway_on_the_vllm_image_with_memory_backed_shm() -> None:
+    raw = job().model_dump(by_alias=True, exclude_none=True)
+    for m in raw["spec"]["externalResources"]["rewardModels"]:
+        m["engine"] = "vllm"
+    vllm_job = v1alpha1.parse_job(raw)
+    children = {render_common.key(c): c for c in render.render_children(vllm_job, CFG)}
+    pod: dict[str, Any] = children[("Deployment", "judged-reward")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == v1alpha1.DEFAULT_VLLM_IMAGE
+    assert container["command"][:3] == ["python", "-m", "treadle.services.reward"]
+    assert container["resources"]["requests"]["memory"] == "35Gi"  # 18 of backups, 16 for 4 engines, 1
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert any(v["name"] == render_common.config_volume(vllm_job)["name"] for v in pod["volumes"])
+    assert "runAsNonRoot" not in pod["securityContext"]  # vLLM's image runs as root, as the pools' do
+    settings = jobconfig.job_config(vllm_job, max_tokens=8, max_in_flight=8, max_concurrent_generations=8)
+    # an engine's first start on a chunk is waited out as long as an inference engine's
+    assert settings.scheduler.settings.reward_unavailable_s == jobconfig.WORKER_START_S
+
+
+def test_reward_models_of_two_engines_are_refused_by_field() -> None:
+    raw = job().model_dump(by_alias=True, exclude_none=True)
+    raw["spec"]["externalResources"]["rewardModels"][0]["engine"] = "vllm"
+    try:
+        v1alpha1.parse_job(raw)
+    except errors.SpecError as exc:
+        assert exc.field == "spec.externalResources.rewardModels.engine", exc
+    else:
+        raise AssertionError("two engines were accepted")

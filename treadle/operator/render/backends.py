@@ -71,19 +71,32 @@ def reward_replicas(job: v1alpha1.RolloutJob) -> int:
 def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """The reward gateway; its replicas follow ``reward_replicas``."""
     reward = job.spec.reward
-    container = common.service_container(job, cfg, "reward")
-    pod: dict[str, Any] = {"containers": [container]}
     res = job.spec.external_resources
+    vllm = any(m.engine == "vllm" for m in res.reward_models)
+    # vLLM reward models run as processes of the gateway's container: its image holds vLLM and Treadle.
+    container = common.service_container(job, cfg, "reward", image=res.reward_model_image if vllm else None)
+    pod: dict[str, Any] = {"containers": [container]}
     if res.reward_model_gpus > 0 and (reward.type == "llm-judge" or res.reward_models):
         # Judge and reward models run on GPUs of their own (any class), as RollArt's reward LLM does;
         # the gateway keeps every reward model's weights in host memory to restore them (ARL-Tangram).
         backups_gi = math.ceil(sum(m.weights_gb for m in res.reward_models) * 1e9 / 2**30)
+        # vLLM engines: each engine process's own host memory beside the backups (ours: 4 Gi a GPU).
+        engines_gi = 4 * res.reward_model_gpus if vllm else 0
         container["resources"] = {  # the backups, plus room for the gateway and a restore in flight
-            "limits": {nodes.GPU_RESOURCE: str(res.reward_model_gpus), "memory": f"{backups_gi + 4}Gi"},
-            "requests": {"cpu": "2", "memory": f"{backups_gi + 1}Gi"},
+            "limits": {
+                nodes.GPU_RESOURCE: str(res.reward_model_gpus),
+                "memory": f"{backups_gi + engines_gi + 4}Gi",
+            },
+            "requests": {"cpu": "2", "memory": f"{backups_gi + engines_gi + 1}Gi"},
         }
         pod["tolerations"] = [{"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+        if vllm:  # the backups (engines.BACKUP_DIR) live in host memory; vLLM's workers share tensors there
+            pod["volumes"] = [common.config_volume(job), {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+            container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     else:
         pod |= common.cpu_placement(job)
-    deployment = common.deployment(job, cfg, "reward", replicas=reward_replicas(job), pod_spec=pod)
+    # vLLM's image runs as root (as the inference pods' do): the pod then meets Pod Security "baseline".
+    deployment = common.deployment(
+        job, cfg, "reward", replicas=reward_replicas(job), pod_spec=pod, non_root=not vllm
+    )
     return [deployment, common.service(job, cfg, "reward", {"http": config.PORTS["reward"]})]

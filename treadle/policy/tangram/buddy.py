@@ -200,6 +200,13 @@ def release(pool: Pool, chunk: Chunk) -> Pool:
     return dataclasses.replace(pool, free=frozenset(free))
 
 
+def forget(pool: Pool, service: str, chunk: Chunk) -> Pool:
+    """``service`` is not resident on ``chunk`` after all (its restore failed or was cancelled)."""
+    return dataclasses.replace(
+        pool, cached=tuple(c for c in pool.cached if (c.service, c.chunk) != (service, chunk))
+    )
+
+
 Inventory = tuple[int, int, int, int]
 """Counts of free (or requested) chunks of sizes 1, 2, 4, 8."""
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from treadle.api import jobconfig
 from treadle.sandbox import cores
 from treadle.services import podenv
 from treadle.services.httputil import serve
-from treadle.services.reward import http_app
+from treadle.services.reward import engines, http_app
 
 PROG = "python -m treadle.services.reward"
 
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.add_argument("--sandbox-concurrency", type=int, default=4)
+    p.add_argument(
+        "--backup-dir", type=Path, default=engines.BACKUP_DIR,
+        help="vLLM reward models: where their checkpoints are copied (host memory: a tmpfs)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     job = podenv.Job(environ)
     reward = podenv.or_exit(lambda: job.config.reward if job.present else None, prog=PROG)
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         cpus_per_action=cpus, reward_models=reward.models if reward else (),
         reward_model_gpus=reward.gpus if reward else 0,
         gpu_memory_gb=reward.gpu_memory_gb if reward else jobconfig.RewardConfig.gpu_memory_gb,
+        backup_dir=a.backup_dir,
         token=podenv.or_exit(lambda: podenv.token(environ), prog=PROG),
     )  # fmt: skip
     podenv.serve_metrics(

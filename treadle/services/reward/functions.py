@@ -176,7 +176,7 @@ async def score_reward_model(req: protocol.ScoreRequest, res: Resources) -> Scor
         )
     name = req.reward_fn.removeprefix(v1alpha1.JUDGE)
     async with res.reward_models.lease(name) as lease:
-        reward, details = await _judge(lease.client, None, req)
+        reward, details = await _judge(lease.client, lease.served, req)
     return reward, details | {"gpus": lease.degree, "restore_s": round(lease.restore_s, 6),
                               "queued_s": round(lease.queued_s, 6)}  # fmt: skip
 

@@ -14,13 +14,7 @@ those GPUs first until the new one fits (eviction is free: GPU state is never wr
 Durations and elasticity are profiled per model (``profile.KindProfile`` over its ``parallelism``):
 first the largest degree, then the smallest, then the fitted curve decides, as the CPU manager does.
 
-Engines (``Engines``): ``SimulatedEngines`` is the one built. Its "GPU memory" is host memory: a
-restore really copies the shard's bytes out of the backup (timed: the restore time is measured, on
-this machine's memory bandwidth, not a GPU's), and each resident variant is served by a SIMULATED vLLM
-engine process (``python -m treadle.services.fakevllm``), started on the variant's first restore on a
-chunk and kept, whose generation is simulated (its step time shrinks with the degree as
-``SIMULATED_STEP_S / k**0.8``). A vLLM sleep-mode engine (``/sleep`` to evict, ``/wake_up`` to
-restore) is the GPU cluster's engine and is not built yet (docs/TANGRAM.md).
+Engines (``engines``): real vLLM or simulated, chosen by the models' ``engine``.
 """
 
 from __future__ import annotations
@@ -29,122 +23,25 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol
 
 import httpx
-import numpy as np
 import prometheus_client
 
 from treadle import errors, metrics
 from treadle.api import v1alpha1
 from treadle.policy.tangram import buddy, model, pools, profile, schedule
 from treadle.sandbox import cores
+from treadle.services.reward.engines import FIELD, FOOTPRINT, Engines, variant
 
 GPU = "gpu"
 SETTINGS = schedule.Settings(depth=schedule.DEFAULT_DEPTH, horizon=64)
-FOOTPRINT = 1.2
-"""GPU memory of a variant per GPU: its weight shard times this (KV cache and activations: our choice)."""
-SIMULATED_STEP_S = 0.004
-"""The simulated engine's decode step on one GPU; a degree-k variant steps in this / k**0.8."""
-FIELD = "spec.externalResources.rewardModels"
 
 
 def fits(rm: v1alpha1.RewardModel, degree: int, gpu_gb: float) -> bool:
     """Whether ``rm``'s shard at ``degree`` fits one GPU of ``gpu_gb`` (with ``FOOTPRINT``)."""
     return rm.weights_gb / degree * FOOTPRINT <= gpu_gb
-
-
-def variant(name: str, degree: int) -> str:
-    return f"{name}@tp{degree}"
-
-
-class Engines(Protocol):
-    async def restore(self, rm: v1alpha1.RewardModel, degree: int, chunk: buddy.Chunk) -> float:
-        """Make ``rm`` at ``degree`` resident on ``chunk``; the seconds its weights took to restore."""
-        ...
-
-    def evict(self, name: str, degree: int, chunk: buddy.Chunk) -> None: ...
-
-    def client(self, name: str, degree: int, chunk: buddy.Chunk) -> httpx.AsyncClient:
-        """An OpenAI-compatible client of the resident variant."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-class SimulatedEngines:
-    """Host-memory backups, real shard copies, simulated engine processes (module doc)."""
-
-    def __init__(self, models: Sequence[v1alpha1.RewardModel], *, start_timeout_s: float = 60.0) -> None:
-        # Filled, not zeroed: untouched zero pages would cost no copy and the restore time would lie.
-        self.backups = {m.name: np.full(int(m.weights_gb * 1e9), 0x5A, dtype=np.uint8) for m in models}
-        self.start_timeout_s = start_timeout_s
-        self._resident: dict[tuple[str, int, buddy.Chunk], list[np.ndarray]] = {}
-        self._procs: dict[
-            tuple[str, int, buddy.Chunk], tuple[asyncio.subprocess.Process, httpx.AsyncClient]
-        ] = {}
-
-    async def restore(self, rm: v1alpha1.RewardModel, degree: int, chunk: buddy.Chunk) -> float:
-        key = (rm.name, degree, chunk)
-        if key not in self._procs:  # the engine's one-off start is not part of a restore
-            self._procs[key] = await self._start(degree)
-        backup = self.backups[rm.name]
-        shard = len(backup) // degree
-        started = time.perf_counter()
-        # One copy per GPU of the chunk, from that GPU's shard of the backup, as each link would move it.
-        self._resident[key] = [
-            np.array(backup[i * shard : (i + 1) * shard], copy=True) for i in range(degree)
-        ]
-        return time.perf_counter() - started
-
-    def evict(self, name: str, degree: int, chunk: buddy.Chunk) -> None:
-        self._resident.pop((name, degree, chunk), None)
-
-    def client(self, name: str, degree: int, chunk: buddy.Chunk) -> httpx.AsyncClient:
-        if (name, degree, chunk) not in self._resident:
-            raise errors.Unavailable(f"{variant(name, degree)} is not resident on {chunk}")
-        return self._procs[(name, degree, chunk)][1]
-
-    async def _start(self, degree: int) -> tuple[asyncio.subprocess.Process, httpx.AsyncClient]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        step_ms = 1000 * SIMULATED_STEP_S / degree**0.8
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "treadle.services.fakevllm", "--host", "127.0.0.1", "--port", str(port),
-            "--step-ms", f"{step_ms:.4f}", "--eos-probability", "0.1",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60)
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                break
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get("/health")).status_code == 200:
-                    return proc, client
-            await asyncio.sleep(0.1)
-        proc.kill()
-        await client.aclose()
-        raise errors.Unavailable(
-            f"the simulated reward-model engine did not start in {self.start_timeout_s}s"
-        )
-
-    async def aclose(self) -> None:
-        for proc, client in self._procs.values():
-            proc.terminate()
-            await client.aclose()
-        for proc, _ in self._procs.values():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 5)
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        self._procs.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +55,8 @@ class Lease:
     queued_s: float
     restore_s: float
     """0 when the variant was resident (cache affinity hit)."""
+    served: str | None
+    """The ``model`` its requests name (``Engines.served_name``)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -242,8 +141,11 @@ class GpuManager:
                 restore_s = await self.engines.restore(rm, degree, chunk)
                 self._restores.labels(name).inc()
                 self._restore_s.labels(name).observe(restore_s)
-            lease = Lease(name, degree, chunk, self.engines.client(name, degree, chunk), queued_s, restore_s)
+            client = self.engines.client(name, degree, chunk)
+            lease = Lease(name, degree, chunk, client, queued_s, restore_s, self.engines.served_name(name))
         except BaseException:
+            if placement.restore:  # not resident after all: the next grant here restores it
+                self.pool = buddy.forget(self.pool, variant(name, degree), chunk)
             self._give_back(chunk)
             raise
         started = self.clock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import fastapi
 import httpx
@@ -13,6 +14,7 @@ from treadle.api import v1alpha1
 from treadle.sandbox import cores, runner
 from treadle.services.httputil import app as http_app
 from treadle.services.httputil import errors as http_errors
+from treadle.services.reward import engines as engines_
 from treadle.services.reward import functions, gpus, protocol, service
 
 
@@ -30,12 +32,14 @@ def build_app(
     reward_models: tuple[v1alpha1.RewardModel, ...] = (),
     reward_model_gpus: int = 0,
     gpu_memory_gb: float = 80.0,
+    backup_dir: Path = engines_.BACKUP_DIR,
     token: str | None = None,
 ) -> fastapi.FastAPI:
     """``cpus_per_action``: the most cores the pod's action manager (``treadle.sandbox.cores``) grants
-    one ``code-tests`` run (None: runs are not pinned). ``reward_models``: served on
-    ``reward_model_gpus`` GPUs of ``gpu_memory_gb`` each by the GPU manager (``gpus``). ``token``: the
-    job's, required of every caller but the probes and Prometheus (``treadle.auth``)."""
+        one ``code-tests`` run (None: runs are not pinned). ``reward_models``: served on
+        ``reward_model_gpus`` GPUs of ``gpu_memory_gb`` each by the GPU manager (``gpus``), with vLLM engines
+    their checkpoints copied under ``backup_dir`` (host memory: a tmpfs). ``token``: the
+        job's, required of every caller but the probes and Prometheus (``treadle.auth``)."""
     registry = registry or http_app.registry()
     action_metrics = cores.ActionMetrics(registry)
     manager = (
@@ -43,7 +47,7 @@ def build_app(
         if cpus_per_action is None
         else cores.CoreManager(upper=cpus_per_action, action_metrics=action_metrics)
     )
-    engines = gpus.SimulatedEngines(reward_models) if reward_models else None
+    engines = engines_.engines(reward_models, backup_dir=backup_dir, gpu_gb=gpu_memory_gb)
     gpu_manager = None if engines is None else gpus.GpuManager(
         reward_models, gpus=reward_model_gpus, gpu_gb=gpu_memory_gb, engines=engines, registry=registry,
         action_metrics=action_metrics,

@@ -56,6 +56,15 @@ def test_cache_affinity_picks_the_chunk_that_holds_the_variant() -> None:
     assert judge.chunk == a.chunk and not judge.restore
 
 
+def test_a_forgotten_variant_is_restored_again_on_its_next_grant() -> None:
+    pool = buddy.of_gpus(1, 80.0)
+    pool, first = buddy.allocate(pool, 1, "judge@tp1", 30.0) or pytest.fail("no chunk")
+    assert first.restore
+    pool = buddy.forget(buddy.release(pool, first.chunk), "judge@tp1", first.chunk)
+    pool, again = buddy.allocate(pool, 1, "judge@tp1", 30.0) or pytest.fail("no chunk")
+    assert again.chunk == first.chunk and again.restore
+
+
 def test_restore_evicts_least_recently_used_until_the_variant_fits() -> None:
     pool = buddy.empty(1, 80.0)
     for name in ("old", "mid", "new"):
