@@ -10,7 +10,8 @@ placement, scheduler) talking over HTTP and gRPC.
 Workload: ``--groups`` prompt groups of ``--group-size``; group ``g`` runs ``turns[g]`` turns (the
 environment's ``max_turns`` option; the fake model never answers, so every trajectory runs them
 all), drawn once from a lognormal (median ``--median-turns``, sigma ``--sigma``, capped) so a few
-trajectories are far longer than the rest. Every turn generates exactly ``--tokens`` tokens
+trajectories are far longer than the rest, or given with ``--mix`` (``1x32,60x2``: one group of 32
+turns, sixty of 2, in an order shuffled by ``--seed``). Every turn generates exactly ``--tokens`` tokens
 (``--eos-probability 0``). At most ``--gate`` turns generate at once (the scheduler's
 ``max_concurrent_generations``); the default gives every trajectory a slot, so nothing waits in
 the gate and the default run measures Heddle's placement against batch interference (the
@@ -179,6 +180,13 @@ class Config:
     )
     sigma: float = dataclasses.field(default=1.3, metadata={"help": "sigma of the lognormal turns per group"})
     max_turns: int = dataclasses.field(default=48, metadata={"help": "cap on turns per group"})
+    mix: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "COUNTxTURNS,... (e.g. 1x32,60x2): that many groups of that many turns, shuffled by "
+            "--seed, instead of --groups lognormal ones"
+        },
+    )
     steps: int = dataclasses.field(
         default=3, metadata={"help": "rollout steps per configuration (the first warms the predictor)"}
     )
@@ -231,12 +239,31 @@ class Config:
 
 
 def workload(cfg: Config) -> list[int]:
-    """Turns per group: lognormal, capped, the same in every step and configuration."""
+    """Turns per group, the same in every step and configuration: ``--mix``, or lognormal and capped."""
     rng = random.Random(cfg.seed)
+    if cfg.mix:
+        turns = parse_mix(cfg.mix, cfg.max_turns)
+        rng.shuffle(turns)  # submission order is FIFO's order: the long groups are not first by design
+        return turns
     return [
         max(1, min(cfg.max_turns, round(cfg.median_turns * math.exp(rng.gauss(0.0, cfg.sigma)))))
         for _ in range(cfg.groups)
     ]
+
+
+def parse_mix(mix: str, max_turns: int) -> list[int]:
+    """``--mix`` ``COUNTxTURNS,...`` as turns per group, in the order given."""
+    turns: list[int] = []
+    for part in mix.split(","):
+        count, sep, per_group = part.strip().partition("x")
+        if not (sep and count.isdigit() and per_group.isdigit() and int(count) > 0 and int(per_group) > 0):
+            raise ValueError(
+                f"--mix: want COUNTxTURNS,... with positive integers (e.g. 1x32,60x2), got {part!r}"
+            )
+        if int(per_group) > max_turns:
+            raise ValueError(f"--mix: {part!r} has more turns than --max-turns ({max_turns})")
+        turns += [int(per_group)] * int(count)
+    return turns
 
 
 def _json(value: Any) -> str:
@@ -288,7 +315,7 @@ async def start_shared(stack: stack_mod.Stack, cfg: Config) -> dict[str, Any]:
     return {"reward": reward, "env": env, "agents": agents, "engines": engines}
 
 
-def bench_job(name: str, cfg: Config) -> v1alpha1.RolloutJob:
+def bench_job(name: str, cfg: Config, groups: int) -> v1alpha1.RolloutJob:
     """One configuration as a RolloutJob: one decode-heavy pool of the simulated engines, one task.
 
     Staleness is the spec's largest: no version is committed here, so it never binds.
@@ -303,7 +330,7 @@ def bench_job(name: str, cfg: Config) -> v1alpha1.RolloutJob:
             "tasks": [{"name": "math", "agents": ["default"], "environment": "math-tool", "reward": "math",
                        "affinity": "decode-heavy", "groupSize": cfg.group_size, "maxTurns": cfg.max_turns}],
             "reward": {"scaleToZero": False, "minReplicas": 1},
-            "rollout": {"batchSize": cfg.groups * cfg.group_size, "staleness": 64,
+            "rollout": {"batchSize": groups * cfg.group_size, "staleness": 64,
                         "schedulingPolicy": policy["scheduling"], "placementPolicy": policy["placement"]},
         },
     })  # fmt: skip
@@ -313,9 +340,9 @@ async def run_config(
     name: str, shared: dict[str, Any], cfg: Config, turns: list[int], run_dir: Path
 ) -> dict[str, Any]:
     policy = CONFIGS[name]
-    members = cfg.groups * cfg.group_size
+    members = len(turns) * cfg.group_size
     with stack_mod.Stack(run_dir / name) as stack:
-        job = podenv.job_env(bench_job(name, cfg), stack.run_dir)
+        job = podenv.job_env(bench_job(name, cfg, len(turns)), stack.run_dir)
         buffer = await stack.start(
             "buffer", "treadle.services.buffer", ["--namespace", name], kind="grpc", env=job
         )
@@ -458,7 +485,7 @@ def report(results: dict[str, Any], load: str) -> None:
     turns = results["turns_per_group"]
     print("SIMULATED ENGINE (fakevllm); every service a real process on 127.0.0.1")
     print(f"load average at start: {load}")
-    print(f"workload: {cfg['groups']} groups x {cfg['group_size']}, turns per group median "
+    print(f"workload: {len(turns)} groups x {cfg['group_size']}, turns per group median "
           f"{statistics.median(turns)}, max {max(turns)}, total {sum(turns) * cfg['group_size']} turns of "
           f"{cfg['tokens']} tokens; {cfg['engines']} engines x {cfg['slots']} slots, decode step "
           f"{results['engine_ms'][0]:.3f} ms + {results['engine_ms'][1]:.3f} ms per running sequence"

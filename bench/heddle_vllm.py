@@ -20,7 +20,9 @@ CPU decode step of this model is dominated by vLLM's per-step overhead, not by t
 
 Workload: math-tool (the random model never writes ``<answer>``, so a trajectory runs exactly its
 group's ``max_turns``), ``--groups`` groups of ``--group-size``, turns per group lognormal (median
-``--median-turns``, sigma ``--sigma``, capped at ``--max-turns``), ``--tokens`` tokens a turn; the
+``--median-turns``, sigma ``--sigma``, capped at ``--max-turns``; or fixed counts with ``--mix``,
+e.g. ``1x32,60x2`` for the critical-path regime of ``docs/SCHEDULING.md``), ``--tokens`` tokens a
+turn; the
 scheduler's global gate (``--gate``) is smaller than the trajectories in flight, so turns queue in
 the gate, where the scheduling policy orders (and, for heddle, preempts) them.
 
@@ -85,6 +87,12 @@ class Config:
     )
     sigma: float = dataclasses.field(default=1.3, metadata={"help": "sigma of the lognormal turns per group"})
     max_turns: int = dataclasses.field(default=24, metadata={"help": "cap on turns per group"})
+    mix: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "COUNTxTURNS,... (e.g. 1x32,60x2): groups of fixed turns instead of lognormal ones"
+        },
+    )
     steps: int = dataclasses.field(
         default=3, metadata={"help": "rollout steps per configuration (the first warms the predictor)"}
     )
@@ -113,7 +121,7 @@ def live_config(cfg: Config) -> heddle_live.Config:
     return heddle_live.Config(
         groups=cfg.groups, group_size=cfg.group_size, engines=cfg.engines * cfg.agents_per_engine,
         slots=cfg.max_num_seqs, gate=cfg.gate, tokens=cfg.tokens, median_turns=cfg.median_turns,
-        sigma=cfg.sigma, max_turns=cfg.max_turns, steps=cfg.steps, seed=cfg.seed,
+        sigma=cfg.sigma, max_turns=cfg.max_turns, mix=cfg.mix, steps=cfg.steps, seed=cfg.seed,
         step_timeout_s=cfg.step_timeout_s, configs=cfg.configs, rounds=cfg.rounds, probe_s=cfg.probe_s,
     )  # fmt: skip
 
@@ -193,7 +201,7 @@ def report(results: dict[str, Any]) -> None:
         "REAL vLLM (CPU build), tiny random Llama (treadle.models.tiny); every service a process on 127.0.0.1"
     )
     print(f"load average at start {results['load_average_start']}, at end {results['load_average_end']}")
-    print(f"workload: math-tool, {cfg['groups']} groups x {cfg['group_size']}, turns per group median "
+    print(f"workload: math-tool, {len(turns)} groups x {cfg['group_size']}, turns per group median "
           f"{statistics.median(turns)}, max {max(turns)}, {sum(turns) * cfg['group_size']} turns of at most "
           f"{cfg['tokens']} tokens; {cfg['engines']} engine(s) x {cfg['agents_per_engine']} agents, "
           f"max-num-seqs {cfg['max_num_seqs']}, max-model-len {cfg['max_model_len']}, omp threads "

@@ -21,7 +21,7 @@ from typing import Any
 
 from treadle import errors
 
-DISTS = ("const", "uniform", "lognormal", "normal")
+DISTS = ("const", "uniform", "lognormal", "normal", "choice")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +35,14 @@ class Dist:
     low: float = 0.0
     high: float = math.inf
     source: str = "ours"
+    values: tuple[float, ...] = ()
+    """``choice``: the values drawn, with ``weights`` (a bimodal mix such as few long, many short)."""
+    weights: tuple[float, ...] = ()
 
     def sample(self, rng: random.Random) -> float:
-        if self.kind == "const":
+        if self.kind == "choice":
+            x = rng.choices(self.values, self.weights)[0]
+        elif self.kind == "const":
             x = self.mean
         elif self.kind == "uniform":
             x = rng.uniform(self.low, self.high)
@@ -62,6 +67,8 @@ def parse_dist(raw: Any, *, field: str) -> Dist:
         raise errors.SpecError(
             "every parameter names its source (a paper table, or 'ours')", field=f"{field}.source"
         )
+    if kind == "choice":
+        return parse_choice(raw, field=field)
     try:
         low = float(raw.get("min", 0.0))
         high = float(raw.get("max", math.inf))
@@ -74,6 +81,32 @@ def parse_dist(raw: Any, *, field: str) -> Dist:
     if kind == "uniform" and not math.isfinite(high):
         raise errors.SpecError("uniform needs min and max", field=field, value=dict(raw))
     return Dist(kind, mean, cv=cv, low=low, high=high, source=str(raw["source"]))
+
+
+def parse_choice(raw: Mapping[str, Any], *, field: str) -> Dist:
+    """``{dist: choice, values: [32, 2], weights: [1, 60], source: ...}``: each value with its weight."""
+    values, weights = raw.get("values"), raw.get("weights")
+    if not isinstance(values, list) or not values or not all(_number(v) and v >= 0 for v in values):
+        raise errors.SpecError(
+            "must be a non-empty list of numbers >= 0", field=f"{field}.values", value=values
+        )
+    if (
+        not isinstance(weights, list)
+        or len(weights) != len(values)
+        or not all(_number(w) and w > 0 for w in weights)
+    ):
+        raise errors.SpecError(
+            f"must be {len(values)} numbers > 0, one per value", field=f"{field}.weights", value=weights
+        )
+    mean = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+    return Dist(
+        "choice", mean, low=float(min(values)), high=float(max(values)), source=str(raw["source"]),
+        values=tuple(float(v) for v in values), weights=tuple(float(w) for w in weights),
+    )  # fmt: skip
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,8 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
     out = tmp_path / "bench"
     argv = [
         sys.executable, str(ROOT / "bench" / "heddle_live.py"), "--out", str(out),
-        "--configs", "baseline,heddle", "--groups", "8", "--group-size", "2", "--median-turns", "2",
+        # --mix: one group of 12 turns among seven of 2 (8 groups), the critical-path regime's shape
+        "--configs", "baseline,heddle", "--mix", "1x12,7x2", "--group-size", "2",
         "--max-turns", "12", "--tokens", "8", "--steps", "2", "--gate", "8", "--step-timeout-s", "120",
         "--prefill",
     ]  # fmt: skip

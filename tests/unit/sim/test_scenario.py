@@ -95,3 +95,29 @@ def test_lognormal_draws_have_the_declared_mean() -> None:
     samples = [dist.sample(rng) for _ in range(20_000)]
     assert sum(samples) / len(samples) == pytest.approx(100, rel=0.05)
     assert max(samples) / 100 > 5  # a long tail, as RollArt's max/mean of 5-9x
+
+
+def test_choice_draws_each_value_by_its_weight() -> None:
+    dist = workloads.parse_dist(
+        {"dist": "choice", "values": [32, 2], "weights": [1, 60], "source": "test"}, field="x"
+    )
+    assert (dist.low, dist.high, dist.mean) == (2.0, 32.0, pytest.approx((32 + 120) / 61))
+    rng = random.Random(0)
+    samples = [dist.sample(rng) for _ in range(6_100)]
+    assert set(samples) == {2.0, 32.0}
+    assert samples.count(32.0) == pytest.approx(100, abs=30)
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"values": [], "weights": []}, "x.values"),
+        ({"values": [1, "a"], "weights": [1, 1]}, "x.values"),
+        ({"values": [1, 2], "weights": [1]}, "x.weights"),
+        ({"values": [1, 2], "weights": [1, 0]}, "x.weights"),
+    ],
+)
+def test_a_bad_choice_names_its_field(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(errors.SpecError) as info:
+        workloads.parse_dist({"dist": "choice", "source": "test", **raw}, field="x")
+    assert info.value.field == field
