@@ -6,7 +6,13 @@ On a CPU machine the "GPU memory" is host memory too, so this is a host-to-host 
 machine's memory bandwidth): the figure a GPU restore would take (PCIe / NVLink host-to-device) is
 not measured here. The simulated engine processes are started before timing (one per variant).
 
-Run: ``python bench/tangram_reward_gpus.py [--weights-gb 1.0]``.
+``--engine vllm``: REAL vLLM (the CPU build) instead, serving a generated random Llama of
+``--hidden`` x ``--layers`` at degree 1; ``VllmEngines.restore`` reloads its weights from the copy in
+``/dev/shm`` (the worker extension's ``treadle_weights_restore``: checked, then ``reload_weights``).
+The engine's start is not timed. Again no GPU: a reload into host memory, not a wake-up and a copy
+to the device.
+
+Run: ``python bench/tangram_reward_gpus.py [--weights-gb 1.0] [--engine vllm --hidden 1024 --layers 8]``.
 """
 
 from __future__ import annotations
@@ -14,11 +20,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import statistics
+import tempfile
+import time
+from pathlib import Path
 
 import benchcli
 
+from treadle import errors
 from treadle.api import v1alpha1
+from treadle.models import tiny, vllm_server
 from treadle.policy.tangram import buddy
 from treadle.services.reward import engines
 
@@ -27,6 +39,9 @@ from treadle.services.reward import engines
 class Config:
     weights_gb: float = dataclasses.field(default=1.0, metadata={"help": "the model's weights (GB)"})
     repeats: int = dataclasses.field(default=5, metadata={"help": "restores timed per degree"})
+    engine: str = dataclasses.field(default="simulated", metadata={"help": "simulated, or vllm (module doc)"})
+    hidden: int = dataclasses.field(default=1024, metadata={"help": "vllm: the generated model's width"})
+    layers: int = dataclasses.field(default=8, metadata={"help": "vllm: the generated model's layers"})
 
 
 async def run(cfg: Config) -> None:
@@ -50,8 +65,54 @@ async def run(cfg: Config) -> None:
         await simulated.aclose()
 
 
+async def run_vllm(cfg: Config, tmp: Path, shm: Path) -> None:
+    model = tiny.generate(tmp / "judge", hidden=cfg.hidden, layers=cfg.layers)
+    size_gb = sum(f.stat().st_size for f in model.glob("*.safetensors")) / 1e9
+    rm = v1alpha1.RewardModel(
+        name="judge", model=str(model), weights_gb=size_gb, engine="vllm",
+        engine_args=["--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "2"],
+    )  # fmt: skip
+    environ = {**os.environ, **vllm_server.environment(tmp / "vllm-cache")}
+    real = engines.VllmEngines([rm], backup_dir=shm, gpu_gb=80.0, cuda=False, environ=environ)
+    chunk = buddy.Chunk(0, 0, 1)
+    try:
+        began = time.monotonic()
+        while True:  # the first restore starts the engine: Unavailable until it is up
+            try:
+                await real.restore(rm, 1, chunk)
+                break
+            except errors.Unavailable:
+                if time.monotonic() - began > 900:
+                    raise
+                await asyncio.sleep(2.0)
+        up_s, load = time.monotonic() - began, os.getloadavg()[0]
+        print(f"REAL vLLM (CPU build), {cfg.hidden} x {cfg.layers} random Llama, {size_gb:.3f} GB of "
+              f"safetensors; engine up in {up_s:.0f} s; load {load:.1f}")  # fmt: skip
+        times = []
+        for _ in range(cfg.repeats):
+            real.evict(rm.name, 1, chunk)
+            times.append(await real.restore(rm, 1, chunk))
+        median = statistics.median(times)
+        print(
+            f"restores: {[round(t, 3) for t in times]} s; median {median:.3f} s, {size_gb / median:.2f} GB/s"
+        )
+    finally:
+        await real.aclose()
+
+
 def main() -> None:
-    asyncio.run(run(benchcli.parse(Config, __doc__)))
+    cfg = benchcli.parse(Config, __doc__)
+    if cfg.engine == "simulated":
+        asyncio.run(run(cfg))
+        return
+    if cfg.engine != "vllm":
+        raise SystemExit(f"--engine: simulated or vllm, got {cfg.engine!r}")
+    tmp, shm = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        asyncio.run(run_vllm(cfg, tmp, shm))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 if __name__ == "__main__":

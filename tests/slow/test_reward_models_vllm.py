@@ -6,7 +6,8 @@ two reward models (two tiny random Llamas of different seeds), so alternating th
 restores. A restore reloads the engine's weights from the gateway's copy of the checkpoint in host
 memory; the test proves the copy is what gets loaded by zeroing the copy of one model between two of
 its restores (its verdict changes) and putting it back (its first verdict returns, token for token).
-Then the gateway is SIGKILLed: its engines go with it.
+Then one engine is SIGKILLed while its model is resident: the gateway starts it again on the next
+grading. Then the gateway is SIGKILLed: its engines go with it.
 vLLM's CPU worker has no sleep mode, so eviction frees no memory here (docs/TANGRAM.md).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -147,6 +149,16 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an orphan whose reaper, e.g. a subreaper that a
+    sandbox test made of this pytest process, has not collected it yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def samples(text: str, name: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in parser.text_string_to_metric_families(text):
@@ -179,19 +191,27 @@ def test_vllm_reward_models_restore_from_host_memory_on_one_gpu(
         back = s.score("alpha")
         assert restore_s(back) > 0 and verdict(back) == verdict(alpha)
 
+        # alpha's engine killed while resident: its next gradings answer 503 until it is started again
+        (engine,) = [
+            p for p, cmd in descendants(proc.pid).items() if "api_server" in cmd and " alpha " in cmd
+        ]
+        os.kill(engine, signal.SIGKILL)
+        revived = s.score("alpha")
+        assert restore_s(revived) > 0 and verdict(revived) == verdict(alpha)
+
         text = s.http.get("/metrics").text
         # Killed without a chance to stop them, the gateway leaves no engine behind (PR_SET_PDEATHSIG).
         engines = descendants(proc.pid)
         assert sum("api_server" in cmdline for cmdline in engines.values()) == 2, engines
         proc.kill()
         deadline = time.monotonic() + 60
-        while (alive := [p for p in engines if Path(f"/proc/{p}").exists()]) and time.monotonic() < deadline:
+        while (alive := [p for p in engines if running(p)]) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not alive, {p: engines[p] for p in alive}
     restores = samples(text, metrics.REWARD_MODEL_RESTORES_TOTAL)
     evictions = samples(text, metrics.REWARD_MODEL_EVICTIONS_TOTAL)
-    assert restores == {"alpha": 4.0, "beta": 3.0}, restores
+    assert restores == {"alpha": 5.0, "beta": 3.0}, restores
     assert evictions == {"alpha": 3.0, "beta": 3.0}, evictions
-    timed = sorted(restore_s(r) for r in (alpha, beta, again, zeroed, back))
+    timed = sorted(restore_s(r) for r in (alpha, beta, again, zeroed, back, revived))
     print(f"vLLM reward-model restores from host memory: {[round(t, 4) for t in timed]} s; verdicts "
           f"alpha {verdict(alpha)!r} beta {verdict(beta)!r} zeroed {verdict(zeroed)!r}")  # fmt: skip

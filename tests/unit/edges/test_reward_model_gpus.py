@@ -183,3 +183,32 @@ def test_vllm_engines_get_sleep_mode_and_their_gpu_share_on_cuda_and_float32_on_
     cpu = engines.vllm_argv(judge, 1, port=8001, cuda=False, gpu_gb=80)
     assert "--enable-sleep-mode" not in cpu and cpu[cpu.index("--dtype") + 1] == "float32"
     assert cpu[cpu.index("--worker-extension-cls") + 1] == engines.VLLM_EXTENSION
+
+
+class Dying(Recording):
+    """An engine that dies once while its variant is resident, as ``VllmEngines.client`` then reports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dead = False
+
+    def client(self, name: str, degree: int, chunk: buddy.Chunk) -> httpx.AsyncClient:
+        if self.dead:
+            self.dead = False
+            self.resident.discard((name, degree, chunk))
+            raise errors.Unavailable("exited")
+        return super().client(name, degree, chunk)
+
+
+async def test_a_variant_whose_engine_died_is_restored_on_the_next_grant() -> None:
+    engines = Dying()
+    m = manager([rm("a", 10, [1])], 1, 80, engines)
+    async with m.lease("a"):
+        pass
+    engines.dead = True
+    with pytest.raises(errors.Unavailable):
+        async with m.lease("a"):
+            pass
+    async with m.lease("a") as lease:
+        assert lease.restore_s > 0
+    assert len(engines.restores) == 2

@@ -161,7 +161,8 @@ VLLM_EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
 class _Engine:
     started: asyncio.Task[httpx.AsyncClient]
     process: asyncio.subprocess.Process | None = None
-    asleep: bool = False
+    sleeping: asyncio.Task[None] | None = None
+    """CUDA: the ``/sleep`` of its last eviction; a restore wakes it once that has answered."""
 
 
 class VllmEngines:
@@ -179,7 +180,8 @@ class VllmEngines:
         self._backing_up = asyncio.Lock()
         self._engines: dict[tuple[str, int, buddy.Chunk], _Engine] = {}
         self._resident: set[tuple[str, int, buddy.Chunk]] = set()
-        self._sleeps: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Future[None]] = set()
+        """Clients of engines that exited, closing."""
 
     async def restore(self, rm: v1alpha1.RewardModel, degree: int, chunk: buddy.Chunk) -> float:
         """The reload's seconds; ``Unavailable`` while the engine is still starting (its first grant)."""
@@ -192,11 +194,14 @@ class VllmEngines:
         if (failed := engine.started.exception()) is not None:
             del self._engines[key]  # the next grant here starts it again
             raise failed
+        self._check_alive(key)
         client = engine.started.result()
         began = time.perf_counter()
-        if engine.asleep:
+        if engine.sleeping is not None:
+            sleeping, engine.sleeping = engine.sleeping, None
+            with contextlib.suppress(errors.Unavailable):  # a sleep that failed left it awake
+                await sleeping
             await _post(client, "/wake_up")
-            engine.asleep = False
         await _post(client, "/collective_rpc",
                     {"method": "treadle_weights_restore", "args": [str(self.backups[rm.name])]})  # fmt: skip
         await _post(client, "/reset_prefix_cache")
@@ -208,16 +213,29 @@ class VllmEngines:
         self._resident.discard(key)
         engine = self._engines.get(key)
         if self.cuda and engine is not None and engine.started.done() and not engine.started.exception():
-            engine.asleep = True
-            task = asyncio.create_task(_post(engine.started.result(), "/sleep?level=2"))
-            self._sleeps.add(task)
-            task.add_done_callback(self._sleeps.discard)
+            engine.sleeping = asyncio.create_task(_post(engine.started.result(), "/sleep?level=2"))
 
     def client(self, name: str, degree: int, chunk: buddy.Chunk) -> httpx.AsyncClient:
         key = (name, degree, chunk)
         if key not in self._resident:
             raise errors.Unavailable(f"{variant(name, degree)} is not resident on {chunk}")
+        self._check_alive(key)
         return self._engines[key].started.result()
+
+    def _check_alive(self, key: tuple[str, int, buddy.Chunk]) -> None:
+        """``Unavailable`` if the engine exited (killed, crashed); it is started again on the next grant."""
+        engine = self._engines[key]
+        if engine.process is None or engine.process.returncode is None:
+            return
+        del self._engines[key]
+        self._resident.discard(key)
+        _stop_group(engine.process, signal.SIGKILL)  # what is left of it: its engine core, its workers
+        self._closing.add(asyncio.ensure_future(engine.started.result().aclose()))
+        name, degree, chunk = key
+        raise errors.Unavailable(
+            f"the vLLM engine of {variant(name, degree)} on {chunk} exited with {engine.process.returncode}; "
+            "the next grant there starts it again"
+        )
 
     def served_name(self, name: str) -> str | None:
         return name  # vllm_argv's --served-model-name
@@ -260,6 +278,8 @@ class VllmEngines:
     async def aclose(self) -> None:
         for engine in self._engines.values():
             engine.started.cancel()
+            if engine.sleeping is not None:
+                engine.sleeping.cancel()
             if engine.process is not None and engine.process.returncode is None:
                 _stop_group(engine.process, signal.SIGTERM)
         for engine in self._engines.values():
@@ -272,6 +292,7 @@ class VllmEngines:
             with contextlib.suppress(BaseException):
                 await (await engine.started).aclose()
         self._engines.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def backup(rm: v1alpha1.RewardModel, to: Path) -> Path:

@@ -144,8 +144,8 @@ class GpuManager:
             client = self.engines.client(name, degree, chunk)
             lease = Lease(name, degree, chunk, client, queued_s, restore_s, self.engines.served_name(name))
         except BaseException:
-            if placement.restore:  # not resident after all: the next grant here restores it
-                self.pool = buddy.forget(self.pool, variant(name, degree), chunk)
+            # Not resident after all (its restore failed, or its engine died): the next grant restores it.
+            self.pool = buddy.forget(self.pool, variant(name, degree), chunk)
             self._give_back(chunk)
             raise
         started = self.clock()
