@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 import test_learn as learn
-from prometheus_client import parser
 
 from treadle import metrics
 from treadle.devcluster import kwok
 from treadle.operator import config
+from treadle.testing import scraped
 
 NAME = "learn-judged"
 ENGINE_ENV = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -47,11 +47,8 @@ def judged_variant() -> dict[str, Any]:
     return job
 
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def gateway_samples(c: kwok.DevCluster) -> Samples | None:
-    """The reward gateway pod's metric samples by name; None until it is ready."""
+def gateway_samples(c: kwok.DevCluster) -> scraped.Samples | None:
+    """The reward gateway pod's metric samples; None until it is ready."""
     pods = learn.ready_pods(c, NAME, "reward")
     if not pods:
         return None
@@ -61,16 +58,7 @@ def gateway_samples(c: kwok.DevCluster) -> Samples | None:
         ).text
     except httpx.HTTPError:
         return None
-    out: Samples = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
-def value(seen: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples carrying ``labels``."""
-    return sum(v for have, v in seen.get(name, []) if labels.items() <= have.items())
+    return scraped.parse(text)
 
 
 @pytest.mark.timeout(1200)
@@ -82,22 +70,23 @@ def test_two_vllm_reward_models_share_a_gpu_of_the_gateways_pod(cluster: kwok.De
     (container,) = pod["spec"]["containers"]
     assert container["image"].startswith("ghcr.io/treadle-dev/treadle-vllm"), container["image"]
 
-    def restored_both() -> Samples | None:
+    def restored_both() -> scraped.Samples | None:
         seen = gateway_samples(cluster)
         restores = metrics.REWARD_MODEL_RESTORES_TOTAL
-        return seen if seen and all(value(seen, restores, model=m) >= 2 for m in ("alpha", "beta")) else None
+        both = seen and all(scraped.value(seen, restores, model=m) >= 2 for m in ("alpha", "beta"))
+        return seen if both else None
 
     seen = learn.poll(restored_both, "both reward models restored twice", 900)
     for m in ("alpha", "beta"):
-        assert value(seen, metrics.REWARD_REQUESTS_TOTAL, reward_fn=f"judge:{m}", outcome="scored") > 0, seen
-        assert value(seen, metrics.REWARD_MODEL_EVICTIONS_TOTAL, model=m) >= 1, (
-            seen
-        )  # one GPU: they take turns
+        scored = scraped.value(seen, metrics.REWARD_REQUESTS_TOTAL, reward_fn=f"judge:{m}", outcome="scored")
+        assert scored > 0, scraped.by_label(seen, metrics.REWARD_REQUESTS_TOTAL, "reward_fn")
+        # one GPU: they take turns
+        assert scraped.value(seen, metrics.REWARD_MODEL_EVICTIONS_TOTAL, model=m) >= 1, seen
     # Only "unavailable": an engine's first start, which the scheduler waits out (reward_unavailable_s).
-    failed = {have["kind"] for have, v in seen.get(metrics.REWARD_FAILURES_TOTAL, []) if v}
-    assert failed <= {"unavailable"}, seen[metrics.REWARD_FAILURES_TOTAL]
+    failures = scraped.by_label(seen, metrics.REWARD_FAILURES_TOTAL, "kind")
+    assert {kind for kind, n in failures.items() if n} <= {"unavailable"}, failures
     restore = metrics.REWARD_MODEL_RESTORE_SECONDS
     for m in ("alpha", "beta"):
-        n = value(seen, restore + "_count", model=m)
-        print(f"{m}: {n:.0f} restores, mean {value(seen, restore + '_sum', model=m) / n:.3f} s")
+        n = scraped.value(seen, restore + "_count", model=m)
+        print(f"{m}: {n:.0f} restores, mean {scraped.value(seen, restore + '_sum', model=m) / n:.3f} s")
     learn.delete(cluster, NAME)

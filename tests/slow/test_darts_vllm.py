@@ -32,12 +32,10 @@ import asyncio
 import contextlib
 import math
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client import parser
-from prometheus_client.metrics_core import Metric
 
 from treadle import metrics
 from treadle.api import jobconfig, v1alpha1
@@ -53,6 +51,7 @@ from treadle.services.placement import service as placement_service
 from treadle.services.reward import client as reward_client
 from treadle.services.reward import http_app as reward_app
 from treadle.services.scheduler import protocol, service
+from treadle.testing import scraped
 from treadle.v1 import placement_pb2
 
 if not vllm_server.installed():
@@ -64,7 +63,6 @@ MAX_MODEL_LEN = 4096
 room for them: vLLM clamps a request's max_tokens to what is left of the context, and a candidate cut
 at the context's end is not counted as truncated while its rescore (prompt + output + 1 token) is
 refused with 400 (found once in CI with a 512-token context)."""
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.fixture(scope="module")
@@ -94,26 +92,16 @@ def job_config() -> jobconfig.JobConfig:
     return jobconfig.job_config(job, max_tokens=MAX_TOKENS, max_in_flight=64, max_concurrent_generations=64)
 
 
-async def scrape(url: str) -> Samples:
+async def scrape(url: str) -> scraped.Samples:
     async with httpx.AsyncClient(timeout=10) as http:
-        text = (await http.get(url + "/metrics")).text
-    return collected(parser.text_string_to_metric_families(text))
+        return scraped.parse((await http.get(url + "/metrics")).text)
 
 
-def collected(families: Iterable[Metric]) -> Samples:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in families for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """Sum of ``name``'s samples whose labels include ``labels``."""
-    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
-
-
-def vllm_counts(samples: Samples) -> tuple[float, float, float]:
+def vllm_counts(samples: scraped.Samples) -> tuple[float, float, float]:
     """(requests received, requests finished, tokens of unfinished requests), by vLLM's /metrics."""
-    received = value(samples, "http_requests_total", handler="/v1/chat/completions")
-    finished = value(samples, "vllm:request_success_total")
-    cut_tokens = value(samples, "vllm:generation_tokens_total") - value(
+    received = scraped.value(samples, "http_requests_total", handler="/v1/chat/completions")
+    finished = scraped.value(samples, "vllm:request_success_total")
+    cut_tokens = scraped.value(samples, "vllm:generation_tokens_total") - scraped.value(
         samples, "vllm:request_generation_tokens_sum"
     )
     return received, finished, cut_tokens
@@ -124,7 +112,9 @@ async def engine_requests(url: str) -> float:
     total = -1.0
     for _ in range(100):
         samples = await scrape(url)
-        total = value(samples, "vllm:num_requests_running") + value(samples, "vllm:num_requests_waiting")
+        total = scraped.value(samples, "vllm:num_requests_running") + scraped.value(
+            samples, "vllm:num_requests_waiting"
+        )
         if total == 0:
             break
         await asyncio.sleep(0.05)
@@ -198,15 +188,15 @@ async def test_darts_aborts_reach_vllm_and_the_selected_tokens_and_logprobs_are_
         s2 = await settle(svc, submitted=GROUPS * (M + 2 * M))
         # M of each pool completed and stored; the other M aborted early or (ended with the M-th) unselected
         assert (s2.completed - s1.completed, s2.aborted) == (GROUPS * M, GROUPS * M)
-        sched = collected(svc.registry.collect())
-        assert value(sched, metrics.SCHED_DARTS_BUDGET, task="math") == GROUPS * 2 * M
-        early_stops = value(sched, metrics.SCHED_DARTS_ABORTED_TOTAL, reason="early_stop")
+        sched = scraped.samples(svc.registry.collect())
+        assert scraped.value(sched, metrics.SCHED_DARTS_BUDGET, task="math") == GROUPS * 2 * M
+        early_stops = scraped.value(sched, metrics.SCHED_DARTS_ABORTED_TOTAL, reason="early_stop")
         assert early_stops > 0
 
         # vLLM's own metrics: the requests it received but never finished are the agent's aborts
         after_vllm, after_agent = vllm_counts(await scrape(vllm_url)), await scrape(agent_url)
         received, finished, cut_tokens = (a - b for a, b in zip(after_vllm, before_vllm, strict=True))
-        agent_aborts = value(after_agent, metrics.AGENT_ABORTS_TOTAL) - value(
+        agent_aborts = scraped.value(after_agent, metrics.AGENT_ABORTS_TOTAL) - scraped.value(
             before_agent, metrics.AGENT_ABORTS_TOTAL
         )
         print(f"step 2: {received=} {finished=} {cut_tokens=} {agent_aborts=} {early_stops=}")

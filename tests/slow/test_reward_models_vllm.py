@@ -25,14 +25,13 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import parser
 from safetensors import numpy as st_numpy
 
 from treadle import metrics
 from treadle.api import v1alpha1
 from treadle.models import vllm_server
 from treadle.services import podenv
-from treadle.testing import procs
+from treadle.testing import procs, scraped
 
 CONTEXT = 2048
 START_S = 600.0
@@ -72,28 +71,19 @@ def job(judges: dict[str, Path]) -> v1alpha1.RolloutJob:
 @contextlib.contextmanager
 def gateway(tmp: Path, judges: dict[str, Path]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = procs.free_port()
-    env = os.environ | vllm_server.environment(tmp / "vllm-cache") | podenv.job_env(job(judges), tmp)
+    url = f"http://127.0.0.1:{port}"
+    env = vllm_server.environment(tmp / "vllm-cache") | podenv.job_env(job(judges), tmp)
     argv = [sys.executable, "-m", "treadle.services.reward", "--host", "127.0.0.1", "--port", str(port),
             "--backup-dir", str(tmp / "backups")]  # fmt: skip
-    # its own session: the gateway's vLLM engines are stopped with it even if it cannot stop them itself
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            assert proc.poll() is None, "the gateway exited"
-            time.sleep(0.2)
+    with procs.running("reward", argv, lambda: healthy(url), env=env, timeout=60) as proc:
         yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class Scorer:
@@ -159,15 +149,6 @@ def running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def samples(text: str, name: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                out[s.labels.get("model", "")] = s.value
-    return out
-
-
 def test_vllm_reward_models_restore_from_host_memory_on_one_gpu(
     tmp_path: Path, judges: dict[str, Path]
 ) -> None:
@@ -208,8 +189,8 @@ def test_vllm_reward_models_restore_from_host_memory_on_one_gpu(
         while (alive := [p for p in engines if running(p)]) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not alive, {p: engines[p] for p in alive}
-    restores = samples(text, metrics.REWARD_MODEL_RESTORES_TOTAL)
-    evictions = samples(text, metrics.REWARD_MODEL_EVICTIONS_TOTAL)
+    restores = scraped.by_label(scraped.parse(text), metrics.REWARD_MODEL_RESTORES_TOTAL, "model")
+    evictions = scraped.by_label(scraped.parse(text), metrics.REWARD_MODEL_EVICTIONS_TOTAL, "model")
     assert restores == {"alpha": 5.0, "beta": 3.0}, restores
     assert evictions == {"alpha": 3.0, "beta": 3.0}, evictions
     timed = sorted(restore_s(r) for r in (alpha, beta, again, zeroed, back, revived))

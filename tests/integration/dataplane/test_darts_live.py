@@ -18,7 +18,6 @@ import time
 
 import httpx
 import pytest
-from prometheus_client import parser
 
 from treadle import metrics
 from treadle.api import v1alpha1
@@ -30,6 +29,7 @@ from treadle.services.buffer import client as buffer_client
 from treadle.services.scheduler import client as scheduler_client
 from treadle.services.scheduler import darts_store
 from treadle.testing import redis_server as redis_server_mod
+from treadle.testing import scraped
 from treadle.v1 import scheduler_pb2
 
 M, GROUPS, SHORT, LONG = 4, 4, 5, 400
@@ -50,20 +50,9 @@ def job() -> v1alpha1.RolloutJob:
     })  # fmt: skip
 
 
-async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+async def scrape(url: str) -> scraped.Samples:
     async with httpx.AsyncClient(timeout=10) as http:
-        text = (await http.get(url + "/metrics")).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in parser.text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    """Sum of ``name``'s samples (a counter's ``_total`` too) whose labels include ``labels``."""
-    names = {name, f"{name}_total"}
-    return sum(v for (n, ls), v in samples.items() if n in names and set(labels.items()) <= set(ls))
+        return scraped.parse((await http.get(url + "/metrics")).text)
 
 
 async def saved_after(saved: darts_store.RedisStats, previous: stats.Stats | None) -> stats.Stats:
@@ -125,16 +114,18 @@ async def test_darts_aborts_the_surplus_in_the_engines_and_keeps_statistics_acro
         s2 = await settle(scheduler, submitted=GROUPS * (M + 2 * M))
         assert (s2.completed - s1.completed, s2.aborted) == (GROUPS * M, GROUPS * M)
         sched = await scrape(services.metrics["scheduler"].removesuffix("/metrics"))
-        assert value(sched, metrics.SCHED_DARTS_CANDIDATES_TOTAL) == GROUPS * (M + 2 * M)
-        assert value(sched, metrics.SCHED_DARTS_ABORTED_TOTAL, reason="early_stop") == GROUPS * M
-        assert value(sched, metrics.SCHED_DARTS_BUDGET, task="math") == GROUPS * 2 * M
+        assert scraped.value(sched, metrics.SCHED_DARTS_CANDIDATES_TOTAL) == GROUPS * (M + 2 * M)
+        assert scraped.value(sched, metrics.SCHED_DARTS_ABORTED_TOTAL, reason="early_stop") == GROUPS * M
+        assert scraped.value(sched, metrics.SCHED_DARTS_BUDGET, task="math") == GROUPS * 2 * M
         eng, ag, env = await scrape(engine), await scrape(agent), await scrape(services.envs[0])
-        assert value(eng, metrics.VLLM_REQUEST_SUCCESS, finished_reason="abort") == GROUPS * M
-        assert value(eng, metrics.VLLM_NUM_REQUESTS_RUNNING) == 0
-        assert value(eng, metrics.VLLM_GENERATION_TOKENS) < GROUPS * M * LONG  # the long ones were cut
-        assert value(ag, metrics.AGENT_ABORTS_TOTAL) == GROUPS * M
-        assert value(env, metrics.ENV_SESSIONS_ACTIVE) == 0
-        assert value(env, metrics.ENV_SESSIONS_OPENED_TOTAL) == GROUPS * (M + 2 * M)
+        assert scraped.value(eng, metrics.VLLM_REQUEST_SUCCESS, finished_reason="abort") == GROUPS * M
+        assert scraped.value(eng, metrics.VLLM_NUM_REQUESTS_RUNNING) == 0
+        assert (
+            scraped.value(eng, metrics.VLLM_GENERATION_TOKENS) < GROUPS * M * LONG
+        )  # the long ones were cut
+        assert scraped.value(ag, metrics.AGENT_ABORTS_TOTAL) == GROUPS * M
+        assert scraped.value(env, metrics.ENV_SESSIONS_ACTIVE) == 0
+        assert scraped.value(env, metrics.ENV_SESSIONS_OPENED_TOTAL) == GROUPS * (M + 2 * M)
         batch = await buffer.get_batch(batch_size=GROUPS * M, version=0, timeout_s=10)
         by_group: dict[str, list[str]] = {}
         for t in batch.trajectories:

@@ -10,20 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from prometheus_client import parser
 
 from treadle import metrics
 from treadle.api import v1alpha1
 from treadle.services import podenv
-from treadle.testing import procs
+from treadle.testing import procs, scraped
 
 GB = 0.05
 
@@ -52,23 +48,17 @@ def job() -> v1alpha1.RolloutJob:
 @contextlib.contextmanager
 def gateway(tmp: Path) -> Iterator[str]:
     port = procs.free_port()
-    env = os.environ | podenv.job_env(job(), tmp)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "treadle.services.reward", "--host", "127.0.0.1", "--port", str(port)], env=env
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            assert proc.poll() is None, "the gateway exited"
-            time.sleep(0.2)
+    argv = [sys.executable, "-m", "treadle.services.reward", "--host", "127.0.0.1", "--port", str(port)]
+    with procs.running("reward", argv, lambda: healthy(url), env=podenv.job_env(job(), tmp), timeout=60):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def grant(result: dict[str, object]) -> tuple[int, float]:
@@ -76,15 +66,6 @@ def grant(result: dict[str, object]) -> tuple[int, float]:
     details = result["details"]
     assert isinstance(details, dict)
     return int(details["gpus"]), float(details["restore_s"])
-
-
-def counter(text: str, name: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                out[s.labels.get("model", "")] = out.get(s.labels.get("model", ""), 0.0) + s.value
-    return out
 
 
 async def test_judge_rewards_run_on_the_gateways_gpus_with_measured_restores(tmp_path: Path) -> None:
@@ -112,8 +93,8 @@ async def test_judge_rewards_run_on_the_gateways_gpus_with_measured_restores(tmp
     assert hits, seen
     for r in results:
         assert 0.0 <= float(str(r["reward"])) <= 1.0 and grant(r)[0] in (1, 2)
-    restores = counter(text, metrics.REWARD_MODEL_RESTORES_TOTAL)
-    evictions = counter(text, metrics.REWARD_MODEL_EVICTIONS_TOTAL)
+    restores = scraped.by_label(scraped.parse(text), metrics.REWARD_MODEL_RESTORES_TOTAL, "model")
+    evictions = scraped.by_label(scraped.parse(text), metrics.REWARD_MODEL_EVICTIONS_TOTAL, "model")
     restore_s = [g[1] for g in map(grant, results) if g[1] > 0]
     assert sum(restores.values()) == len(restore_s) + len(again) - len(hits)
     assert len(restore_s) >= 2  # both models were restored at least once

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from treadle import errors
 from treadle.api import jobconfig, nodes, v1alpha1
 from treadle.operator import config, render
@@ -73,9 +75,6 @@ def test_vllm_reward_models_run_in_the_gateway_on_the_vllm_image_with_memory_bac
 def test_reward_models_of_two_engines_are_refused_by_field() -> None:
     raw = job().model_dump(by_alias=True, exclude_none=True)
     raw["spec"]["externalResources"]["rewardModels"][0]["engine"] = "vllm"
-    try:
+    with pytest.raises(errors.SpecError) as info:
         v1alpha1.parse_job(raw)
-    except errors.SpecError as exc:
-        assert exc.field == "spec.externalResources.rewardModels.engine", exc
-    else:
-        raise AssertionError("two engines were accepted")
+    assert info.value.field == "spec.externalResources.rewardModels.engine", info.value
