@@ -12,7 +12,9 @@ environment's ``max_turns`` option; the fake model never answers, so every traje
 all), drawn once from a lognormal (median ``--median-turns``, sigma ``--sigma``, capped) so a few
 trajectories are far longer than the rest, or given with ``--mix`` (``1x32,60x2``: one group of 32
 turns, sixty of 2, in an order shuffled by ``--seed``). Every turn generates exactly ``--tokens`` tokens
-(``--eos-probability 0``). At most ``--gate`` turns generate at once (the scheduler's
+(``--eos-probability 0``). ``--tool-s`` makes every tool call take that long (SIMULATED latency of a
+remote tool, ``bench/heddle_tools.py``: the agentic regime, where a long trajectory's chain of tool
+calls is its critical path). At most ``--gate`` turns generate at once (the scheduler's
 ``max_concurrent_generations``); the default gives every trajectory a slot, so nothing waits in
 the gate and the default run measures Heddle's placement against batch interference (the
 scheduling policy then only orders turns at the engines' own queues, which never fill); a lower
@@ -104,6 +106,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import statistics
 import tempfile
@@ -113,6 +116,7 @@ from typing import Any
 
 import benchcli
 import heddle_probes
+import heddle_tools
 
 from treadle.api import v1alpha1
 from treadle.localmode import run as run_mod
@@ -175,6 +179,13 @@ class Config:
         },
     )
     tokens: int = dataclasses.field(default=32, metadata={"help": "tokens every turn generates"})
+    tool_s: float = dataclasses.field(
+        default=0.0,
+        metadata={
+            "help": "every tool call takes this many seconds (SIMULATED latency of a remote tool, "
+            "bench/heddle_tools.py; 0: math-tool's own, milliseconds)"
+        },
+    )
     median_turns: float = dataclasses.field(
         default=2.0, metadata={"help": "median turns per group (lognormal)"}
     )
@@ -286,10 +297,28 @@ def engine_timing(cfg: Config) -> tuple[float, float]:
     return intercept * scale, per_seq * scale
 
 
+async def start_env(stack: stack_mod.Stack) -> str:
+    """The environment server, able to load ``heddle_tools`` (``--tool-s``) from this directory."""
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = await stack.start(
+        "env", "treadle.services.env", ["--allow-user-module", "heddle_tools"], kind="http",
+        env={"PYTHONPATH": path},
+    )  # fmt: skip
+    return env.url
+
+
+def environment(cfg: Config) -> str:
+    return heddle_tools.NAME if cfg.tool_s > 0 else "math-tool"
+
+
+def group_options(cfg: Config, turns: int) -> dict[str, Any]:
+    return {"max_turns": turns, "tool_s": cfg.tool_s} if cfg.tool_s > 0 else {"max_turns": turns}
+
+
 async def start_shared(stack: stack_mod.Stack, cfg: Config) -> dict[str, Any]:
     """Engines, agents, one environment server and the reward gateway, kept across configurations."""
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
-    env = (await stack.start("env", "treadle.services.env", [], kind="http")).url
+    env = await start_env(stack)
     agents = {}
     engines = []
     prefill = (
@@ -327,8 +356,9 @@ def bench_job(name: str, cfg: Config, groups: int) -> v1alpha1.RolloutJob:
             "agents": [{"name": "default", "model": "simulated"}],
             "pools": [{"name": "decode", "agent": "default", "accelerator": "H100", "replicas": cfg.engines,
                        "preferredWork": "decode-heavy"}],
-            "tasks": [{"name": "math", "agents": ["default"], "environment": "math-tool", "reward": "math",
-                       "affinity": "decode-heavy", "groupSize": cfg.group_size, "maxTurns": cfg.max_turns}],
+            "tasks": [{"name": "math", "agents": ["default"], "environment": environment(cfg),
+                       "reward": "math", "affinity": "decode-heavy", "groupSize": cfg.group_size,
+                       "maxTurns": cfg.max_turns}],
             "reward": {"scaleToZero": False, "minReplicas": 1},
             "rollout": {"batchSize": groups * cfg.group_size, "staleness": 64,
                         "schedulingPolicy": policy["scheduling"], "placementPolicy": policy["placement"]},
@@ -386,7 +416,10 @@ async def run_config(
             for step in range(cfg.steps):
                 groups = [
                     scheduler_pb2.PromptGroup(
-                        group_id=f"s{step}-g{g}", task="math", seed=g, options_json=_json({"max_turns": t})
+                        group_id=f"s{step}-g{g}",
+                        task="math",
+                        seed=g,
+                        options_json=_json(group_options(cfg, t)),
                     )
                     for g, t in enumerate(turns)
                 ]

@@ -22,7 +22,8 @@ Workload: math-tool (the random model never writes ``<answer>``, so a trajectory
 group's ``max_turns``), ``--groups`` groups of ``--group-size``, turns per group lognormal (median
 ``--median-turns``, sigma ``--sigma``, capped at ``--max-turns``; or fixed counts with ``--mix``,
 e.g. ``1x32,60x2`` for the critical-path regime of ``docs/SCHEDULING.md``), ``--tokens`` tokens a
-turn; the
+turn, every tool call ``--tool-s`` seconds (SIMULATED latency of a remote tool,
+``bench/heddle_tools.py``; 0: the math-tool server's own, milliseconds); the
 scheduler's global gate (``--gate``) is smaller than the trajectories in flight, so turns queue in
 the gate, where the scheduling policy orders (and, for heddle, preempts) them.
 
@@ -82,6 +83,13 @@ class Config:
         metadata={"help": "turns generating at once over all workers (Settings.max_concurrent_generations)"},
     )
     tokens: int = dataclasses.field(default=16, metadata={"help": "max tokens a turn generates"})
+    tool_s: float = dataclasses.field(
+        default=0.0,
+        metadata={
+            "help": "every tool call takes this many seconds (SIMULATED latency of a remote tool, "
+            "bench/heddle_tools.py; 0: math-tool's own, milliseconds)"
+        },
+    )
     median_turns: float = dataclasses.field(
         default=2.0, metadata={"help": "median turns per group (lognormal)"}
     )
@@ -120,8 +128,9 @@ def live_config(cfg: Config) -> heddle_live.Config:
     """The same run in ``heddle_live``'s terms (its ``engines`` counts routing targets, for worker_slots)."""
     return heddle_live.Config(
         groups=cfg.groups, group_size=cfg.group_size, engines=cfg.engines * cfg.agents_per_engine,
-        slots=cfg.max_num_seqs, gate=cfg.gate, tokens=cfg.tokens, median_turns=cfg.median_turns,
-        sigma=cfg.sigma, max_turns=cfg.max_turns, mix=cfg.mix, steps=cfg.steps, seed=cfg.seed,
+        slots=cfg.max_num_seqs, gate=cfg.gate, tokens=cfg.tokens, tool_s=cfg.tool_s,
+        median_turns=cfg.median_turns, sigma=cfg.sigma, max_turns=cfg.max_turns, mix=cfg.mix,
+        steps=cfg.steps, seed=cfg.seed,
         step_timeout_s=cfg.step_timeout_s, configs=cfg.configs, rounds=cfg.rounds, probe_s=cfg.probe_s,
     )  # fmt: skip
 
@@ -135,7 +144,7 @@ def make_model(out: Path, cfg: Config) -> Path:
 async def start_shared(stack: stack_mod.Stack, cfg: Config, model: Path, out: Path) -> dict[str, Any]:
     """vLLM engines, their agents, one environment server and the reward gateway, kept across runs."""
     reward = (await stack.start("reward", "treadle.services.reward", [], kind="http")).url
-    env = (await stack.start("env", "treadle.services.env", [], kind="http")).url
+    env = await heddle_live.start_env(stack)
     threads = (
         {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(cfg.omp_threads)}
         if cfg.omp_threads > 0

@@ -4,7 +4,9 @@ Runs ``bench/heddle_live.py`` small: the baseline (sticky least-loaded + FIFO) a
 (heddle placement + heddle scheduling) on the same long-tailed workload, one after the other.
 Asserts only what must hold whatever the machine's load: every trajectory of both completes, the
 migrations and preemptions are counted, ranks are exposed, the engines' prefix caches (``--prefill``)
-hit on later turns. Speed is the benchmark's business.
+hit on later turns, and the SIMULATED tool latency (``--tool-s``, the user environment
+``bench/heddle_tools.py`` that the env server imports) is on every trajectory's path. Speed is the
+benchmark's business.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+TOOL_S = 0.2
+LONGEST = 12
 
 
 def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Path) -> None:
@@ -23,9 +27,9 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
     argv = [
         sys.executable, str(ROOT / "bench" / "heddle_live.py"), "--out", str(out),
         # --mix: one group of 12 turns among seven of 2 (8 groups), the critical-path regime's shape
-        "--configs", "baseline,heddle", "--mix", "1x12,7x2", "--group-size", "2",
-        "--max-turns", "12", "--tokens", "8", "--steps", "2", "--gate", "8", "--step-timeout-s", "120",
-        "--prefill",
+        "--configs", "baseline,heddle", "--mix", f"1x{LONGEST},7x2", "--group-size", "2",
+        "--max-turns", str(LONGEST), "--tokens", "8", "--steps", "2", "--gate", "8",
+        "--step-timeout-s", "120", "--prefill", "--tool-s", str(TOOL_S),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400, check=False)
@@ -36,6 +40,8 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
     for name, run in runs.items():
         assert (run["completed"], run["failed"], run["aborted"]) == (2 * 8 * 2, 0, 0), name
         assert len(run["step_s"]) == 2
+        # the 12-turn trajectories wait out 11 tool calls of TOOL_S each (without the wait: about 0.5 s)
+        assert min(run["step_s"]) >= (LONGEST - 1) * TOOL_S, run["step_s"]
         # one probe summary per step: load sampled on both workers, every trajectory's finish seen
         assert [set(p["load_mean"]) for p in run["probes"]] == [{"w0", "w1"}] * 2, name
         assert all(

@@ -12,6 +12,7 @@ from treadle.errors import SpecError
 from treadle.policy import costmodel
 from treadle.sim import heddle
 from treadle.sim import workloads as w
+from treadle.sim.heddle import workload
 
 CODING = heddle.Domain(
     "coding",
@@ -83,6 +84,34 @@ def test_draw_batch_shares_difficulty_within_a_group_and_caps_output() -> None:
     assert len(batch) == 160 and [s.group for s in batch[:9]] == [0] * 8 + [1]
     assert max(s.output for s in batch) <= 5000
     assert all(len(s.inputs) == len(s.responses) == len(s.tools) >= 1 for s in batch)
+
+
+def test_group_steps_deals_a_choice_to_whole_groups_as_the_live_bench_mix_does() -> None:
+    import random
+
+    mix = w.Dist("choice", 2.16, low=2, high=16, values=(16.0, 2.0), weights=(1.0, 100.0))
+    domain = dataclasses.replace(CODING, steps=mix, difficulty_cv=0.0, sample_cv=0.0, group_steps=True)
+    for seed in range(5):
+        batch = heddle.draw_batch(domain, prompts=101, group_size=2, rng=random.Random(seed))
+        steps = {(s.group, len(s.responses)) for s in batch}
+        assert len(steps) == 101  # siblings share their group's count
+        assert sorted(n for _, n in steps).count(16) == 1  # exactly the weights' share: 1 group in 101
+        again = workload.redraw(domain, batch, 2, random.Random(seed + 1))
+        assert {(s.group, len(s.responses)) for s in again} == steps
+    # without it a choice is drawn per sample: siblings part and the long count varies by seed
+    apart = dataclasses.replace(domain, group_steps=False)
+    batches = [heddle.draw_batch(apart, prompts=101, group_size=2, rng=random.Random(k)) for k in range(10)]
+    longs = {sum(len(s.responses) == 16 for s in batch) for batch in batches}
+    assert len(longs) > 1
+
+
+def test_group_steps_must_be_a_boolean() -> None:
+    raw = yaml.safe_load((Path(__file__).parents[3] / "bench/scenarios/heddle/live-tools.yaml").read_text())
+    domain = raw["simulation"]["domains"]["math-tool"]
+    assert heddle.parse_domain(domain, name="m", field="d").group_steps
+    with pytest.raises(SpecError) as err:
+        heddle.parse_domain({**domain, "group_steps": "yes"}, name="m", field="d")
+    assert err.value.field == "d.group_steps"
 
 
 def test_a_fixed_tp_that_does_not_fit_names_the_field() -> None:

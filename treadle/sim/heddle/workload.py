@@ -39,6 +39,10 @@ class Domain:
     """Share of the history the worker's radix/prefix cache serves on a sticky step."""
     max_output_tokens: int = 40960
     """Heddle's cap on generated tokens per trajectory (40K)."""
+    group_steps: bool = False
+    """A prompt's step count is shared by its GRPO group instead of drawn per sample; a ``choice``'s
+    values are dealt to the groups in proportion to its weights, in a shuffled order, as
+    ``bench/heddle_live.py --mix`` gives exactly COUNT groups of TURNS turns."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +64,38 @@ def draw_batch(domain: Domain, *, prompts: int, group_size: int, rng: random.Ran
     difficulty = workloads.Dist("lognormal", 1.0, cv=domain.difficulty_cv)
     noise = workloads.Dist("lognormal", 1.0, cv=domain.sample_cv)
     scales = [difficulty.sample(rng) for _ in range(prompts)]
+    shared = _group_steps(domain, scales, rng) if domain.group_steps else []
     return [
-        draw(domain, g, scales[g] * noise.sample(rng), rng) for g in range(prompts) for _ in range(group_size)
+        draw(domain, g, scales[g] * noise.sample(rng), rng, steps=shared[g] if shared else None)
+        for g in range(prompts)
+        for _ in range(group_size)
     ]
 
 
-def draw(domain: Domain, group: int, scale: float, rng: random.Random) -> Shape:
-    steps = max(1, round(domain.steps.sample(rng) * math.sqrt(scale)))
-    steps = min(steps, round(domain.steps.high)) if math.isfinite(domain.steps.high) else steps
+def _steps(domain: Domain, scale: float, rng: random.Random, drawn: float | None = None) -> int:
+    value = domain.steps.sample(rng) if drawn is None else drawn
+    steps = max(1, round(value * math.sqrt(scale)))
+    return min(steps, round(domain.steps.high)) if math.isfinite(domain.steps.high) else steps
+
+
+def _group_steps(domain: Domain, scales: Sequence[float], rng: random.Random) -> list[int]:
+    """Each group's step count (``Domain.group_steps``): a choice dealt by its weights, else drawn."""
+    dist = domain.steps
+    if dist.kind != "choice":
+        return [_steps(domain, scale, rng) for scale in scales]
+    share = [w / sum(dist.weights) * len(scales) for w in dist.weights]
+    counts = [math.floor(x) for x in share]
+    by_remainder = sorted(range(len(share)), key=lambda i: counts[i] - share[i])
+    for i in by_remainder[: len(scales) - sum(counts)]:
+        counts[i] += 1
+    deck = [v for v, n in zip(dist.values, counts, strict=True) for _ in range(n)]
+    rng.shuffle(deck)
+    return [_steps(domain, scale, rng, drawn=v) for scale, v in zip(scales, deck, strict=True)]
+
+
+def draw(domain: Domain, group: int, scale: float, rng: random.Random, *, steps: int | None = None) -> Shape:
+    """One trajectory; ``steps`` given (the group's, ``Domain.group_steps``) or drawn."""
+    steps = _steps(domain, scale, rng) if steps is None else steps
     inputs: list[int] = []
     responses: list[int] = []
     tools: list[float] = []
@@ -101,7 +129,8 @@ def redraw(domain: Domain, batch: Sequence[Shape], group_size: int, rng: random.
     out = []
     for g, members in sorted(by_group.items()):
         scale = statistics.fmean(m.output for m in members) / base
-        out += [draw(domain, g, scale * noise.sample(rng), rng) for _ in range(group_size)]
+        steps = len(members[0].responses) if domain.group_steps else None
+        out += [draw(domain, g, scale * noise.sample(rng), rng, steps=steps) for _ in range(group_size)]
     return out
 
 
@@ -116,6 +145,9 @@ def parse_domain(raw: Mapping[str, Any], *, name: str, field: str) -> Domain:
         if key not in raw:
             raise errors.SpecError("is required", field=f"{field}.{key}")
         dists[key] = workloads.parse_dist(raw[key], field=f"{field}.{key}")
+    group_steps = raw.get("group_steps", False)
+    if not isinstance(group_steps, bool):
+        raise errors.SpecError(f"must be true or false, got {group_steps!r}", field=f"{field}.group_steps")
     try:
         return Domain(
             name=name,
@@ -125,6 +157,7 @@ def parse_domain(raw: Mapping[str, Any], *, name: str, field: str) -> Domain:
             predict_s=float(raw["predict_s"]),
             prefix_reuse=float(raw.get("prefix_reuse", 0.95)),
             max_output_tokens=int(raw.get("max_output_tokens", 40960)),
+            group_steps=group_steps,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.SpecError(f"bad domain: {exc}", field=field) from None
