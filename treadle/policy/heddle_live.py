@@ -27,11 +27,19 @@ returns the next one.
   under a saturated global gate: every contiguous plan stacks the equally long trajectories, which
   run their turns in step, on one engine (``bench/reports/heddle-live.md``). So a global gate
   keeps Eq. 2, the paper's rule.
-* **Fallback** (ours): ``heddle.fallback.choose`` prices the DP's plan and a longest-first
-  interleaving by a fluid simulation of each worker's batch (which sees the tail where the long
-  ones run alone on one worker) and keeps the interleaving when it is predicted to end sooner.
-  An interleaved plan is not rank intervals, so while it holds (``Live.interleaved``) ``on_step``
-  only records the prediction: no re-plan, no migration.
+* **Fallback** (ours): ``heddle.fallback.choose`` prices the DP's plan against a longest-first
+  interleaving, which stands for a balanced plan, by a fluid simulation of each worker's batch
+  (which sees the tail where the long ones run alone on one worker). When the interleaving is
+  predicted to end sooner, the task falls back (``Live.fallen_back``): its turns go to the per-turn
+  policy, sticky least-loaded, as under ``sticky-least-loaded`` itself, with no re-plan and no
+  migration, until none of its trajectories is in flight; the next batch is planned afresh. The
+  choice is made at every admitted batch and at every re-plan. The fluid model caps a worker's
+  batch at the scheduler's global gate (``gate``): without the cap, a plan that gives one worker
+  196 short trajectories was priced as if they all ran at once, while a gate of 8 runs them 8 at a
+  time. In the agentic regime (``bench/reports/heddle-intervals.md``) the uncapped model kept the
+  crowded plan (full Heddle 0.86x [0.83-0.88] of Heddle's scheduling, SIMULATED, run 12), and
+  keeping the routes a fallen-back step already had, instead of sticky least-loaded's balancing
+  by load, measured 0.95x [0.90-1.00] on real vLLM (run 14).
 * **Routing**: every turn of a trajectory goes to its router entry's worker (strict, as the
   paper's Rust router).
 * **Migration** (§5.3): ``router.on_step`` re-ranks the trajectory among the active ones and, if
@@ -82,8 +90,9 @@ class Live:
     in_transit: tuple[migration.Migration, ...] = ()
     since_plan: int = 0
     """Step boundaries since the group sizes were last re-planned."""
-    interleaved: bool = False
-    """The last placement was ``fallback``'s longest-first interleaving: no re-plans, no migration."""
+    fallen_back: bool = False
+    """``fallback`` predicted a balanced plan to end sooner than the DP's: turns go to the per-turn
+    policy (sticky least-loaded), no re-plan, no migration, until no trajectory is in flight."""
 
 
 def profiles(
@@ -110,16 +119,24 @@ def place(
     *,
     per_extra: float = DEFAULT_PER_EXTRA,
     slots: int = UNLIMITED,
+    gate: int = 0,
 ) -> Live:
-    """Place ``new`` (trajectory id -> predicted remaining tokens) on ``workers``; see the module doc."""
+    """Place ``new`` (trajectory id -> predicted remaining tokens) on ``workers``; see the module doc.
+
+    ``gate``: the scheduler's global gate (0: not given), which caps the fallback's fluid model.
+    """
     if not workers:
         raise SpecError("no worker to place on", field="workers", value=[])
+    if live.fallen_back and live.router is not None and live.router.entries:
+        return live  # fallen back until the trajectories in flight are done: new ones go unrouted
     old = live.router.entries if live.router is not None else {}
     predictions = {tid: e.predicted_remaining for tid, e in old.items()}
     predictions.update(new)
     trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
     chosen = fallback.choose(
-        trajectories, profiles(workers, max_group=len(trajectories), per_extra=per_extra, slots=slots)
+        trajectories,
+        profiles(workers, max_group=len(trajectories), per_extra=per_extra, slots=slots),
+        gate=gate,
     )
     state = router.from_placement(chosen.placement, predictions)
     entries = dict(state.entries)
@@ -127,12 +144,15 @@ def place(
         if tid not in new and entry.worker_id in workers:
             entries[tid] = entry
     state = dataclasses.replace(state, entries=MappingProxyType(entries))
-    return dataclasses.replace(live, router=state, interleaved=chosen.interleaved)
+    return dataclasses.replace(live, router=state, fallen_back=chosen.interleaved)
 
 
 def route(live: Live, trajectory_id: str) -> tuple[Live, str | None, bool]:
-    """(next state, the worker of this turn or ``None`` if not routed, whether it completes a migration)."""
-    if live.router is None or trajectory_id not in live.router.entries:
+    """(next state, the worker of this turn or ``None`` if not routed, whether it completes a migration).
+
+    ``None`` also while the task has fallen back: the caller's per-turn policy places the turn.
+    """
+    if live.fallen_back or live.router is None or trajectory_id not in live.router.entries:
         return live, None, False
     worker = router.route(live.router, trajectory_id)
     in_transit = tuple(m for m in live.in_transit if m.trajectory_id != trajectory_id)
@@ -148,21 +168,20 @@ def on_step(
     cost: migration.MigrationCost = migration.MigrationCost(),  # noqa: B008 - frozen, shared safely
     per_extra: float = DEFAULT_PER_EXTRA,
     slots: int = UNLIMITED,
+    gate: int = 0,
 ) -> tuple[Live, migration.Migration | None]:
     """Record a step boundary (the trajectory is entering its tool call); the migration launched, if any."""
     if live.router is None or trajectory_id not in live.router.entries:
         return live, None
-    if live.interleaved:
-        entries = dict(live.router.entries)
-        entries[trajectory_id] = dataclasses.replace(
-            entries[trajectory_id], predicted_remaining=predicted_remaining, context_tokens=context_tokens
-        )
-        return dataclasses.replace(
-            live, router=dataclasses.replace(live.router, entries=MappingProxyType(entries))
-        ), None
+    if live.fallen_back:
+        return _recorded(live, trajectory_id, predicted_remaining, context_tokens), None
     state, since = live.router, live.since_plan + 1
     if since >= max(1, len(state.entries) // REPLAN_DIVISOR):
-        state, since = _replanned(state, trajectory_id, predicted_remaining, per_extra, slots), 0
+        replanned = _replanned(state, trajectory_id, predicted_remaining, per_extra, slots, gate)
+        if replanned is None:  # the DP's plan is now predicted worse: fall back
+            live = dataclasses.replace(live, fallen_back=True, since_plan=0)
+            return _recorded(live, trajectory_id, predicted_remaining, context_tokens), None
+        state, since = replanned, 0
     live = dataclasses.replace(live, since_plan=since)
     # The others' predictions may be a turn older than this one: about what this turn added.
     previous = state.entries[trajectory_id].context_tokens
@@ -182,17 +201,39 @@ def on_step(
     return dataclasses.replace(live, router=state, in_transit=(*live.in_transit, move)), move
 
 
+def _recorded(live: Live, trajectory_id: str, predicted_remaining: float, context_tokens: int) -> Live:
+    """``live`` with the trajectory's new prediction and context, and nothing else changed."""
+    assert live.router is not None
+    entries = dict(live.router.entries)
+    entries[trajectory_id] = dataclasses.replace(
+        entries[trajectory_id], predicted_remaining=predicted_remaining, context_tokens=context_tokens
+    )
+    return dataclasses.replace(
+        live, router=dataclasses.replace(live.router, entries=MappingProxyType(entries))
+    )
+
+
 def _replanned(
-    state: router.RouterState, trajectory_id: str, predicted_remaining: float, per_extra: float, slots: int
-) -> router.RouterState:
-    """``state`` with its group sizes from the DP over the active trajectories' latest predictions."""
+    state: router.RouterState,
+    trajectory_id: str,
+    predicted_remaining: float,
+    per_extra: float,
+    slots: int,
+    gate: int,
+) -> router.RouterState | None:
+    """``state`` with its group sizes from the DP over the active trajectories' latest predictions;
+    ``None`` when ``fallback`` predicts the interleaving to end sooner than the DP's plan."""
     predictions = {tid: e.predicted_remaining for tid, e in state.entries.items()}
     predictions[trajectory_id] = predicted_remaining
     trajectories = [presorted_dp.Trajectory(tid, p) for tid, p in predictions.items()]
-    placed = presorted_dp.plan(
+    chosen = fallback.choose(
         trajectories,
         profiles(state.workers, max_group=len(trajectories), per_extra=per_extra, slots=slots),
+        gate=gate,
     )
+    if chosen.interleaved:
+        return None
+    placed = chosen.placement
     return dataclasses.replace(
         state, workers=tuple(g.worker_id for g in placed.groups), capacities=placed.capacities()
     )

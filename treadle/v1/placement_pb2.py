@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atreadle/v1/placement.proto\x12\ntreadle.v1\"R\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0e\x65ngine_address\x18\x04 \x01(\t\"\x82\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0f\n\x07waiting\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\"r\n\x12ReportLoadResponse\x12\x1b\n\x0eweight_version\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x15\n\rapply_weights\x18\x02 \x01(\x08\x12\x15\n\rweights_agent\x18\x03 \x01(\tB\x11\n\x0f_weight_version\"Q\n\rAssignRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04turn\x18\x03 \x01(\x05\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"k\n\nAssignment\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04work\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\"\xfd\x01\n\x0eReleaseRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x15\n\rturn_finished\x18\x08 \x01(\x08\x12 \n\x13predicted_remaining\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x63ontext_tokens\x18\n \x01(\x05\x42\x16\n\x14_predicted_remaining\"R\n\x0ePlaceCandidate\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x1b\n\x13predicted_remaining\x18\x03 \x01(\x01\"[\n\x11PlaceBatchRequest\x12\x30\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1a.treadle.v1.PlaceCandidate\x12\x14\n\x0cworker_slots\x18\x02 \x01(\x05\"$\n\x12PlaceBatchResponse\x12\x0e\n\x06placed\x18\x01 \x01(\x05\"\x11\n\x0fReleaseResponse\"(\n\x0eMigrateRequest\x12\x16\n\x0e\x66rom_worker_id\x18\x01 \x01(\t\" \n\x0fMigrateResponse\x12\r\n\x05moved\x18\x01 \x01(\x05\"\x12\n\x10PoolStateRequest\"\xab\x01\n\x0bWorkerState\x12\"\n\x06worker\x18\x01 \x01(\x0b\x32\x12.treadle.v1.Worker\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.treadle.v1.WorkerLoad\x12\x13\n\x0boutstanding\x18\x03 \x01(\x05\x12\x1b\n\x13sticky_trajectories\x18\x04 \x01(\x05\x12\r\n\x05\x61gent\x18\x05 \x01(\t\x12\x11\n\tmoving_to\x18\x06 \x01(\t\"\x96\x01\n\nAgentState\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tinstances\x18\x02 \x01(\x05\x12\x11\n\tqueue_len\x18\x03 \x01(\x05\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x10\n\x08moved_in\x18\x05 \x01(\x03\x12\x11\n\tmoved_out\x18\x06 \x01(\x03\x12\x16\n\x0etarget_version\x18\x07 \x01(\x03\"\x9b\x01\n\tTaskState\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63lared\x18\x02 \x01(\t\x12\x0c\n\x04work\x18\x03 \x01(\t\x12\x14\n\x0ctrajectories\x18\x04 \x01(\x03\x12\x12\n\nmean_turns\x18\x05 \x01(\x01\x12\x1a\n\x12mean_prompt_tokens\x18\x06 \x01(\x01\x12\x1a\n\x12mean_output_tokens\x18\x07 \x01(\x01\"\xb8\x01\n\x11PoolStateResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.treadle.v1.WorkerState\x12$\n\x05tasks\x18\x02 \x03(\x0b\x32\x15.treadle.v1.TaskState\x12\x12\n\nmigrations\x18\x03 \x01(\x03\x12&\n\x06\x61gents\x18\x04 \x03(\x0b\x32\x16.treadle.v1.AgentState\x12\x17\n\x0frebalance_moves\x18\x05 \x01(\x03\"8\n\x16PrefetchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61gent\x18\x02 \x01(\t\"G\n\x12SwapWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"\x85\x01\n\nWorkerSwap\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x17\n\x0f\x65xposed_seconds\x18\x06 \x01(\x01\x12\x0c\n\x04pull\x18\x07 \x01(\t\"^\n\x13SwapWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\'\n\x07workers\x18\x03 \x03(\x0b\x32\x16.treadle.v1.WorkerSwap2\x8f\x05\n\tPlacement\x12\x38\n\x0eRegisterWorker\x12\x12.treadle.v1.Worker\x1a\x12.treadle.v1.Worker\x12\x44\n\nReportLoad\x12\x16.treadle.v1.WorkerLoad\x1a\x1e.treadle.v1.ReportLoadResponse\x12;\n\x06\x41ssign\x12\x19.treadle.v1.AssignRequest\x1a\x16.treadle.v1.Assignment\x12\x42\n\x07Release\x12\x1a.treadle.v1.ReleaseRequest\x1a\x1b.treadle.v1.ReleaseResponse\x12\x42\n\x07Migrate\x12\x1a.treadle.v1.MigrateRequest\x1a\x1b.treadle.v1.MigrateResponse\x12H\n\tPoolState\x12\x1c.treadle.v1.PoolStateRequest\x1a\x1d.treadle.v1.PoolStateResponse\x12K\n\nPlaceBatch\x12\x1d.treadle.v1.PlaceBatchRequest\x1a\x1e.treadle.v1.PlaceBatchResponse\x12V\n\x0fPrefetchWeights\x12\".treadle.v1.PrefetchWeightsRequest\x1a\x1f.treadle.v1.SwapWeightsResponse\x12N\n\x0bSwapWeights\x12\x1e.treadle.v1.SwapWeightsRequest\x1a\x1f.treadle.v1.SwapWeightsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atreadle/v1/placement.proto\x12\ntreadle.v1\"R\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0e\x65ngine_address\x18\x04 \x01(\t\"\x82\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0f\n\x07waiting\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\"r\n\x12ReportLoadResponse\x12\x1b\n\x0eweight_version\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x15\n\rapply_weights\x18\x02 \x01(\x08\x12\x15\n\rweights_agent\x18\x03 \x01(\tB\x11\n\x0f_weight_version\"Q\n\rAssignRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04turn\x18\x03 \x01(\x05\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"k\n\nAssignment\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04work\x18\x05 \x01(\t\x12\r\n\x05\x61gent\x18\x06 \x01(\t\"\xfd\x01\n\x0eReleaseRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x15\n\rturn_finished\x18\x08 \x01(\x08\x12 \n\x13predicted_remaining\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x63ontext_tokens\x18\n \x01(\x05\x42\x16\n\x14_predicted_remaining\"R\n\x0ePlaceCandidate\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x1b\n\x13predicted_remaining\x18\x03 \x01(\x01\"i\n\x11PlaceBatchRequest\x12\x30\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1a.treadle.v1.PlaceCandidate\x12\x14\n\x0cworker_slots\x18\x02 \x01(\x05\x12\x0c\n\x04gate\x18\x03 \x01(\x05\"$\n\x12PlaceBatchResponse\x12\x0e\n\x06placed\x18\x01 \x01(\x05\"\x11\n\x0fReleaseResponse\"(\n\x0eMigrateRequest\x12\x16\n\x0e\x66rom_worker_id\x18\x01 \x01(\t\" \n\x0fMigrateResponse\x12\r\n\x05moved\x18\x01 \x01(\x05\"\x12\n\x10PoolStateRequest\"\xab\x01\n\x0bWorkerState\x12\"\n\x06worker\x18\x01 \x01(\x0b\x32\x12.treadle.v1.Worker\x12$\n\x04load\x18\x02 \x01(\x0b\x32\x16.treadle.v1.WorkerLoad\x12\x13\n\x0boutstanding\x18\x03 \x01(\x05\x12\x1b\n\x13sticky_trajectories\x18\x04 \x01(\x05\x12\r\n\x05\x61gent\x18\x05 \x01(\t\x12\x11\n\tmoving_to\x18\x06 \x01(\t\"\x96\x01\n\nAgentState\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x11\n\tinstances\x18\x02 \x01(\x05\x12\x11\n\tqueue_len\x18\x03 \x01(\x05\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x10\n\x08moved_in\x18\x05 \x01(\x03\x12\x11\n\tmoved_out\x18\x06 \x01(\x03\x12\x16\n\x0etarget_version\x18\x07 \x01(\x03\"\x9b\x01\n\tTaskState\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63lared\x18\x02 \x01(\t\x12\x0c\n\x04work\x18\x03 \x01(\t\x12\x14\n\x0ctrajectories\x18\x04 \x01(\x03\x12\x12\n\nmean_turns\x18\x05 \x01(\x01\x12\x1a\n\x12mean_prompt_tokens\x18\x06 \x01(\x01\x12\x1a\n\x12mean_output_tokens\x18\x07 \x01(\x01\"\xb8\x01\n\x11PoolStateResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.treadle.v1.WorkerState\x12$\n\x05tasks\x18\x02 \x03(\x0b\x32\x15.treadle.v1.TaskState\x12\x12\n\nmigrations\x18\x03 \x01(\x03\x12&\n\x06\x61gents\x18\x04 \x03(\x0b\x32\x16.treadle.v1.AgentState\x12\x17\n\x0frebalance_moves\x18\x05 \x01(\x03\"8\n\x16PrefetchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61gent\x18\x02 \x01(\t\"G\n\x12SwapWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"\x85\x01\n\nWorkerSwap\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x17\n\x0f\x65xposed_seconds\x18\x06 \x01(\x01\x12\x0c\n\x04pull\x18\x07 \x01(\t\"^\n\x13SwapWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\'\n\x07workers\x18\x03 \x03(\x0b\x32\x16.treadle.v1.WorkerSwap2\x8f\x05\n\tPlacement\x12\x38\n\x0eRegisterWorker\x12\x12.treadle.v1.Worker\x1a\x12.treadle.v1.Worker\x12\x44\n\nReportLoad\x12\x16.treadle.v1.WorkerLoad\x1a\x1e.treadle.v1.ReportLoadResponse\x12;\n\x06\x41ssign\x12\x19.treadle.v1.AssignRequest\x1a\x16.treadle.v1.Assignment\x12\x42\n\x07Release\x12\x1a.treadle.v1.ReleaseRequest\x1a\x1b.treadle.v1.ReleaseResponse\x12\x42\n\x07Migrate\x12\x1a.treadle.v1.MigrateRequest\x1a\x1b.treadle.v1.MigrateResponse\x12H\n\tPoolState\x12\x1c.treadle.v1.PoolStateRequest\x1a\x1d.treadle.v1.PoolStateResponse\x12K\n\nPlaceBatch\x12\x1d.treadle.v1.PlaceBatchRequest\x1a\x1e.treadle.v1.PlaceBatchResponse\x12V\n\x0fPrefetchWeights\x12\".treadle.v1.PrefetchWeightsRequest\x1a\x1f.treadle.v1.SwapWeightsResponse\x12N\n\x0bSwapWeights\x12\x1e.treadle.v1.SwapWeightsRequest\x1a\x1f.treadle.v1.SwapWeightsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,33 +46,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACECANDIDATE']._serialized_start=823
   _globals['_PLACECANDIDATE']._serialized_end=905
   _globals['_PLACEBATCHREQUEST']._serialized_start=907
-  _globals['_PLACEBATCHREQUEST']._serialized_end=998
-  _globals['_PLACEBATCHRESPONSE']._serialized_start=1000
-  _globals['_PLACEBATCHRESPONSE']._serialized_end=1036
-  _globals['_RELEASERESPONSE']._serialized_start=1038
-  _globals['_RELEASERESPONSE']._serialized_end=1055
-  _globals['_MIGRATEREQUEST']._serialized_start=1057
-  _globals['_MIGRATEREQUEST']._serialized_end=1097
-  _globals['_MIGRATERESPONSE']._serialized_start=1099
-  _globals['_MIGRATERESPONSE']._serialized_end=1131
-  _globals['_POOLSTATEREQUEST']._serialized_start=1133
-  _globals['_POOLSTATEREQUEST']._serialized_end=1151
-  _globals['_WORKERSTATE']._serialized_start=1154
-  _globals['_WORKERSTATE']._serialized_end=1325
-  _globals['_AGENTSTATE']._serialized_start=1328
-  _globals['_AGENTSTATE']._serialized_end=1478
-  _globals['_TASKSTATE']._serialized_start=1481
-  _globals['_TASKSTATE']._serialized_end=1636
-  _globals['_POOLSTATERESPONSE']._serialized_start=1639
-  _globals['_POOLSTATERESPONSE']._serialized_end=1823
-  _globals['_PREFETCHWEIGHTSREQUEST']._serialized_start=1825
-  _globals['_PREFETCHWEIGHTSREQUEST']._serialized_end=1881
-  _globals['_SWAPWEIGHTSREQUEST']._serialized_start=1883
-  _globals['_SWAPWEIGHTSREQUEST']._serialized_end=1954
-  _globals['_WORKERSWAP']._serialized_start=1957
-  _globals['_WORKERSWAP']._serialized_end=2090
-  _globals['_SWAPWEIGHTSRESPONSE']._serialized_start=2092
-  _globals['_SWAPWEIGHTSRESPONSE']._serialized_end=2186
-  _globals['_PLACEMENT']._serialized_start=2189
-  _globals['_PLACEMENT']._serialized_end=2844
+  _globals['_PLACEBATCHREQUEST']._serialized_end=1012
+  _globals['_PLACEBATCHRESPONSE']._serialized_start=1014
+  _globals['_PLACEBATCHRESPONSE']._serialized_end=1050
+  _globals['_RELEASERESPONSE']._serialized_start=1052
+  _globals['_RELEASERESPONSE']._serialized_end=1069
+  _globals['_MIGRATEREQUEST']._serialized_start=1071
+  _globals['_MIGRATEREQUEST']._serialized_end=1111
+  _globals['_MIGRATERESPONSE']._serialized_start=1113
+  _globals['_MIGRATERESPONSE']._serialized_end=1145
+  _globals['_POOLSTATEREQUEST']._serialized_start=1147
+  _globals['_POOLSTATEREQUEST']._serialized_end=1165
+  _globals['_WORKERSTATE']._serialized_start=1168
+  _globals['_WORKERSTATE']._serialized_end=1339
+  _globals['_AGENTSTATE']._serialized_start=1342
+  _globals['_AGENTSTATE']._serialized_end=1492
+  _globals['_TASKSTATE']._serialized_start=1495
+  _globals['_TASKSTATE']._serialized_end=1650
+  _globals['_POOLSTATERESPONSE']._serialized_start=1653
+  _globals['_POOLSTATERESPONSE']._serialized_end=1837
+  _globals['_PREFETCHWEIGHTSREQUEST']._serialized_start=1839
+  _globals['_PREFETCHWEIGHTSREQUEST']._serialized_end=1895
+  _globals['_SWAPWEIGHTSREQUEST']._serialized_start=1897
+  _globals['_SWAPWEIGHTSREQUEST']._serialized_end=1968
+  _globals['_WORKERSWAP']._serialized_start=1971
+  _globals['_WORKERSWAP']._serialized_end=2104
+  _globals['_SWAPWEIGHTSRESPONSE']._serialized_start=2106
+  _globals['_SWAPWEIGHTSRESPONSE']._serialized_end=2200
+  _globals['_PLACEMENT']._serialized_start=2203
+  _globals['_PLACEMENT']._serialized_end=2858
 # @@protoc_insertion_point(module_scope)

@@ -276,10 +276,16 @@ class PlaceBatchRequest(_message.Message):
 
     TRAJECTORIES_FIELD_NUMBER: _builtins.int
     WORKER_SLOTS_FIELD_NUMBER: _builtins.int
+    GATE_FIELD_NUMBER: _builtins.int
     worker_slots: _builtins.int
     """Turns that may generate at once on one worker (the scheduler's Settings.worker_slots); the DP
     prices a larger group as queuing in waves. 0: no per-worker gate (a global gate may give every
     slot to one worker, so a worker's whole group is priced as one running batch).
+    """
+    gate: _builtins.int
+    """The scheduler's global gate (Settings.max_concurrent_generations) when worker_slots is 0: no
+    worker runs more turns at once than it, so the fallback's fluid model caps a worker's batch
+    there (the DP still prices a group as one running batch, Eq. 2). 0: not given.
     """
     @_builtins.property
     def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlaceCandidate]: ...
@@ -288,10 +294,11 @@ class PlaceBatchRequest(_message.Message):
         *,
         trajectories: _abc.Iterable[Global___PlaceCandidate] | None = ...,
         worker_slots: _builtins.int = ...,
+        gate: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["trajectories", b"trajectories", "worker_slots", b"worker_slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gate", b"gate", "trajectories", b"trajectories", "worker_slots", b"worker_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

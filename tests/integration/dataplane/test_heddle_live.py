@@ -20,15 +20,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 TOOL_S = 0.2
 LONGEST = 12
+GROUPS = 21
 
 
 def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     argv = [
         sys.executable, str(ROOT / "bench" / "heddle_live.py"), "--out", str(out),
-        # --mix: one group of 12 turns among seven of 2 (8 groups), the critical-path regime's shape
-        "--configs", "baseline,heddle", "--mix", f"1x{LONGEST},7x2", "--group-size", "2",
-        "--max-turns", str(LONGEST), "--tokens", "8", "--steps", "2", "--gate", "8",
+        # --mix: one group of 12 turns among twenty of 2 (21 groups), the critical-path regime's shape;
+        # a gate wider than the batch, so the fallback's fluid model keeps the DP's plan (the long pair
+        # apart from the many short) and its migrations run; a narrow gate can make the step fall back
+        # to sticky least-loaded instead (tests/unit/policy/heddle/test_heddle_fallback.py)
+        "--configs", "baseline,heddle", "--mix", f"1x{LONGEST},{GROUPS - 1}x2", "--group-size", "2",
+        "--max-turns", str(LONGEST), "--tokens", "8", "--steps", "2", "--gate", "64",
         "--step-timeout-s", "120", "--prefill", "--tool-s", str(TOOL_S),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -38,7 +42,7 @@ def test_heddle_policies_complete_every_trajectory_and_expose_ranks(tmp_path: Pa
     runs = {name: rounds[0] for name, rounds in results["configs"].items()}
     assert set(runs) == {"baseline", "heddle"}
     for name, run in runs.items():
-        assert (run["completed"], run["failed"], run["aborted"]) == (2 * 8 * 2, 0, 0), name
+        assert (run["completed"], run["failed"], run["aborted"]) == (2 * GROUPS * 2, 0, 0), name
         assert len(run["step_s"]) == 2
         # the 12-turn trajectories wait out 11 tool calls of TOOL_S each (without the wait: about 0.5 s)
         assert min(run["step_s"]) >= (LONGEST - 1) * TOOL_S, run["step_s"]

@@ -25,9 +25,12 @@ def place(
     predictions: dict[str, float],
     *,
     worker_slots: int = 0,
+    gate: int = 0,
 ) -> int:
     candidates = tuple(placement_protocol.Candidate(tid, "math", p) for tid, p in predictions.items())
-    return svc.place_batch(placement_protocol.PlaceBatchRequest(candidates, worker_slots=worker_slots))
+    return svc.place_batch(
+        placement_protocol.PlaceBatchRequest(candidates, worker_slots=worker_slots, gate=gate)
+    )
 
 
 def assign(svc: service.PlacementService, tid: str) -> tuple[str, str]:
@@ -114,10 +117,26 @@ def test_dp_prices_the_per_worker_slots_the_scheduler_reports(worker_slots: int,
     assert workers == ["w0"] * on_w0 + ["w1"] * (6 - on_w0)
 
 
+@pytest.mark.parametrize(("gate", "apart"), [(0, False), (4, True)], ids=["no-gate", "gate-4"])
+def test_the_scheduler_gate_caps_the_fallback_fluid_model(gate: int, apart: bool) -> None:
+    # 2 long and 40 short (tests/unit/policy/heddle/test_heddle_fallback.py's shape): without a gate
+    # the DP's plan (the long pair alone on w0) is kept and routes them; a gate of 4 runs the 40
+    # short ones 4 at a time, so a balanced plan is predicted sooner: the task falls back to sticky
+    # least-loaded, which sends the second long one to the idle worker
+    svc = make()
+    place(svc, {"t0": 100.0, "t1": 100.0, **{f"t{i}": 10.0 for i in range(2, 42)}}, gate=gate)
+    first, second = assign(svc, "t0"), assign(svc, "t1")
+    assert (first[0] != second[0]) is apart
+    assert {first[1], second[1]} == ({"least-loaded"} if apart else {"routed"})
+
+
 def test_negative_worker_slots_name_the_field() -> None:
     with pytest.raises(errors.SpecError) as err:
         place(make(), {"t0": 1.0}, worker_slots=-1)
     assert err.value.field == "worker_slots"
+    with pytest.raises(errors.SpecError) as err:
+        place(make(), {"t0": 1.0}, gate=-1)
+    assert err.value.field == "gate"
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ class Placement:
         self.calls.append(f"release {kind} out={req.output_tokens}")
 
     async def place_batch(self, req: placement_protocol.PlaceBatchRequest) -> int:
-        self.calls.append(f"place {[c.trajectory_id for c in req.trajectories]}")
+        self.calls.append(f"place {[c.trajectory_id for c in req.trajectories]} gate={req.gate}")
         return len(req.trajectories)
 
 
@@ -71,7 +71,7 @@ async def test_a_trajectory_runs_its_turns_through_placement_and_is_finished_onc
     assert finished == {"status": "completed", "reason": "", "reward": 1.0, "prompt": "task 7", "turns": 2}
     assert [turn.text for turn in t.turns] == ["answer 0", "answer 1"] and t.step_tokens == [2, 2]
     assert placement.calls == [
-        "place ['g-0']",
+        "place ['g-0'] gate=1000000",  # the global gate (Settings.max_concurrent_generations)
         "assign 0", "release turn predicted=True out=2",
         "assign 1", "release turn predicted=True out=2",
         "release final out=0",

@@ -12,14 +12,15 @@ splits them evenly and measured at parity.
 
 So both plans are priced by one model that sees the tail, and the better is kept (ours, not the
 paper's): a fluid simulation of each worker's group (``presorted_dp.group_time``), its members
-decoding in lockstep, longest first, at most ``slots`` at once (all when 0), each step costing
+decoding in lockstep, longest first, at most ``slots`` at once (the gate's when 0: a global gate of
+``G`` never runs more than ``G`` turns, on one worker or on all; all when no gate is given), each step costing
 ``t_base · interference[b - 1]`` at ``b`` running. This reads a worker's interference table as
 the slowdown of one step at batch ``b``, which is what ``heddle_live.profiles``' ``1 + per_extra ·
 (b - 1)`` is; a profiled I(s) of a whole group (``interference_by_simulation``) is not, so the
 simulator, which passes those, does not call this. Ties keep the DP (the paper's plan). The
-interleaved plan is not a set of rank intervals, so ``migration``'s rule (move a trajectory whose
-rank left its worker's interval) does not apply to it: the caller turns migration off while it
-holds an interleaved plan.
+interleaving stands for a balanced plan: when it wins, the caller (``heddle_live``) does not route
+by it but falls back to sticky least-loaded, which balances by load as turns come
+(``heddle_live``'s module doc says why).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class Choice:
 
 
 def interleave(
-    trajectories: Sequence[presorted_dp.Trajectory], workers: Sequence[presorted_dp.WorkerProfile]
+    trajectories: Sequence[presorted_dp.Trajectory],
+    workers: Sequence[presorted_dp.WorkerProfile],
+    *,
+    gate: int = 0,
 ) -> presorted_dp.Placement:
     """Longest first, each trajectory to the worker with the least predicted tokens so far (LPT)."""
     ordered_workers = presorted_dp.sort_workers(workers)
@@ -57,7 +61,7 @@ def interleave(
         work[target.worker_id] += t.predicted_length
         members[target.worker_id].append(t.trajectory_id)
     groups = tuple(
-        presorted_dp.Group(w.worker_id, tuple(ids), fluid_time(w, ids, lengths))
+        presorted_dp.Group(w.worker_id, tuple(ids), fluid_time(w, ids, lengths, gate=gate))
         for w in ordered_workers
         for ids in [members[w.worker_id]]
     )
@@ -67,12 +71,20 @@ def interleave(
 
 
 def fluid_time(
-    worker: presorted_dp.WorkerProfile, members: Sequence[str], lengths: Mapping[str, float]
+    worker: presorted_dp.WorkerProfile,
+    members: Sequence[str],
+    lengths: Mapping[str, float],
+    *,
+    gate: int = 0,
 ) -> float:
-    """Seconds until ``worker`` has decoded every member's predicted length (see the module doc)."""
+    """Seconds until ``worker`` has decoded every member's predicted length (see the module doc).
+
+    ``gate``: turns generating at once over all workers, the cap when the worker has no ``slots``
+    (0: none given, every member runs at once).
+    """
     if not members:
         return 0.0
-    cap = min(len(members), worker.slots) if worker.slots else len(members)
+    cap = min(len(members), worker.slots or gate or len(members))
     if cap > len(worker.interference):
         raise SpecError(
             f"{cap} running exceed the interference table ({len(worker.interference)})",
@@ -83,15 +95,21 @@ def fluid_time(
 
 
 def choose(
-    trajectories: Sequence[presorted_dp.Trajectory], workers: Sequence[presorted_dp.WorkerProfile]
+    trajectories: Sequence[presorted_dp.Trajectory],
+    workers: Sequence[presorted_dp.WorkerProfile],
+    *,
+    gate: int = 0,
 ) -> Choice:
-    """The DP's plan unless the interleaving's fluid makespan is shorter."""
+    """The DP's plan unless the interleaving's fluid makespan is shorter (``gate``: see ``fluid_time``)."""
+    if gate < 0:
+        raise SpecError("must be >= 0", field="gate", value=gate)
     contiguous = presorted_dp.plan(trajectories, workers)
-    interleaved = interleave(trajectories, workers)
+    interleaved = interleave(trajectories, workers, gate=gate)
     lengths = {t.trajectory_id: t.predicted_length for t in trajectories}
     by_id = {w.worker_id: w for w in workers}
     contiguous_s = max(
-        (fluid_time(by_id[g.worker_id], g.trajectory_ids, lengths) for g in contiguous.groups), default=0.0
+        (fluid_time(by_id[g.worker_id], g.trajectory_ids, lengths, gate=gate) for g in contiguous.groups),
+        default=0.0,
     )
     better = interleaved.makespan < contiguous_s
     return Choice(interleaved if better else contiguous, better, contiguous_s, interleaved.makespan)

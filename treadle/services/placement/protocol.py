@@ -75,6 +75,9 @@ class PlaceBatchRequest:
     trajectories: tuple[Candidate, ...]
     worker_slots: int = 0
     """Turns that may generate at once on one worker (the scheduler's ``Settings.worker_slots``)."""
+    gate: int = 0
+    """Turns that may generate at once over all workers (``Settings.max_concurrent_generations``);
+    0: not given."""
 
 
 MAX_SWAP_TIMEOUT_S = 3600.0
@@ -171,6 +174,8 @@ def batch_by_task(req: PlaceBatchRequest, tasks: Collection[str]) -> dict[str, d
         by_task.setdefault(c.task, {})[c.trajectory_id] = c.predicted_remaining
     if req.worker_slots < 0:
         raise SpecError("must be >= 0", field="worker_slots", value=req.worker_slots)
+    if req.gate < 0:
+        raise SpecError("must be >= 0", field="gate", value=req.gate)
     return by_task
 
 

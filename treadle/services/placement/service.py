@@ -112,6 +112,7 @@ class PlacementService(moves.Moves):
         self._live: dict[str, heddle_live.Live] = {t: heddle_live.Live() for t in tasks}
         # Turns per worker that generate at once (per-worker gate), as the task's last PlaceBatch said.
         self._slots: dict[str, int] = {t: heddle_live.UNLIMITED for t in tasks}
+        self._gate: dict[str, int] = {t: 0 for t in tasks}
         self._migrations = 0
         self.slack = slack
         self.min_profile_samples = min_profile_samples
@@ -310,8 +311,10 @@ class PlacementService(moves.Moves):
         for task, new in by_task.items():
             workers = self._healthy_eligible(task)
             if workers:  # none now: each turn is placed at assign, when one may be back
-                self._slots[task] = req.worker_slots
-                self._live[task] = heddle_live.place(self._live[task], new, workers, slots=self._slots[task])
+                self._slots[task], self._gate[task] = req.worker_slots, req.gate
+                self._live[task] = heddle_live.place(
+                    self._live[task], new, workers, slots=req.worker_slots, gate=req.gate
+                )
                 placed += len(new)
         return placed
 
@@ -351,7 +354,9 @@ class PlacementService(moves.Moves):
             workers = self._healthy_eligible(task)
             if not workers:
                 return None
-            live = heddle_live.place(live, {tid: 0.0}, workers, slots=self._slots[task])
+            live = heddle_live.place(
+                live, {tid: 0.0}, workers, slots=self._slots[task], gate=self._gate[task]
+            )
         live, worker, migrated = heddle_live.route(live, tid)
         self._live[task] = live
         if worker is None or not any(
@@ -391,7 +396,7 @@ class PlacementService(moves.Moves):
         predicted = protocol.check_step(req)
         live, move = heddle_live.on_step(
             self._live[req.task], req.trajectory_id, predicted_remaining=predicted,
-            context_tokens=req.context_tokens, slots=self._slots[req.task],
+            context_tokens=req.context_tokens, slots=self._slots[req.task], gate=self._gate[req.task],
         )  # fmt: skip
         self._live[req.task] = live
         if move is not None:

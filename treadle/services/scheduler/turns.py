@@ -364,7 +364,11 @@ class TurnLoop:
         candidates = tuple(
             placement_protocol.Candidate(t.tid, t.work.task.name, t.predicted_remaining) for t in admitted
         )
-        req = placement_protocol.PlaceBatchRequest(candidates, worker_slots=self.settings.worker_slots)
+        req = placement_protocol.PlaceBatchRequest(
+            candidates,
+            worker_slots=self.settings.worker_slots,
+            gate=self.settings.max_concurrent_generations,
+        )
         try:
             await self.placement.place_batch(req)
         except errors.TreadleError as exc:
