@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
@@ -108,8 +109,10 @@ def test_env_open_and_step(loop: Loop) -> None:
         r = post(loop, url + "/v1/sessions", body)
         check_error_shape(r)
         after = get_json(loop, url + "/v1/stats")
-        if r.status_code == 200:  # the mutation happened to be valid: undo it
-            loop.run(loop.http.delete(url + "/v1/sessions/probe"))
+        if r.status_code == 200:  # the mutation happened to be valid: undo it (its id may be another)
+            opened = r.json()["session_id"]
+            if opened != "keep":
+                loop.run(loop.http.delete(url + "/v1/sessions/" + urllib.parse.quote(opened, safe="")))
         else:
             assert after == before
         s = post(loop, url + "/v1/sessions/keep/step", step)
