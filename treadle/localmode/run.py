@@ -236,6 +236,28 @@ def progress_line(
     )
 
 
+async def collect_results(
+    scheduler: scheduler_client.SchedulerClient,
+    results: list[scheduler_pb2.TrajectoryResult],
+    rewards: list[float],
+    *,
+    echo: Callable[[str], None] = print,
+) -> None:
+    """Append every streamed result to ``results`` (completed ones' rewards to ``rewards``) until the
+    stream ends; a stream that fails says so on the console (its status code), not by missing results."""
+    try:
+        async for r in scheduler.results():
+            results.append(r)
+            if r.status == "completed":
+                rewards.append(r.reward)
+    except (errors.TreadleError, TimeoutError) as exc:
+        code = getattr(exc.__cause__, "code", None)  # the client's AioRpcError
+        name = code().name if callable(code) else type(exc).__name__
+        echo(f"[{LABEL}] ERROR: the scheduler's results stream failed with {name} after "
+             f"{len(results)} results ({exc}); the summary's rewards, tokens and trajectory times "
+             f"count only those")  # fmt: skip
+
+
 async def run(
     job: v1alpha1.RolloutJob,
     options: plan_mod.Options,
@@ -285,15 +307,9 @@ async def drive(
     rewards: list[float] = []
     results: list[scheduler_pb2.TrajectoryResult] = []
 
-    async def collect() -> None:
-        async for r in scheduler.results():
-            results.append(r)
-            if r.status == "completed":
-                rewards.append(r.reward)
-
     background = [
         asyncio.create_task(report_loads(services), name="load reporter"),
-        asyncio.create_task(collect(), name="results"),
+        asyncio.create_task(collect_results(scheduler, results, rewards, echo=echo), name="results"),
     ]
     if train:
         batch_size = plan.config.scheduler.settings.batch_size

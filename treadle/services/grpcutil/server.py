@@ -123,10 +123,14 @@ def _refusing(handler: grpc.RpcMethodHandler, refused: errors.Unauthenticated) -
         log.warning("refused %s", message)
         await ctx.abort(code, message)
 
-    # grpc.aio takes a coroutine for a server-streaming method too (it would stream through ctx.write).
-    kind = (
-        grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.unary_unary_rpc_method_handler
-    )
+    # grpc.aio takes a coroutine for every kind (a streaming one would stream through ctx.write); the
+    # refusal keeps the handler's kind, so a client-streaming call is not read as a unary one.
+    kind = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(bool(handler.request_streaming), bool(handler.response_streaming))]
     return kind(
         refuse, request_deserializer=_lenient(handler.request_deserializer),
         response_serializer=handler.response_serializer,
