@@ -106,3 +106,15 @@ def run_cluster() -> Iterator[kwok.DevCluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama, generated once per session (no downloads; a few seconds of CPU)."""
+    import torch
+
+    from treadle.trainer import policy
+
+    # One intra-op thread: two cores shared with other tests; more threads only contend.
+    torch.set_num_threads(1)
+    return policy.ensure_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)

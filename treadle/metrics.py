@@ -109,6 +109,11 @@ TRAINER_STALENESS = f"{PREFIX}_trainer_staleness_versions"
 TRAINER_PHASE_SECONDS = f"{PREFIX}_trainer_phase_seconds"
 TRAINER_PUBLISHED_BYTES_TOTAL = f"{PREFIX}_trainer_published_bytes_total"
 TRAINER_PUBLISHED_VERSION = f"{PREFIX}_trainer_published_version"
+TRAINER_ENTROPY = f"{PREFIX}_trainer_entropy"
+TRAINER_GRAD_NORM = f"{PREFIX}_trainer_grad_norm"
+# Prompt and output tokens the last step put through the model, per second of its training phase.
+TRAINER_TOKENS_PER_SECOND = f"{PREFIX}_trainer_tokens_per_second"
+TRAINER_RANKS = f"{PREFIX}_trainer_ranks"
 
 # --- tangram: the action manager (ARL-Tangram, live; owner: tangramlive) ---------------------------
 # Label ``resource``: ``cpu`` (the pod's cores, treadle.sandbox.cores) or ``api:<tool>`` (a quota of

@@ -212,6 +212,10 @@ def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
     took = time.monotonic() - began
     print(f"learn.yaml: {STEPS} steps in {took:.0f}s; mean reward {first:.3f} -> {last:.3f} (last 3)")
     assert last >= 2 * first, rewards
+    # The trainer is a group of two pods (replicas: 2), ranks 0 and 1 of one FSDP2 group.
+    trainers = get(cluster, "pod", "-l", "treadle.dev/job=learn,treadle.dev/component=trainer")["items"]
+    indices = sorted(completion_index(p) for p in trainers)
+    assert indices == ["0", "1"], [p["metadata"]["name"] for p in trainers]
     # The scheduler's own account of the rollout, as the job's status carries it and treadle status says it.
     rollout = poll(
         lambda: get(cluster, "rolloutjob", "learn").get("status", {}).get("rollout", {}).get("completed"),
@@ -408,6 +412,47 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     print(f"{name}: the second trainer resumed at version {resumed[1]}, step {resumed[2]}; rewards "
           f"{[float(m.group(3)) for m in STEP_LINE.finditer(log)]}")  # fmt: skip
     delete(cluster, name)
+
+
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 900)
+def test_a_trainer_pod_deleted_mid_run_restarts_the_group_which_resumes(cluster: kwok.DevCluster) -> None:
+    """learn.yaml's trainer is two pods of one rank (FSDP2 over gloo). At step 5 the pod of rank 1 is
+    deleted: rank 0 fails in its next collective and its container restarts in place, the Job starts
+    another pod for index 1, and the group goes on from the committed version with Adam's state. STEP
+    never goes back, no step is trained twice or skipped, the job reaches its 20 steps, and the job's
+    ``status.trainer`` counts the restart."""
+    name = "learn-group"
+    apply(cluster, variant(name, CONFIG_MAP))
+    pods = poll(lambda: len(trainer_pods(cluster, name)) == 2, f"two trainer pods of {name}", 300)
+    assert pods
+    shown = train(cluster, name, steps=5)[0]
+    (victim,) = [p for p in trainer_pods(cluster, name) if completion_index(p) == "1"]
+    cluster.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
+    shown += train(cluster, name, steps=STEPS, crashed=("trainer",))[0]
+    steps_shown = [step for step, _ in shown]
+    assert steps_shown == sorted(steps_shown), shown  # kubectl's STEP never went back
+    (leader,) = [p for p in trainer_pods(cluster, name) if completion_index(p) == "0"]
+    log = cluster.kubectl("logs", leader["metadata"]["name"], "--tail=-1")  # the restarted container's
+    resumed = RESUMED.search(log)
+    assert resumed and int(resumed[2]) >= 5, log[-3000:]
+    assert f"resumed Adam's state of version {resumed[1]}" in log, log[-3000:]
+    assert "2 rank(s) on cpu" in log
+    steps = [int(m.group(1)) for m in STEP_LINE.finditer(log)]
+    assert steps == list(range(int(resumed[2]) + 1, STEPS + 1)), steps  # none again, none skipped
+    trainer = get(cluster, "rolloutjob", name)["status"]["trainer"]
+    assert trainer["pods"] == 2 and trainer["restarts"] >= 1, trainer
+    print(f"{name}: the group resumed at version {resumed[1]}, step {resumed[2]}; status.trainer {trainer}")
+    delete(cluster, name)
+
+
+def trainer_pods(c: kwok.DevCluster, job: str) -> list[dict[str, Any]]:
+    """The trainer group's pods that are running (not terminating)."""
+    pods = get(c, "pod", "-l", f"treadle.dev/job={job},treadle.dev/component=trainer")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp") and ready(p)]
+
+
+def completion_index(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index"))
 
 
 def replace_pod(c: kwok.DevCluster, job: str, component: str) -> None:

@@ -68,3 +68,25 @@ RENDERED = frozenset(
 IDENTITY = frozenset({JOB, NAMESPACE, POOL, AGENT, WEIGHTS_AGENT})
 """Which job this pod belongs to and which pool and agent it serves: names (the pool's and agent's
 from the spec) that differ from pod to pod, no setting."""
+
+# torchrun's own settings in a trainer group's pods (``spec.trainer`` with more than one process):
+# ``torch.distributed.run`` reads ``PET_<FLAG>`` for each of its flags, so the reference trainer and a
+# ``torchrun`` command of the user's own take the group's topology from the pod without a flag. Not
+# Treadle's (no ``TREADLE_`` prefix, not in ``RENDERED``): names of torch's and of gloo's.
+TORCHRUN_NNODES = "PET_NNODES"
+"""Pods of the group (``--nnodes``): ``spec.trainer.replicas``."""
+TORCHRUN_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+"""Ranks per pod (``--nproc-per-node``): ``spec.trainer.processesPerPod``, else ``gpus``."""
+TORCHRUN_NODE_RANK = "PET_NODE_RANK"
+"""The pod's place in the group (``--node-rank``): its Indexed Job completion index."""
+TORCHRUN_MASTER_ADDR = "PET_MASTER_ADDR"
+"""Where rank 0 listens (``--master-addr``): the group's rendezvous Service, which resolves to pod 0."""
+TORCHRUN_MASTER_PORT = "PET_MASTER_PORT"
+"""Rank 0's rendezvous port (``--master-port``)."""
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+"""The interface gloo binds to (else whatever the pod's hostname resolves to): the pod's ``eth0``."""
+TORCHRUN = (
+    TORCHRUN_NNODES, TORCHRUN_NPROC_PER_NODE, TORCHRUN_NODE_RANK, TORCHRUN_MASTER_ADDR, TORCHRUN_MASTER_PORT,
+    GLOO_SOCKET_IFNAME,
+)  # fmt: skip
+"""Every variable a trainer group's pods get for ``torchrun`` (and only they)."""

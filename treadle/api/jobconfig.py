@@ -279,6 +279,11 @@ class TrainerConfig:
     batch_timeout_s: float
     weights_replicas: int
     """``spec.weights.replicas``: copies of each version the trainer writes to the store."""
+    micro_batch_tokens: int | None = None
+    activation_checkpointing: bool = False
+    max_grad_norm: float | None = None
+    bf16: bool = False
+    """On GPUs (``spec.trainer.gpus`` > 0): bfloat16 compute over float32 parameters."""
 
 
 def trainer_config(job: v1alpha1.RolloutJob, tasks: Sequence[TaskConfig]) -> TrainerConfig | None:
@@ -301,7 +306,9 @@ def trainer_config(job: v1alpha1.RolloutJob, tasks: Sequence[TaskConfig]) -> Tra
         clip_low=trainer.clip_low, clip_high=trainer.clip_high,
         temperature=temperatures.pop() if temperatures else TaskConfig(name="", env="").temperature,
         threads=trainer.threads, batch_timeout_s=trainer.batch_timeout_seconds,
-        weights_replicas=spec.weights.replicas,
+        weights_replicas=spec.weights.replicas, micro_batch_tokens=trainer.micro_batch_tokens,
+        activation_checkpointing=trainer.activation_checkpointing, max_grad_norm=trainer.max_grad_norm,
+        bf16=trainer.gpus > 0,
     )  # fmt: skip
 
 

@@ -9,19 +9,33 @@ The default workload is Treadle's reference GRPO trainer (``python -m treadle.tr
 trained agent's inference image, which carries torch, transformers and Treadle. The training batch
 size and the staleness bound are the job's (``spec.rollout.batchSize`` and ``staleness``): the
 rollout side admits and evicts by them, so the trainer never sets its own.
+
+The trainer is a group of ``replicas`` pods of ``processesPerPod`` ranks each (``world_size`` ranks in
+all): one process renders as today, more run under ``torchrun``, whose topology the operator renders
+as the environment ``torchrun`` reads (``treadle.api.env_vars.TORCHRUN``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from treadle.api import base
 
 REFERENCE_MODULE = "treadle.trainer.job"
 """The reference trainer's entrypoint (``python -m``), the default ``command``."""
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_REPLICAS = 64
+"""Most pods of one trainer group."""
+MAX_PROCESSES_PER_POD = 64
+"""Most ranks in one trainer pod."""
+
+PROCESSES_PER_POD_MESSAGE = (
+    "spec.trainer.processesPerPod must equal spec.trainer.gpus when gpus > 0 (one rank per GPU); "
+    "leave it unset to follow gpus"
+)
 
 Arg = Annotated[str, Field(max_length=4096)]
 
@@ -51,8 +65,17 @@ class Trainer(base.Model):
     accelerator: base.Accelerator | None = None
     """Accelerator class of the trainer's node (``treadle.dev/accelerator=<value>``); unset: any node."""
     gpus: int = Field(default=0, ge=0, le=8)
-    """``nvidia.com/gpu`` the trainer asks for; > 0 also tolerates the ``nvidia.com/gpu`` taint. The
-    reference trainer computes on CPU (it trains small models); GPUs serve a trainer of your own."""
+    """``nvidia.com/gpu`` each trainer pod asks for; > 0 also tolerates the ``nvidia.com/gpu`` taint.
+    With GPUs the reference trainer computes on them with FSDP2, one rank per GPU
+    (``processesPerPod`` = ``gpus``); without, on CPU."""
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    """Pods of the trainer group (an Indexed batch/v1 Job, one completion index per pod). More than one
+    process in all runs the reference trainer under ``torchrun``; a command of your own gets the same
+    topology in ``torchrun``'s environment (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``,
+    ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``)."""
+    processes_per_pod: int | None = Field(default=None, ge=1, le=MAX_PROCESSES_PER_POD)
+    """Ranks per trainer pod (``torchrun --nproc-per-node``); unset: ``gpus`` when ``gpus`` > 0, else 1.
+    With ``gpus`` > 0 it must equal ``gpus``: one rank per GPU."""
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=16)
     """Extra node labels the trainer's pod requires, merged over the accelerator selector."""
     tolerations: list[base.Toleration] = Field(default_factory=list, max_length=16)
@@ -74,3 +97,57 @@ class Trainer(base.Model):
     """Reference trainer: torch CPU threads; unset: torch's default."""
     batch_timeout_seconds: float = Field(default=600.0, ge=1.0, le=86_400.0)
     """Reference trainer: how long one ``get_batch`` may wait before the trainer fails."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1, le=100_000_000)
+    """Reference trainer: most prompt + output tokens one rank puts through the model at once; a larger
+    share of the batch is split into micro-batches whose gradients add up (the step is unchanged).
+    Unset: each rank's share in one pass."""
+    activation_checkpointing: bool = False
+    """Reference trainer: recompute each decoder layer in the backward pass instead of keeping its
+    activations (less memory, about a third more compute)."""
+    max_grad_norm: float | None = Field(default=None, gt=0.0, le=1_000_000.0)
+    """Reference trainer: clip the gradients' global norm to this; unset: measured, not clipped."""
+
+    @field_validator("processes_per_pod")
+    @classmethod
+    def _one_rank_per_gpu(cls, value: int | None, info: ValidationInfo) -> int | None:
+        gpus = info.data.get("gpus", 0)
+        if value is not None and gpus and value != gpus:
+            raise PydanticCustomError(
+                "processes_per_pod",
+                PROCESSES_PER_POD_MESSAGE + " (processesPerPod {value}, gpus {gpus})",
+                {"value": value, "gpus": gpus},
+            )
+        return value
+
+    @property
+    def processes(self) -> int:
+        """Ranks per pod: ``processesPerPod``, else ``gpus`` (one rank per GPU), else 1."""
+        return self.processes_per_pod or self.gpus or 1
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole group: ``replicas`` pods of ``processes`` ranks."""
+        return self.replicas * self.processes
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process in all: the group runs under ``torchrun``."""
+        return self.world_size > 1
+
+
+class TrainerStatus(base.Model):
+    """Observed state of the job's trainer group (``status.trainer``), written by the operator from the
+    pods of the trainer's current Job."""
+
+    job: str = Field(max_length=63)
+    """The trainer's batch/v1 Job (``<job>-trainer-<hash>``): ``kubectl logs job/<name>``."""
+    pods: int = Field(ge=0)
+    """Pods the group runs (``spec.trainer.replicas``; 0 while suspended)."""
+    ready: int = Field(ge=0)
+    """Pods running and ready."""
+    succeeded: int = Field(default=0, ge=0)
+    """Pods that finished their steps (exit 0)."""
+    restarts: int = Field(default=0, ge=0)
+    """Trainer container restarts plus failed pods (each replaced by the Job), over the current Job's
+    pods. One rank's death restarts every pod's container, so a group restart counts about ``pods``;
+    a pod deleted by hand is not counted."""

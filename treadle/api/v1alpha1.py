@@ -368,6 +368,7 @@ class PoolStatus(_Model):
     """GPUs the pool asks for (desired x tensorParallelSize)."""
 
 
+TrainerStatus = trainer_api.TrainerStatus
 ReasonCount = progress_api.ReasonCount
 RolloutProgress = progress_api.RolloutProgress
 
@@ -394,6 +395,8 @@ class RolloutJobStatus(_Model):
     """Mean reward of the batch the latest committed version was trained on (printer column)."""
     rollout: RolloutProgress | None = None
     """The rollout as the job's scheduler counts it (None until it first reports)."""
+    trainer: TrainerStatus | None = None
+    """The trainer group's pods (only with ``spec.trainer``)."""
 
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 from treadle import errors
 from treadle.client import retrying
@@ -97,6 +97,12 @@ class Batches:
     evicts groups older than ``version - alpha`` relative to what the trainer has committed.
     Iteration ends after ``max_batches`` (None: never); ``TimeoutError`` from the buffer propagates, and
     so does ``Unavailable`` once the buffer has not answered for ``restart_wait_s``.
+
+    A batch is acked when the next one is asked for (``acks="on_next"``): right for a loop that
+    commits each step's version before asking for the next batch. A trainer that asks for the next
+    batch before committing (the reference trainer overlaps them) takes ``acks="explicit"`` and calls
+    ``ack(batch_id)`` once the version trained on it is committed: a trainer killed in between gets
+    the batch again after its lease instead of losing it.
     """
 
     def __init__(
@@ -109,7 +115,10 @@ class Batches:
         lease_s: float = 0.0,
         max_batches: int | None = None,
         restart_wait_s: float = 300.0,
+        acks: Literal["on_next", "explicit"] = "on_next",
     ) -> None:
+        if acks not in ("on_next", "explicit"):
+            raise errors.SpecError("must be on_next or explicit", field="acks", value=acks)
         if batch_size < 1:
             raise errors.SpecError("must be >= 1", field="batch_size", value=batch_size)
         if max_batches is not None and max_batches < 0:
@@ -122,15 +131,17 @@ class Batches:
         self.max_batches = max_batches
         self.restart_wait_s = restart_wait_s
         """How long an unreachable buffer (``Unavailable``) is waited for before the error propagates."""
+        self.acks = acks
         self.delivered = 0
-        self._unacked: str | None = None
+        self._unacked: list[str] = []
 
     def __aiter__(self) -> AsyncIterator[TrainBatch]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[TrainBatch]:
         while self.max_batches is None or self.delivered < self.max_batches:
-            await self.ack()
+            if self.acks == "on_next":
+                await self.ack()
             raw = await retrying.wait_for(
                 lambda: self._buffer.get_batch(
                     batch_size=self.batch_size,
@@ -141,18 +152,22 @@ class Batches:
                 what="the buffer (GetBatch)",
                 timeout_s=self.restart_wait_s,
             )
-            self._unacked = raw.batch_id
+            self._unacked.append(raw.batch_id)
             self.delivered += 1
             yield from_proto(raw)
-        await self.ack()
+        if self.acks == "on_next":
+            await self.ack()
 
-    async def ack(self) -> None:
-        """Acknowledge the batch handed out last (done implicitly before fetching the next one)."""
-        if self._unacked is not None:
-            batch_id = self._unacked
+    async def ack(self, batch_id: str | None = None) -> None:
+        """Acknowledge ``batch_id``, or (None) every batch handed out and not acked yet."""
+        if batch_id is not None and batch_id not in self._unacked:
+            raise errors.SpecError("not a batch handed out and unacked", field="batch_id", value=batch_id)
+        for bid in [batch_id] if batch_id is not None else list(self._unacked):
             # A buffer restarting (its state is in Redis) is waited for: the batch stays unacked meanwhile,
             # and an ack that did land before an outage is answered again (acking is idempotent).
             await retrying.wait_for(
-                lambda: self._buffer.ack(batch_id), what="the buffer (Ack)", timeout_s=self.restart_wait_s
+                lambda: self._buffer.ack(bid),  # noqa: B023
+                what="the buffer (Ack)",
+                timeout_s=self.restart_wait_s,
             )
-            self._unacked = None
+            self._unacked.remove(bid)

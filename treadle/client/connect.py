@@ -52,7 +52,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from treadle import auth, errors
 from treadle.api import env_vars
@@ -144,15 +144,21 @@ class Connection:
         """Publishes versions to the store the engines pull from and commits them at the scheduler."""
 
     def batches(
-        self, *, batch_size: int, timeout_s: float = 300.0, max_batches: int | None = None
+        self,
+        *,
+        batch_size: int,
+        timeout_s: float = 300.0,
+        max_batches: int | None = None,
+        acks: Literal["on_next", "explicit"] = "on_next",
     ) -> batches_mod.Batches:
-        """Batches at the version this connection's publisher committed last."""
+        """Batches at the version this connection's publisher committed last (``acks``: ``Batches``')."""
         return batches_mod.Batches(
             self.buffer,
             batch_size=batch_size,
             version=lambda: self.publisher.committed,
             timeout_s=timeout_s,
             max_batches=max_batches,
+            acks=acks,
         )
 
     async def aclose(self) -> None:

@@ -40,6 +40,18 @@ TRAINING = Dashboard(
             unit="percentunit",
         ),
         panel(
+            "Entropy and gradient norm of the last step",
+            (f"max({m.TRAINER_ENTROPY})", "entropy"),
+            (f"max({m.TRAINER_GRAD_NORM})", "gradient norm"),
+            unit="none",
+        ),
+        panel(
+            "Trainer throughput (tokens per second of training, all ranks) and ranks",
+            (f"max({m.TRAINER_TOKENS_PER_SECOND})", "tokens/s"),
+            (f"max({m.TRAINER_RANKS})", "ranks"),
+            unit="none",
+        ),
+        panel(
             "Step time split: rollout stages (mean seconds per call) and weight sync (per step)",
             (mean(m.SCHED_STAGE_SECONDS, "stage"), "{{stage}}"),
             (mean(m.TRAINER_PHASE_SECONDS, where='phase="weight_sync"'), "weight sync"),

@@ -75,6 +75,8 @@ class Report:
     """Container restarts by last termination reason (``Error``, ``OOMKilled``...)."""
     rollout: v1alpha1.RolloutProgress | None = None
     """The scheduler's counts, throughput, staleness and failure reasons (None before it reports)."""
+    trainer: v1alpha1.TrainerStatus | None = None
+    """The trainer group's pods as the operator last counted them (None without ``spec.trainer``)."""
 
 
 def _where(pod: Mapping[str, Any]) -> str:
@@ -237,6 +239,7 @@ def explain(snapshot: Snapshot) -> Report:
         blockers=blockers,
         failures=_failures(snapshot.pods),
         rollout=st.rollout,
+        trainer=st.trainer,
     )
 
 
@@ -265,6 +268,10 @@ def format_report(report: Report) -> str:
         ]
         if r.failures:
             lines.append("  failed or aborted: " + ", ".join(f"{f.reason} {f.count}" for f in r.failures))
+    if (t := report.trainer) is not None:
+        lines.append(
+            f"Trainer {t.job}: {t.ready}/{t.pods} pods ready, {t.succeeded} finished, {t.restarts} restarts"
+        )
     if report.failures:
         lines.append(
             "Container restarts by reason: " + ", ".join(f"{k} {v}" for k, v in report.failures.items())

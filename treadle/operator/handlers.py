@@ -9,9 +9,10 @@ with their job even while the operator is down; no handler here is a timer, a da
 non-optional delete handler (each of those would make kopf add a finalizer that blocks deletion
 while the operator is away).
 
-Status is recomputed from kopf indexes (in-memory views of child Deployments, Pods and jobs,
-kept current by their watch streams) plus a GPU-capacity list cached for 30 s, whenever a child
-changes, so refreshing status costs no API reads, only a status patch when something changed.
+Status is recomputed from kopf indexes (in-memory views of child Deployments, Pods, the trainers'
+Pods and jobs, kept current by their watch streams) plus a GPU-capacity list cached for 30 s,
+whenever a child changes, so refreshing status costs no API reads, only a status patch when
+something changed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from treadle import auth, errors, kubeapi
 from treadle.api import v1alpha1
 from treadle.operator import diff, reasons, redisacl, render, runtime, status
 from treadle.operator.render import common as render_common
+from treadle.operator.render import trainer as render_trainer
 
 JOBS = (v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL)
 KOPF_PREFIX = "kopf.treadle.dev"
@@ -180,6 +182,19 @@ def child_pod_problems(
     """
     problem = status.pod_problem(_plain(body))
     return {} if problem is None else {(namespace or "", labels[render_common.JOB_LABEL]): problem}
+
+
+@kopf.index(
+    "",
+    "v1",
+    "pods",
+    labels={render_common.JOB_LABEL: kopf.PRESENT, render_common.COMPONENT_LABEL: render_trainer.COMPONENT},
+)
+def trainer_pods(
+    *, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[JobKey, status.TrainerPod]:
+    """Each pod of a job's trainer (its Job, readiness, restarts): the group's ``status.trainer``."""
+    return {(namespace or "", labels[render_common.JOB_LABEL]): status.trainer_pod(_plain(body))}
 
 
 # --- reconcile: render, diff, apply ----------------------------------------------------------------
@@ -359,6 +374,7 @@ def _refresh_once(
     job_bodies: kopf.Index[JobKey, dict[str, Any]],
     child_deployments: kopf.Index[JobKey, tuple[str, status.DeploymentState]],
     child_pod_problems: kopf.Index[JobKey, status.PodProblem],
+    trainer_pods: kopf.Index[JobKey, status.TrainerPod],
     job_snapshot: dict[str, Any] | None = None,
     **_: Any,
 ) -> None:
@@ -383,6 +399,8 @@ def _refresh_once(
         deployments=dict(_values(child_deployments, key)),
         problems=list(_values(child_pod_problems, key)),
         gpu_capacity=memo.gpu_capacity(),
+        trainer_pods=list(_values(trainer_pods, key)),
+        trainer_job=render_trainer.job_name(job, memo.cfg),
     )
     # Someone scaled a child by hand: restore the rendering (not while a reconcile is applying).
     if (drift := status.drifted(job, observed)) and key not in memo.reconciling:
@@ -402,9 +420,7 @@ def _refresh_once(
     memo.last_status[key] = (uid, generation, new)
     ref = _ref(raw)
     for t in transitions:
-        kopf.event(
-            ref, type=t.event_type, reason=t.reason, message=f"{t.type}={t.status}: {t.message}".rstrip(": ")
-        )
+        kopf.event(ref, type=t.event_type, reason=t.reason, message=t.event_message)
     memo.metrics.observe_job(job.namespace, job.name, str(job.metadata.get("uid", "")), new)
     pending = 0
     for k in job_bodies:

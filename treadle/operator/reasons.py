@@ -38,6 +38,9 @@ APPLIED = "ChildrenApplied"
 """Event: the reconciler created or updated children."""
 PRUNED = "ChildrenDeleted"
 """Event: the reconciler deleted children the spec no longer asks for."""
+TRAINER_RESTARTED = "TrainerRestarted"
+"""Event (Warning): the trainer group's restarts (``status.trainer.restarts``) went up: a rank died, the
+group's containers restart in place (or the Job replaces a failed pod) and the group forms again."""
 
 # Order in which pod problems decide the Degraded reason when several occur at once.
 DEGRADED_PRIORITY = (

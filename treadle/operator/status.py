@@ -4,6 +4,9 @@ Called by ``treadle.operator.handlers`` whenever a child Deployment or Pod of a 
 after each reconcile. ``set_condition`` is the one writer of conditions: it keeps
 ``lastTransitionTime`` unless the status flips and always stamps ``observedGeneration``.
 
+The trainer's pods give ``status.trainer`` (pods ready, finished, restarted), and a restart of its
+group a ``TrainerRestarted`` Event.
+
 Reasons are machine-readable (``reasons``) so a user, a dashboard or Kueue can tell "the cluster
 has too few H800 GPUs" (InsufficientGPUCapacity) from "pods are starting" (PodsNotReady) from
 "the image cannot be pulled" (ImagePullBackOff).
@@ -18,6 +21,7 @@ from typing import Any, Literal
 from treadle.api import v1alpha1
 from treadle.operator import reasons, render
 from treadle.operator.render import common as render_common
+from treadle.operator.render import trainer as render_trainer
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,22 @@ class PodProblem:
 
 
 @dataclass(frozen=True)
+class TrainerPod:
+    """What the operator reads from one pod of the job's trainer (``trainer_pod``)."""
+
+    job: str
+    """The batch/v1 Job it belongs to (``batch.kubernetes.io/job-name``)."""
+    ready: bool
+    """Running and ready, and not being deleted."""
+    succeeded: bool
+    """Exited 0 (phase Succeeded)."""
+    failed: bool
+    """Phase Failed (evicted, or its node lost): the Job replaces it."""
+    restarts: int
+    """Restarts of its containers."""
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything status depends on, gathered by the caller from the API (or kopf indexes)."""
 
@@ -50,11 +70,20 @@ class Observed:
     problems: Sequence[PodProblem] = ()
     gpu_capacity: Mapping[str, int] = field(default_factory=dict)
     """Allocatable ``nvidia.com/gpu`` summed over schedulable nodes, by accelerator class."""
+    trainer_pods: Sequence[TrainerPod] = ()
+    """The pods of the job's trainer Jobs, the current one's and any being deleted."""
+    trainer_job: str = ""
+    """The trainer Job the job renders now (``render.trainer``); only its pods count."""
+
+
+TRAINER = "Trainer"
+"""``Transition.type`` of a trainer group that restarted (no condition: an Event only)."""
 
 
 @dataclass(frozen=True)
 class Transition:
-    """A condition that changed status: posted as a Kubernetes Event."""
+    """A condition that changed status, or (type ``TRAINER``) a trainer group that restarted: posted as
+    a Kubernetes Event."""
 
     type: str
     status: str
@@ -63,10 +92,18 @@ class Transition:
 
     @property
     def event_type(self) -> Literal["Normal", "Warning"]:
-        bad = (self.type == "Degraded" and self.status == "True") or (
-            self.type == "Ready" and self.status == "False" and self.reason != reasons.SUSPENDED
+        bad = (
+            (self.type == "Degraded" and self.status == "True")
+            or (self.type == "Ready" and self.status == "False" and self.reason != reasons.SUSPENDED)
+            or self.type == TRAINER
         )
         return "Warning" if bad else "Normal"
+
+    @property
+    def event_message(self) -> str:
+        if self.type == TRAINER:
+            return self.message
+        return f"{self.type}={self.status}: {self.message}".rstrip(": ")
 
 
 def set_condition(
@@ -147,6 +184,35 @@ def _classify(job: v1alpha1.RolloutJob, observed: Observed) -> tuple[str, str] |
     return None
 
 
+def trainer_status(job: v1alpha1.RolloutJob, observed: Observed) -> v1alpha1.TrainerStatus | None:
+    """The trainer group's pods, from the current Job's (None for a job without ``spec.trainer``)."""
+    if job.spec.trainer is None:
+        return None
+    pods = [p for p in observed.trainer_pods if p.job == observed.trainer_job]
+    return v1alpha1.TrainerStatus(
+        job=observed.trainer_job,
+        pods=0 if job.spec.suspend else job.spec.trainer.replicas,
+        ready=sum(p.ready for p in pods),
+        succeeded=sum(p.succeeded for p in pods),
+        restarts=sum(p.restarts + p.failed for p in pods),
+    )
+
+
+def _trainer_restarted(
+    prev: v1alpha1.TrainerStatus | None, new: v1alpha1.TrainerStatus | None
+) -> Transition | None:
+    """The Event of a group whose restarts went up since the last status (of the same Job)."""
+    if prev is None or new is None or prev.job != new.job or new.restarts <= prev.restarts:
+        return None
+    return Transition(
+        TRAINER,
+        "Restarted",
+        reasons.TRAINER_RESTARTED,
+        f"trainer {new.job} restarted ({new.restarts} restarts in all, {new.restarts - prev.restarts} new): "
+        "its group forms again",
+    )
+
+
 def compute(
     job: v1alpha1.RolloutJob, observed: Observed, *, now: str
 ) -> tuple[v1alpha1.RolloutJobStatus, list[Transition]]:
@@ -213,6 +279,9 @@ def compute(
             put("Progressing", "False", reasons.RECONCILED, "")
         phase = "Degraded" if degraded is not None else ("Progressing" if not_ready else "Ready")
     full = sum(1 for p in pools if p.ready >= p.desired and (p.desired > 0 or job.spec.suspend))
+    trainer = trainer_status(job, observed)
+    if restarted := _trainer_restarted(prev.trainer, trainer):
+        transitions.append(restarted)
     status = v1alpha1.RolloutJobStatus(
         observed_generation=generation,
         phase=phase,
@@ -222,6 +291,7 @@ def compute(
         policy_version=prev.policy_version,
         step=prev.step,
         mean_reward=prev.mean_reward,
+        trainer=trainer,
     )
     return status, transitions
 
@@ -259,6 +329,25 @@ def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
             why = reasons.INSUFFICIENT_GPU_CAPACITY if "nvidia.com/gpu" in message else reasons.UNSCHEDULABLE
             return PodProblem(component, pool, why, message or "pod cannot be scheduled")
     return None
+
+
+def trainer_pod(pod: Mapping[str, Any]) -> TrainerPod:
+    """Read one pod of the trainer (as the API returns it)."""
+    meta = pod.get("metadata", {})
+    status = pod.get("status", {})
+    phase = status.get("phase", "")
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    restarts = sum(
+        int(cs.get("restartCount", 0))
+        for cs in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
+    )
+    return TrainerPod(
+        job=str(meta.get("labels", {}).get(render_trainer.JOB_NAME_LABEL, "")),
+        ready=ready and phase == "Running" and not meta.get("deletionTimestamp"),
+        succeeded=phase == "Succeeded",
+        failed=phase == "Failed",
+        restarts=restarts,
+    )
 
 
 def deployment_state(deployment: Mapping[str, Any]) -> DeploymentState:

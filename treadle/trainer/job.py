@@ -41,47 +41,56 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import prometheus_client
+import torch
+import torch.distributed as dist
 
 from treadle import errors
 from treadle.api import env_vars, jobconfig
 from treadle.client import connect
 from treadle.client import swapper as swapper_mod
 from treadle.services import podenv
-from treadle.trainer import checkpoint, exporter, grpo, loop, policy
-from treadle.weights import loader, pull
+from treadle.trainer import checkpoint, exporter, group, grpo, loop, parallel, policy, step
+from treadle.weights import loader
 
 PROG = "python -m treadle.trainer.job"
-TINY_MODEL = re.compile(r"tiny-llama-seed(\d+)")
+TINY_MODEL = re.compile(r"tiny-(llama|qwen3)-seed(\d+)")
 log = logging.getLogger(__name__)
 
 
 def model_path(model: str) -> Path:
-    """The checkpoint folder of ``model``, generating the tiny Llama its name asks for if missing."""
+    """The checkpoint folder of ``model``, generating the tiny Llama or Qwen3 its name asks for if
+    missing (``tiny-<arch>-seed<N>``)."""
     path = Path(model)
     tiny = TINY_MODEL.fullmatch(path.name)
     if path.is_absolute() and tiny is not None:
-        return policy.ensure_model(path, seed=int(tiny.group(1)))
+        return policy.ensure_model(path, seed=int(tiny.group(2)), arch=tiny.group(1))
     return loader.model_dir(model)
 
 
 def loop_config(cfg: jobconfig.TrainerConfig, *, steps_done: int = 0) -> loop.Config:
     return loop.Config(
-        steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, temperature=cfg.temperature,
-        loss=grpo.LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high),
-        batch_timeout_s=cfg.batch_timeout_s, steps_done=steps_done,
+        steps=cfg.steps, batch_size=cfg.batch_size, batch_timeout_s=cfg.batch_timeout_s, steps_done=steps_done
+    )
+
+
+def step_settings(cfg: jobconfig.TrainerConfig) -> step.Settings:
+    return step.Settings(
+        temperature=cfg.temperature, loss=grpo.LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high),
+        micro_batch_tokens=cfg.micro_batch_tokens, max_grad_norm=cfg.max_grad_norm,
     )  # fmt: skip
 
 
-def resume(pol: policy.Policy, conn: connect.Connection, version: int) -> None:
-    """Load the weights the job committed as ``version`` (a restart) into ``pol``; NotFound, naming the
-    version, when the store no longer holds it (then the learned policy is lost, which is said, not
-    hidden by training on from the base checkpoint)."""
-    reader = pull.Reader(conn.weights.store, conn.weights.prefix)
-    try:
-        snapshot = reader.pull(version, kind="torch")
-        pol.model.load_state_dict(snapshot.tensors)
-    finally:
-        reader.close()
+def load_sharded(cfg: jobconfig.TrainerConfig, world: parallel.World) -> tuple[Path, policy.Policy]:
+    """The agent's model on every rank, sharded. One process per pod generates a missing tiny model
+    (the others wait at a barrier), so ranks never write one folder at once."""
+    if world.local_rank == 0:
+        path = model_path(cfg.model)
+    dist.barrier(group=world.objects)
+    if world.local_rank != 0:
+        path = model_path(cfg.model)
+    pol = policy.load(path)
+    parallel.shard(pol.model, world, bf16=cfg.bf16, checkpointing=cfg.activation_checkpointing)
+    return path, pol
 
 
 def swapper(conn: connect.Connection, job: jobconfig.JobConfig, agent: str) -> loop.Swapper:
@@ -91,62 +100,99 @@ def swapper(conn: connect.Connection, job: jobconfig.JobConfig, agent: str) -> l
 
 
 async def run(environ: Mapping[str, str], *, echo: Callable[[str], None] = print) -> list[loop.StepRecord]:
-    """Train the job's ``spec.trainer`` to its last step; returns one record per step."""
+    """Train the job's ``spec.trainer`` to its last step on this rank; returns rank 0's step records
+    (the other ranks follow rank 0 and return none)."""
     job = podenv.job_config(environ)
     cfg = job.trainer
     if cfg is None:
         raise errors.SpecError("the job has no spec.trainer to run", field=f"{env_vars.CONFIG}:spec.trainer")
     if cfg.threads is not None:
-        import torch
-
         torch.set_num_threads(cfg.threads)
-    registry = prometheus_client.CollectorRegistry()
-    step_metrics = exporter.StepMetrics(registry)
-    podenv.serve_metrics(registry, "0.0.0.0", podenv.metrics_port(environ))
-    path = await asyncio.to_thread(model_path, cfg.model)
-    pol = await asyncio.to_thread(policy.load, path)
-    conn = connect.connect(keep_versions=cfg.alpha + 1, replicas=cfg.weights_replicas, environ=environ)
+    world = parallel.init(dict(environ))
     try:
-        # A restarted trainer goes on from the version the job committed, not from 0. The trainer's
-        # pod may start before the scheduler's Service name resolves: waited for, not a restart.
-        what = f"the scheduler at {conn.endpoints.scheduler}"
-        at = await connect.wait_for(conn.scheduler.stats, what=what)
-        conn.publisher.committed, steps_done = at.version, min(at.step, cfg.steps)
-        echo(
-            f"[{PROG}] job {job.job}: agent {cfg.agent}, model {path}; {cfg.steps} steps of {cfg.batch_size} "
-            f"trajectories, alpha {cfg.alpha}; from version {conn.publisher.committed}"
-        )
-        if steps_done >= cfg.steps:
+        path, pol = await asyncio.to_thread(load_sharded, cfg, world)
+        conn = connect.connect(keep_versions=cfg.alpha + 1, replicas=cfg.weights_replicas, environ=environ)
+        try:
+            learner = group.Group(
+                world, pol, lr=cfg.lr, settings=step_settings(cfg), weights=conn.weights,
+                optimizer_store=checkpoint.OptimizerStore(
+                    conn.weights.store, conn.weights.prefix, keep_versions=cfg.alpha + 1
+                ),
+            )  # fmt: skip
+            if not world.leader:
+                await _follow(learner)
+                return []
+            return await _lead(job, cfg, conn, learner, path, environ=environ, echo=echo)
+        finally:
+            await conn.aclose()
+    finally:
+        parallel.close()
+
+
+async def _follow(learner: group.Group) -> None:
+    """A rank other than 0: resume as rank 0 says, then run its steps."""
+    version = parallel.broadcast(None, learner.world)
+    if version > 0:
+        await asyncio.to_thread(learner.resume, version)
+    await asyncio.to_thread(learner.follow)
+
+
+async def _lead(
+    job: jobconfig.JobConfig,
+    cfg: jobconfig.TrainerConfig,
+    conn: connect.Connection,
+    learner: group.Group,
+    path: Path,
+    *,
+    environ: Mapping[str, str],
+    echo: Callable[[str], None],
+) -> list[loop.StepRecord]:
+    """Rank 0: the services' side of training, every rank's steps through ``learner``."""
+    world = learner.world
+    registry = prometheus_client.CollectorRegistry()
+    step_metrics = exporter.StepMetrics(registry, ranks=world.size)
+    podenv.serve_metrics(registry, "0.0.0.0", podenv.metrics_port(environ))
+    # A restarted trainer goes on from the version the job committed, not from 0. The trainer's
+    # pod may start before the scheduler's Service name resolves: waited for, not a restart.
+    what = f"the scheduler at {conn.endpoints.scheduler}"
+    at = await connect.wait_for(conn.scheduler.stats, what=what)
+    conn.publisher.committed, steps_done = at.version, min(at.step, cfg.steps)
+    echo(
+        f"[{PROG}] job {job.job}: agent {cfg.agent}, model {path}; {cfg.steps} steps of {cfg.batch_size} "
+        f"trajectories, alpha {cfg.alpha}; {world.size} rank(s) on {world.device.type}; "
+        f"from version {conn.publisher.committed}"
+    )
+    done = steps_done >= cfg.steps
+    version = 0 if done else conn.publisher.committed
+    parallel.broadcast(version, world)
+    try:
+        if done:
             echo(f"[{PROG}] the job committed its last step ({steps_done}) already: nothing to train")
             return []
-        batches = conn.batches(
-            batch_size=cfg.batch_size, timeout_s=cfg.batch_timeout_s, max_batches=cfg.steps - steps_done
-        )
-        optimizer_store = checkpoint.OptimizerStore(
-            conn.weights.store, conn.weights.prefix, keep_versions=cfg.alpha + 1
-        )
+        if version > 0:
+            restored = await asyncio.to_thread(learner.resume, version)
+            echo(f"[{PROG}] resumed from version {version}'s weights, after step {steps_done}")
+            echo(
+                f"[{PROG}] resumed Adam's state of version {version}"
+                if restored
+                else f"[{PROG}] version {version} has no optimizer state in the store: Adam starts from zero"
+            )
         trainer = loop.Trainer(
-            pol,
-            batches=batches,
+            learner,
+            batches=conn.batches(
+                batch_size=cfg.batch_size, timeout_s=cfg.batch_timeout_s, max_batches=cfg.steps - steps_done,
+                acks="explicit",
+            ),
             publisher=conn.publisher,
             gate=conn.scheduler,
             swapper=swapper(conn, job, cfg.agent),
             config=loop_config(cfg, steps_done=steps_done),
             echo=echo,
             observe=step_metrics.observe,
-            optimizer_store=optimizer_store,
-        )
-        if conn.publisher.committed > 0:
-            version = conn.publisher.committed
-            await asyncio.to_thread(resume, pol, conn, version)
-            echo(f"[{PROG}] resumed from version {version}'s weights, after step {steps_done}")
-            if await asyncio.to_thread(optimizer_store.load, version, trainer.optimizer):
-                echo(f"[{PROG}] resumed Adam's state of version {version}")
-            else:
-                echo(f"[{PROG}] version {version} has no optimizer state in the store: Adam starts from zero")
+        )  # fmt: skip
         history = await trainer.run()
     finally:
-        await conn.aclose()
+        await asyncio.to_thread(learner.stop)
     if history:
         echo(
             f"[{PROG}] mean reward {history[0].mean_reward:.3f} (step {history[0].step}) -> "

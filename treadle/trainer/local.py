@@ -62,7 +62,7 @@ def run(pol: policy.Policy, config: Config, *, echo: Callable[[str], None] | Non
         groups = [str(i // config.group_size) for i in range(n)]
         advantages = grpo.group_advantages(rewards, groups)
         pol.model.train()
-        logprobs, mask = policy.token_logprobs(
+        logprobs, mask, _ = policy.token_logprobs(
             pol, [(prompt, s.output_ids) for s in samples], temperature=config.temperature
         )
         behaviour = torch.zeros_like(logprobs)

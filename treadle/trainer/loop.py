@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import torch
-
 from treadle import errors
 from treadle.client import batches as batches_mod
 from treadle.client import publisher as publisher_mod
 from treadle.client import retrying
-from treadle.trainer import checkpoint, grpo, policy
+from treadle.trainer import grpo
+from treadle.trainer import step as step_mod
+from treadle.weights import layout
 
 
 class Gate(Protocol):
@@ -53,13 +53,25 @@ class Swapper(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class Stepped:
+    stats: step_mod.StepStats
+    manifest: layout.Manifest
+    """The version the update was published as (committed in the store, not yet at the scheduler)."""
+    train_s: float
+    publish_s: float
+    """Weights and optimizer state, every rank's part, up to the manifest."""
+
+
+class Learner(Protocol):
+    """The trainer's ranks (``treadle.trainer.group.Group``): one update, published (blocking)."""
+
+    def step(self, batch: batches_mod.TrainBatch, version: int) -> Stepped: ...
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     steps: int = 20
     batch_size: int = 32
-    lr: float = 3e-3
-    temperature: float = 1.0
-    """The engines' sampling temperature (token logprobs are rescored under it)."""
-    loss: grpo.LossConfig = dataclasses.field(default_factory=grpo.LossConfig)
     batch_timeout_s: float = 120.0
     restart_wait_s: float = 300.0
     """How long a scheduler or placement that does not answer (restarting) is waited for, per call."""
@@ -72,8 +84,6 @@ class Config:
                 raise errors.SpecError("must be >= 1", field=name, value=getattr(self, name))
         if not 0 <= self.steps_done < self.steps:
             raise errors.SpecError(f"must be in [0, {self.steps})", field="steps_done", value=self.steps_done)
-        if not self.lr > 0:
-            raise errors.SpecError("must be > 0", field="lr", value=self.lr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +93,10 @@ class StepRecord:
     """Committed version the batch was requested at (the engines served it while training ran)."""
     published: int
     """Version this step's weights were published as (swapped in before the next step)."""
+    batch_id: str
     samples: int
     tokens: int
+    """Output tokens trained on."""
     mean_reward: float
     staleness: int
     """Largest ``version - init_version`` over the batch's samples."""
@@ -100,62 +112,18 @@ class StepRecord:
     wait_s: float = 0.0
     """Wall time waiting for this step's batch (after the previous step's training and fence)."""
     published_bytes: int = 0
-
-
-def sequences(
-    batch: batches_mod.TrainBatch,
-) -> tuple[list[tuple[list[int], list[int], list[float]]], list[int]]:
-    """Every turn with output tokens as (prompt ids, output ids, behaviour logprobs), and its sample."""
-    seqs: list[tuple[list[int], list[int], list[float]]] = []
-    owner: list[int] = []
-    for i, s in enumerate(batch.samples):
-        for turn in s.turns:
-            if not turn.output_token_ids:
-                continue
-            if len(turn.output_versions) != len(turn.output_token_ids):
-                raise errors.SpecError(
-                    f"trajectory {s.trajectory_id}: {len(turn.output_token_ids)} output tokens but "
-                    f"{len(turn.output_versions)} token versions; every token's version must be recorded",
-                    field="turns.output_versions",
-                )
-            if len(turn.output_logprobs) != len(turn.output_token_ids):
-                raise errors.SpecError(
-                    f"trajectory {s.trajectory_id}: {len(turn.output_token_ids)} output tokens but "
-                    f"{len(turn.output_logprobs)} logprobs; GRPO needs the sampling logprobs",
-                    field="turns.output_logprobs",
-                )
-            seqs.append(
-                (list(turn.prompt_token_ids), list(turn.output_token_ids), list(turn.output_logprobs))
-            )
-            owner.append(i)
-    return seqs, owner
-
-
-def train_step(
-    pol: policy.Policy, optimizer: torch.optim.Optimizer, batch: batches_mod.TrainBatch, config: Config
-) -> grpo.LossStats:
-    """One GRPO update on ``batch`` (blocking: run it on a thread from async code)."""
-    advantages = grpo.group_advantages(batch.rewards, [s.group_id for s in batch.samples])
-    seqs, owner = sequences(batch)
-    if not seqs:
-        raise errors.SpecError(f"batch {batch.batch_id} has no output tokens to train on", field="samples")
-    pol.model.train()
-    logprobs, mask = policy.token_logprobs(pol, [(p, o) for p, o, _ in seqs], temperature=config.temperature)
-    behaviour = torch.zeros_like(logprobs)
-    for row, (_, _, lps) in enumerate(seqs):
-        behaviour[row, : len(lps)] = torch.tensor(lps, dtype=behaviour.dtype)
-    adv = torch.tensor([advantages[i] for i in owner], dtype=logprobs.dtype)
-    loss, stats = grpo.policy_loss(logprobs, behaviour, adv, mask, config=config.loss)
-    optimizer.zero_grad()
-    torch.autograd.backward(loss)
-    optimizer.step()
-    return stats
+    entropy: float = 0.0
+    """Mean entropy of the policy at the batch's output tokens."""
+    grad_norm: float = 0.0
+    """Global gradient norm before clipping."""
+    trained_tokens: int = 0
+    """Prompt and output tokens put through the model (``trained_tokens / train_s``: tokens/s)."""
 
 
 class Trainer:
     def __init__(
         self,
-        pol: policy.Policy,
+        learner: Learner,
         *,
         batches: batches_mod.Batches,
         publisher: publisher_mod.Publisher,
@@ -164,9 +132,8 @@ class Trainer:
         config: Config,
         echo: Callable[[str], None] | None = None,
         observe: Callable[[StepRecord], None] | None = None,
-        optimizer_store: checkpoint.OptimizerStore | None = None,
     ) -> None:
-        self.policy = pol
+        self.learner = learner
         self.batches = batches
         self.publisher = publisher
         self.gate = gate
@@ -174,9 +141,6 @@ class Trainer:
         self.config = config
         self.echo = echo
         self.observe = observe
-        self.optimizer = torch.optim.Adam(pol.model.parameters(), lr=config.lr)
-        self.optimizer_store = optimizer_store
-        """Where each published version's optimizer state goes too (None: nowhere)."""
         self.history: list[StepRecord] = []
 
     async def run(self) -> list[StepRecord]:
@@ -191,13 +155,14 @@ class Trainer:
             swap_s, aborted = 0.0, 0
             if pending is not None:
                 swap_s, aborted = await self._fence(pending)
+                await self.batches.ack(pending.batch_id)
             pending = await self._train(step, version, batch, swap_s, aborted, wait_s)
             waiting = time.perf_counter()
             if step >= self.config.steps:
                 break
-        await self.batches.ack()
         if pending is not None:
             await self._fence(pending)
+            await self.batches.ack(pending.batch_id)
         return self.history
 
     async def _fence(self, record: StepRecord) -> tuple[float, int]:
@@ -238,25 +203,23 @@ class Trainer:
         aborted: int,
         wait_s: float,
     ) -> StepRecord:
-        began = time.perf_counter()
-        stats = await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.config)
-        trained = time.perf_counter()
-        manifest = await self.publisher.publish(self.policy.model.state_dict())
-        if self.optimizer_store is not None:  # before the version can be committed (at the next fence)
-            await self.optimizer_store.save(manifest.version, self.optimizer)
+        done = await asyncio.to_thread(self.learner.step, batch, self.publisher.next_version())
+        manifest = done.manifest
         await retrying.wait_for(
             lambda: self.swapper.prefetch(manifest.version),
             what="placement (PrefetchWeights)",
             timeout_s=self.config.restart_wait_s,
         )
+        stats, result = done.stats.loss, done.stats
         record = StepRecord(
-            step=step, version=version, published=manifest.version, samples=len(batch.samples),
-            tokens=stats.tokens,
+            step=step, version=version, published=manifest.version, batch_id=batch.batch_id,
+            samples=len(batch.samples), tokens=stats.tokens,
             mean_reward=_mean(batch.rewards), evicted_groups=batch.evicted_groups,
             staleness=max((version - s.init_version for s in batch.samples), default=0),
             token_versions=_token_versions(batch),
-            swap_s=swap_s, train_s=trained - began, publish_s=time.perf_counter() - trained, stats=stats,
+            swap_s=swap_s, train_s=done.train_s, publish_s=done.publish_s, stats=stats,
             aborted_on_commit=aborted, wait_s=wait_s, published_bytes=manifest.total_bytes,
+            entropy=result.entropy, grad_norm=result.grad_norm, trained_tokens=result.tokens,
         )  # fmt: skip
         self.history.append(record)
         if self.echo is not None:
@@ -271,7 +234,8 @@ def line(r: StepRecord) -> str:
         f"step {r.step:3d}  v{r.version}  mean reward {r.mean_reward:.3f}  samples {r.samples}  "
         f"staleness {r.staleness}  token versions {r.token_versions[0]}-{r.token_versions[1]}  "
         f"evicted groups {r.evicted_groups}  loss {r.stats.loss:+.4f}  "
-        f"clip {r.stats.clip_fraction:.2f}  swap {r.swap_s * 1000:.0f} ms  train {r.train_s:.2f}s  "
+        f"clip {r.stats.clip_fraction:.2f}  entropy {r.entropy:.3f}  grad norm {r.grad_norm:.3f}  "
+        f"swap {r.swap_s * 1000:.0f} ms  train {r.train_s:.2f}s  "
         f"publish {r.publish_s * 1000:.0f} ms"
     )
 

@@ -11,25 +11,26 @@ import dataclasses
 import os
 import pathlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from treadle import errors
 
 
-def model_dir(seed: int = 0) -> pathlib.Path:
-    """Where the tiny model for ``seed`` lives (generated on first use)."""
+def model_dir(seed: int = 0, arch: str = "llama") -> pathlib.Path:
+    """Where the tiny model of ``arch`` (``treadle.models.tiny.ARCHS``) for ``seed`` lives (generated on
+    first use): ``tiny-<arch>-seed<N>`` in the cache."""
     base = pathlib.Path(os.environ.get("TREADLE_CACHE", pathlib.Path.home() / ".cache" / "treadle"))
-    return base / "models" / f"tiny-llama-seed{seed}"
+    return base / "models" / f"tiny-{arch}-seed{seed}"
 
 
-def ensure_model(path: pathlib.Path, *, seed: int = 0) -> pathlib.Path:
+def ensure_model(path: pathlib.Path, *, seed: int = 0, arch: str = "llama") -> pathlib.Path:
     """Generate the tiny model into ``path`` unless a complete one is there (its metadata is last)."""
     if not (path / "treadle-model.json").exists():
         from treadle.models import tiny
 
-        tiny.generate(path, seed=seed)
+        tiny.generate(path, seed=seed, arch=arch)
     return path
 
 
@@ -109,22 +110,33 @@ def sample(
     return [Sampled(t, lp) for t, lp in zip(tokens, logprobs, strict=True)]
 
 
+class Scored(NamedTuple):
+    logprobs: torch.Tensor
+    """[B, T] logprob of each output token, with grad."""
+    mask: torch.Tensor
+    """[B, T] 1.0 on output tokens, 0.0 on padding."""
+    entropy: torch.Tensor
+    """[B, T] entropy of the policy's next-token distribution at each output token (no grad)."""
+
+
 def token_logprobs(
     policy: Policy,
     sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs of each output token given its prompt, with grad: ``([B, T], mask [B, T])``.
+) -> Scored:
+    """Logprobs of each output token given its prompt, with grad, and the entropy there.
 
     ``sequences`` are (prompt ids, output ids); T is the longest output. Sequences are right-padded
     so every position keeps its index (the attention mask hides the padding from later tokens).
     ``temperature`` must be the sampling temperature, or the ratio to the behaviour policy is off.
+    Tensors are made on the model's device; the results are float32 there.
     """
     if not sequences:
         raise errors.SpecError("no sequences to score", field="sequences")
     if any(not p for p, _ in sequences):
         raise errors.SpecError("every sequence needs a non-empty prompt", field="sequences")
+    device = next(policy.model.parameters()).device
     pad = policy.eos_id
     full = [list(p) + list(o) for p, o in sequences]
     width = max(len(s) for s in full)
@@ -134,19 +146,20 @@ def token_logprobs(
     for i, s in enumerate(full):
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
         attention[i, : len(s)] = 1
-    logits = policy.model(input_ids=ids, attention_mask=attention).logits.float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
+    logits = policy.model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    # The token at position p is predicted by the logits at p - 1; padding rows gather position 0.
+    positions = torch.zeros((len(full), t_out), dtype=torch.long)
+    targets = torch.zeros((len(full), t_out), dtype=torch.long)
     mask = torch.zeros((len(full), t_out), dtype=torch.float32)
-    rows = []
     for i, (prompt, output) in enumerate(sequences):
-        if not output:
-            rows.append(torch.zeros(t_out, dtype=logp_all.dtype))
-            continue
-        # The token at position p is predicted by the logits at p - 1.
-        start = len(prompt) - 1
-        positions = torch.arange(start, start + len(output))
-        targets = torch.tensor(list(output), dtype=torch.long)
-        picked = logp_all[i, positions, targets]
-        rows.append(torch.cat([picked, torch.zeros(t_out - len(output), dtype=picked.dtype)]))
-        mask[i, : len(output)] = 1.0
-    return torch.stack(rows), mask
+        n = len(output)
+        positions[i, :n] = torch.arange(len(prompt) - 1, len(prompt) - 1 + n)
+        targets[i, :n] = torch.tensor(list(output), dtype=torch.long)
+        mask[i, :n] = 1.0
+    positions, targets, mask = positions.to(device), targets.to(device), mask.to(device)
+    at = logp_all.gather(1, positions.unsqueeze(-1).expand(-1, -1, logp_all.shape[-1]))
+    picked = at.gather(2, targets.unsqueeze(-1)).squeeze(-1) * mask
+    with torch.no_grad():
+        entropy = -(at.exp() * at).sum(-1) * mask
+    return Scored(picked, mask, entropy)

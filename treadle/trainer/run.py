@@ -38,7 +38,7 @@ from treadle.services import podenv
 from treadle.services.buffer import client as buffer_client
 from treadle.services.placement import client as placement_client
 from treadle.services.scheduler import client as scheduler_client
-from treadle.trainer import engines, loop, policy, toy
+from treadle.trainer import engines, group, loop, parallel, policy, step, toy
 from treadle.v1 import placement_pb2, scheduler_pb2
 from treadle.weights import objects, publish
 
@@ -62,11 +62,15 @@ class Options:
     lr: float = 3e-3
     seed: int = 0
     model_seed: int = 0
+    model_arch: str = "llama"
+    """The tiny model's architecture (``treadle.models.tiny.ARCHS``): ``llama`` or ``qwen3``."""
     max_in_flight: int = 64
 
     def __post_init__(self) -> None:
         if self.engine not in ("vllm", "simulated"):
             raise errors.SpecError("must be vllm or simulated", field="engine", value=self.engine)
+        if self.model_arch not in ("llama", "qwen3"):
+            raise errors.SpecError("must be llama or qwen3", field="model_arch", value=self.model_arch)
         for name in ("workers", "steps", "groups_per_step", "group_size", "max_tokens", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise errors.SpecError("must be >= 1", field=name, value=getattr(self, name))
@@ -235,7 +239,10 @@ async def run(
     """Start everything, train ``options.steps`` steps, stop everything; returns the summary."""
     began = time.monotonic()
     model_dir = await asyncio.to_thread(
-        policy.ensure_model, policy.model_dir(options.model_seed), seed=options.model_seed
+        policy.ensure_model,
+        policy.model_dir(options.model_seed, arch=options.model_arch),
+        seed=options.model_seed,
+        arch=options.model_arch,
     )
     weights_dir = run_dir / "weights"
     weights_dir.mkdir(parents=True, exist_ok=True)
@@ -287,15 +294,18 @@ async def train(
         version=lambda: publisher.committed,
         timeout_s=300.0,
         max_batches=options.steps,
+        acks="explicit",
     )
     swapper = engines.EngineSwapper(replicas, extension=options.engine == "vllm", token=services.token)
+    world = parallel.init({})  # one rank: the same FSDP2 path as a trainer pod's
+    parallel.shard(pol.model, world, bf16=False, checkpointing=False)
     trainer = loop.Trainer(
-        pol,
+        group.Group(world, pol, lr=options.lr, settings=step.Settings(), weights=weights),
         batches=batches,
         publisher=publisher,
         gate=scheduler,
         swapper=swapper,
-        config=loop.Config(steps=options.steps, batch_size=options.batch_size, lr=options.lr),
+        config=loop.Config(steps=options.steps, batch_size=options.batch_size),
         echo=echo,
     )
     background = [
@@ -305,6 +315,7 @@ async def train(
     try:
         history = await trainer.run()
     finally:
+        parallel.close()
         background[0].cancel()
         fed = await asyncio.gather(background[0], return_exceptions=True)
         background[1].cancel()

@@ -14,8 +14,11 @@ renders as ``TREADLE_WEIGHTS_PREFIX`` (``<namespace>/<job>/<uid>``: a re-created
 
 The manifest names every bucket with its size and xxh3-128 digest and every tensor with its bucket,
 offset, dtype and shape; it carries a digest of its own canonical JSON so a damaged manifest is
-rejected too. HEAD is written after the manifest and is only a hint for ``latest``: a publisher that
-dies between the two leaves HEAD one behind, which readers repair by probing the next manifests.
+rejected too. A trainer whose ranks hold shards (FSDP) publishes each rank's rows of a tensor as a
+part (``TensorEntry.rows``): the ranks write their own buckets, numbered one after another, and rank
+0 writes the manifest listing every part; readers assemble the parts. HEAD is written after the
+manifest and is only a hint for ``latest``: a publisher that dies between the two leaves HEAD one
+behind, which readers repair by probing the next manifests.
 """
 
 from __future__ import annotations
@@ -101,6 +104,17 @@ class TensorEntry:
     bucket: int
     offset: int
     nbytes: int
+    rows: tuple[int, int] | None = None
+    """A part of the tensor: rows ``[start, stop)`` of its first dimension (``shape`` is the whole
+    tensor's). A trainer whose ranks hold shards publishes each rank's rows as its own entries; the
+    parts of one name tile its first dimension exactly. None: the whole tensor."""
+
+    @property
+    def part_shape(self) -> tuple[int, ...]:
+        """The shape of the bytes this entry holds."""
+        if self.rows is None:
+            return self.shape
+        return (self.rows[1] - self.rows[0], *self.shape[1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +163,7 @@ class Manifest:
             "prefix": self.prefix,
             "published_at": self.published_at,
             "buckets": [dataclasses.asdict(b) for b in self.buckets],
-            "tensors": [{**dataclasses.asdict(t), "shape": list(t.shape)} for t in self.tensors],
+            "tensors": [_tensor_body(t) for t in self.tensors],
         }
 
     @classmethod
@@ -175,6 +189,7 @@ class Manifest:
                     TensorEntry(
                         name=str(t["name"]), dtype=str(t["dtype"]), shape=tuple(int(d) for d in t["shape"]),
                         bucket=int(t["bucket"]), offset=int(t["offset"]), nbytes=int(t["nbytes"]),
+                        rows=(int(t["rows"][0]), int(t["rows"][1])) if "rows" in t else None,
                     )
                     for t in body["tensors"]
                 ),
@@ -199,16 +214,48 @@ def _check_consistent(m: Manifest) -> None:
     for i, b in enumerate(m.buckets):
         if b.key != bucket_key(m.prefix, m.version, i) or b.nbytes < 0:
             raise CorruptVersion(f"{where}: bucket {i} is {b.key!r} with {b.nbytes} bytes")
-    names: set[str] = set()
+    parts: dict[str, list[TensorEntry]] = {}
     for t in m.tensors:
         fits = (
             0 <= t.bucket < len(m.buckets)
             and t.offset >= 0
             and t.offset + t.nbytes <= m.buckets[t.bucket].nbytes
         )
-        if not fits or t.name in names:
-            raise CorruptVersion(f"{where}: tensor {t.name!r} is duplicated or lies outside its bucket")
-        names.add(t.name)
+        if not fits:
+            raise CorruptVersion(f"{where}: tensor {t.name!r} lies outside its bucket")
+        parts.setdefault(t.name, []).append(t)
+    for name, entries in parts.items():
+        if not tiles(entries):
+            raise CorruptVersion(
+                f"{where}: tensor {name!r} is duplicated, or its parts do not tile its first dimension"
+            )
+
+
+def tiles(entries: Sequence[TensorEntry]) -> bool:
+    """Whether ``entries`` (all of one name) are one whole tensor, or parts covering every row once."""
+    if len(entries) == 1 and entries[0].rows is None:
+        return True
+    first = entries[0]
+    if any(e.rows is None or e.dtype != first.dtype or e.shape != first.shape for e in entries):
+        return False
+    if not first.shape:
+        return False
+    at = 0
+    for e in sorted(entries, key=lambda e: e.rows or (0, 0)):
+        start, stop = e.rows or (0, 0)
+        if start != at or stop <= start:
+            return False
+        at = stop
+    return at == first.shape[0]
+
+
+def _tensor_body(t: TensorEntry) -> dict[str, Any]:
+    body = {**dataclasses.asdict(t), "shape": list(t.shape)}
+    if t.rows is None:
+        del body["rows"]  # whole tensors keep the manifest's original form
+    else:
+        body["rows"] = list(t.rows)
+    return body
 
 
 def _canonical(body: dict[str, Any]) -> bytes:

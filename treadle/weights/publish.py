@@ -15,9 +15,10 @@ Called by the trainer SDK (``treadle.client.publisher``) and benchmarks. The pro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,14 @@ DEFAULT_BUCKET_BYTES = 1 << 30
 
 # Versions below the latest that a restarted publisher looks for when it adopts old versions for gc.
 _ADOPT_LOOKBACK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Buckets one writer stored for a version, and the tensors (or parts of them) they hold."""
+
+    buckets: tuple[layout.BucketEntry, ...]
+    tensors: tuple[layout.TensorEntry, ...]
 
 
 class Publisher:
@@ -94,16 +103,23 @@ class Publisher:
         Raises SpecError for bad input, Conflict if ``version`` is not newer than the latest
         committed one, Unavailable if the store cannot take the bytes before the deadline.
         """
+        self._check_new(version)
+        return self.commit_parts(version, [self.write_part(state_dict, version)])
+
+    def plan_part(self, state_dict: Mapping[str, Any]) -> int:
+        """How many buckets ``write_part`` will write for ``state_dict`` (validates it)."""
+        flats = tensors.flatten(state_dict)
+        return layout.plan_buckets([f.data.nbytes for f in flats], self.bucket_bytes)[-1][0] + 1
+
+    def write_part(self, state_dict: Mapping[str, Any], version: int, *, first_bucket: int = 0) -> Part:
+        """Write ``state_dict``'s buckets of ``version`` as buckets ``first_bucket`` on, no manifest.
+
+        The ranks of a sharded trainer each write their part (``tensors.Shard`` values for their
+        rows), numbered after the lower ranks' buckets (``plan_part``); one of them then commits
+        every part with ``commit_parts``. Until then the version does not exist for readers.
+        """
         layout.check_version(version)
         flats = tensors.flatten(state_dict)
-        if self.latest is not None and version <= self.latest:
-            raise errors.Conflict(
-                f"version {version} is not newer than the latest committed version {self.latest}"
-            )
-        manifest_key = layout.manifest_key(self.prefix, version)
-        if self.store.exists(manifest_key):
-            raise errors.Conflict(f"version {version} is already committed under {self.prefix!r}")
-
         placements = layout.plan_buckets([f.data.nbytes for f in flats], self.bucket_bytes)
         count = placements[-1][0] + 1
         sizes = [0] * count
@@ -114,11 +130,22 @@ class Publisher:
         # makes the next registration at a reused address fail ("overlapped memory region").
         self.store.register(staging)
         try:
-            buckets, entries = self._write_buckets(flats, placements, sizes, version, staging)
+            buckets, entries = self._write_buckets(flats, placements, sizes, version, staging, first_bucket)
         finally:
             self.store.unregister(staging)
+        return Part(tuple(buckets), tuple(entries))
 
-        manifest = layout.Manifest(version, self.prefix, tuple(buckets), tuple(entries), self._clock())
+    def commit_parts(self, version: int, parts: Sequence[Part]) -> layout.Manifest:
+        """Write the manifest of ``version`` over ``parts`` (in bucket order): the commit point.
+
+        CorruptVersion (nothing committed) when the parts' buckets are not numbered one after another
+        or their tensors do not tile; Conflict as ``publish``."""
+        self._check_new(version)
+        buckets = tuple(b for part in parts for b in part.buckets)
+        entries = tuple(t for part in parts for t in part.tensors)
+        manifest = layout.Manifest(version, self.prefix, buckets, entries, self._clock())
+        layout.Manifest.from_json(manifest.to_json(), prefix=self.prefix, version=version)  # consistent?
+        manifest_key = layout.manifest_key(self.prefix, version)
         self._versions[version] = [*(b.key for b in buckets), manifest_key]
         created = objects.retrying(
             f"commit {manifest_key}",
@@ -135,6 +162,15 @@ class Publisher:
         self.gc()
         return manifest
 
+    def _check_new(self, version: int) -> None:
+        layout.check_version(version)
+        if self.latest is not None and version <= self.latest:
+            raise errors.Conflict(
+                f"version {version} is not newer than the latest committed version {self.latest}"
+            )
+        if self.store.exists(layout.manifest_key(self.prefix, version)):
+            raise errors.Conflict(f"version {version} is already committed under {self.prefix!r}")
+
     def _write_buckets(
         self,
         flats: list[tensors.Flat],
@@ -142,6 +178,7 @@ class Publisher:
         sizes: list[int],
         version: int,
         staging: objects.Bytes,
+        first_bucket: int,
     ) -> tuple[list[layout.BucketEntry], list[layout.TensorEntry]]:
         """Pack, hash and store every bucket in order; the manifest entries that describe them."""
         buckets: list[layout.BucketEntry] = []
@@ -156,10 +193,12 @@ class Publisher:
                 view[cursor:off] = 0  # alignment gaps: deterministic bytes, deterministic digest
                 view[off : off + f.data.nbytes] = f.data
                 cursor = off + f.data.nbytes
-                entries.append(layout.TensorEntry(f.name, f.dtype, f.shape, b, off, f.data.nbytes))
+                entries.append(
+                    layout.TensorEntry(f.name, f.dtype, f.shape, first_bucket + b, off, f.data.nbytes, f.rows)
+                )
                 end += 1
             first = end
-            key = layout.bucket_key(self.prefix, version, b)
+            key = layout.bucket_key(self.prefix, version, first_bucket + b)
             buckets.append(layout.BucketEntry(key, size, layout.digest(view)))
             objects.retrying(f"put {key}", lambda: self.store.put(key, view), deadline_s=self.deadline_s)  # noqa: B023
             if self._on_bucket is not None:

@@ -31,12 +31,26 @@ Kind = Literal["numpy", "torch"]
 
 @dataclasses.dataclass(frozen=True)
 class Flat:
-    """One tensor as a 1-D uint8 view over its (contiguous, CPU) bytes."""
+    """One tensor (or a part of one) as a 1-D uint8 view over its (contiguous, CPU) bytes."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
+    """The whole tensor's shape."""
     data: np.ndarray[Any, np.dtype[np.uint8]]
+    rows: tuple[int, int] | None = None
+    """For a part: its rows ``[start, stop)`` of the first dimension (``layout.TensorEntry.rows``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """A state-dict value that is rows ``[start, start + len(local))`` of a tensor of ``rows`` rows: one
+    rank's part of a sharded parameter, published without gathering the rest."""
+
+    local: Any
+    """The rows this rank holds (numpy array or torch tensor)."""
+    start: int
+    rows: int
 
 
 def flatten(state_dict: Mapping[str, Any]) -> list[Flat]:
@@ -48,7 +62,9 @@ def flatten(state_dict: Mapping[str, Any]) -> list[Flat]:
         field = f"state_dict[{name!r}]"
         if not isinstance(name, str) or not name:
             raise errors.SpecError("tensor names must be non-empty strings", field=field, value=name)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, Shard):
+            out.append(_part(name, value, field))
+        elif isinstance(value, np.ndarray):
             out.append(_from_numpy(name, value, field))
         elif _is_torch(value):
             out.append(_from_torch(name, value, field))
@@ -57,6 +73,21 @@ def flatten(state_dict: Mapping[str, Any]) -> list[Flat]:
                 f"expected a numpy array or torch tensor, got {type(value).__name__}", field=field
             )
     return out
+
+
+def _part(name: str, shard: Shard, field: str) -> Flat:
+    whole = _from_numpy(name, shard.local, field) if isinstance(shard.local, np.ndarray) else None
+    if whole is None and not _is_torch(shard.local):
+        raise errors.SpecError(
+            f"expected a numpy array or torch tensor, got {type(shard.local).__name__}", field=field
+        )
+    flat = whole or _from_torch(name, shard.local, field)
+    if not flat.shape or not 0 <= shard.start <= shard.start + flat.shape[0] <= shard.rows:
+        raise errors.SpecError(
+            f"a part of {shard.rows} rows starting at {shard.start} cannot hold {flat.shape}", field=field
+        )
+    rows = (shard.start, shard.start + flat.shape[0])
+    return dataclasses.replace(flat, shape=(shard.rows, *flat.shape[1:]), rows=rows)
 
 
 def _from_numpy(name: str, value: np.ndarray[Any, Any], field: str) -> Flat:
@@ -87,6 +118,8 @@ def rebuild(
     """Tensors of ``manifest`` as zero-copy views into ``buckets`` (all buckets back to back).
 
     The caller must have validated every bucket first; the views share ``buckets``' memory.
+    Parts of a tensor (a sharded trainer's ranks published them apart) are copied into one new
+    tensor each: the only tensors that are not views.
     """
     starts = manifest.bucket_offsets()
     torch = importlib.import_module("torch") if kind == "torch" else None
@@ -99,14 +132,24 @@ def rebuild(
         at = starts[t.bucket] + t.offset
         raw = buckets[at : at + t.nbytes]
         carrier = np.dtype(DTYPES[t.dtype])
-        if t.nbytes != carrier.itemsize * int(np.prod(t.shape, dtype=np.int64)):
+        shape = t.part_shape
+        if t.nbytes != carrier.itemsize * int(np.prod(shape, dtype=np.int64)):
             raise layout.CorruptVersion(
                 f"v{manifest.version}: tensor {t.name!r} size does not match its shape"
             )
-        array = raw.view(carrier).reshape(t.shape)
         if torch is None:
-            out[t.name] = array
+            view: Any = raw.view(carrier).reshape(shape)
         else:
             # torch.from_numpy refuses read-only arrays; the buffer is ours and writable.
-            out[t.name] = torch.from_numpy(raw).view(getattr(torch, t.dtype)).reshape(t.shape)
+            view = torch.from_numpy(raw).view(getattr(torch, t.dtype)).reshape(shape)
+        if t.rows is None:
+            out[t.name] = view
+            continue
+        if t.name not in out:
+            out[t.name] = (
+                np.empty(t.shape, dtype=carrier)
+                if torch is None
+                else torch.empty(t.shape, dtype=getattr(torch, t.dtype))
+            )
+        out[t.name][t.rows[0] : t.rows[1]] = view
     return out

@@ -13,15 +13,17 @@ def record(step: int) -> loop.StepRecord:
         loss=0.5, policy_loss=0.4, kl=0.01, clip_fraction=0.2, behaviour_kl=0.03, tokens=64
     )
     return loop.StepRecord(
-        step=step, version=step - 1, published=step, samples=8, tokens=64, mean_reward=0.25, staleness=1,
+        step=step, version=step - 1, published=step, batch_id=f"b{step}", samples=8, tokens=64,
+        mean_reward=0.25, staleness=1,
         token_versions=(0, 1), evicted_groups=0, swap_s=0.3, train_s=1.5, publish_s=0.2, stats=stats,
-        aborted_on_commit=0, wait_s=2.0, published_bytes=1000,
+        aborted_on_commit=0, wait_s=2.0, published_bytes=1000, entropy=2.5, grad_norm=0.75,
+        trained_tokens=300,
     )  # fmt: skip
 
 
 def test_each_step_sets_the_gauges_and_observes_its_phases() -> None:
     registry = prom.CollectorRegistry()
-    exported = exporter.StepMetrics(registry)
+    exported = exporter.StepMetrics(registry, ranks=2)
     exported.observe(record(1))
     exported.observe(record(2))
 
@@ -35,6 +37,8 @@ def test_each_step_sets_the_gauges_and_observes_its_phases() -> None:
         and value(metrics.TRAINER_KL, to="behaviour") == 0.03
     )
     assert value(metrics.TRAINER_PUBLISHED_BYTES_TOTAL) == 2000
+    assert value(metrics.TRAINER_ENTROPY) == 2.5 and value(metrics.TRAINER_GRAD_NORM) == 0.75
+    assert value(metrics.TRAINER_TOKENS_PER_SECOND) == 200 and value(metrics.TRAINER_RANKS) == 2
     phases = metrics.TRAINER_PHASE_SECONDS + "_count"
     assert value(phases, phase="train") == 2 and value(phases, phase="batch_wait") == 2
     # Step 1 had no fence before it: its swap time is not a weight sync.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from treadle import errors
 from treadle.api import env_vars, jobconfig, v1alpha1
 from treadle.client import connect, retrying
 from treadle.services.placement import protocol as placement_protocol
-from treadle.trainer import checkpoint, policy
+from treadle.trainer import checkpoint, group, parallel, policy, sharded, step
 from treadle.trainer import job as trainer_job
 from treadle.weights import objects
 
@@ -56,8 +57,17 @@ def test_the_trainer_config_takes_the_rollout_settings_from_the_job() -> None:
         agent="coder", model="/models/c", steps=7, batch_size=32, alpha=2, lr=1e-4, clip_low=0.2,
         clip_high=0.28, temperature=1.0, threads=None, batch_timeout_s=600.0, weights_replicas=3,
     )  # fmt: skip
-    loop_cfg = trainer_job.loop_config(cfg)
-    assert (loop_cfg.steps, loop_cfg.batch_size, loop_cfg.lr, loop_cfg.loss.clip_high) == (7, 32, 1e-4, 0.28)
+    loop_cfg, settings = trainer_job.loop_config(cfg), trainer_job.step_settings(cfg)
+    assert (loop_cfg.steps, loop_cfg.batch_size, settings.loss.clip_high) == (7, 32, 0.28)
+    assert (settings.micro_batch_tokens, settings.max_grad_norm, cfg.bf16, cfg.activation_checkpointing) == (
+        None, None, False, False,
+    )  # fmt: skip
+    tuned = config({
+        **SPEC, "trainer": {**SPEC["trainer"], "microBatchTokens": 512, "maxGradNorm": 1.0, "gpus": 2,
+                            "activationCheckpointing": True},
+    }).trainer  # fmt: skip
+    assert tuned is not None and trainer_job.step_settings(tuned).micro_batch_tokens == 512
+    assert (tuned.max_grad_norm, tuned.bf16, tuned.activation_checkpointing) == (1.0, True, True)
     assert config({k: v for k, v in SPEC.items() if k != "trainer"}).trainer is None
 
 
@@ -231,10 +241,28 @@ async def test_other_errors_are_not_waited_out() -> None:
         await connect.wait_for(refused, what="the scheduler", sleep=Flaky(0).sleep)
 
 
+@pytest.fixture
+def world() -> Iterator[parallel.World]:
+    yield parallel.init({})
+    parallel.close()
+
+
+def learner(
+    pol: policy.Policy, conn: connect.Connection, world: parallel.World, *, state: bool
+) -> group.Group:
+    parallel.shard(pol.model, world, bf16=False, checkpointing=False)
+    kept = (
+        checkpoint.OptimizerStore(conn.weights.store, conn.weights.prefix, keep_versions=3) if state else None
+    )
+    return group.Group(
+        world, pol, lr=1e-3, settings=step.Settings(), weights=conn.weights, optimizer_store=kept
+    )
+
+
 async def test_a_restarted_trainer_loads_the_weights_the_job_committed(
-    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path, world: parallel.World
 ) -> None:
-    """``resume``: the committed version's tensors, from the job's weight store, replace the base
+    """``Group.resume``: the committed version's tensors, from the job's weight store, replace the base
     checkpoint's; a version the store no longer holds is NotFound, naming it."""
     conn = connect.connect(environ=pod_env(tmp_path), keep_versions=3)
     try:
@@ -243,12 +271,12 @@ async def test_a_restarted_trainer_loads_the_weights_the_job_committed(
             for p in trained.model.parameters():
                 p.add_(0.5)
         await asyncio.to_thread(conn.weights.publish, trained.model.state_dict(), 4)
-        fresh = policy.load(tiny_model_dir)
-        trainer_job.resume(fresh, conn, 4)
-        got, want = fresh.model.state_dict(), trained.model.state_dict()
+        fresh = learner(policy.load(tiny_model_dir), conn, world, state=False)
+        assert fresh.resume(4) is False  # no optimizer store: weights only
+        got, want = fresh.state_dict(), trained.model.state_dict()
         assert all(torch.equal(got[k], want[k]) for k in want)
         with pytest.raises(errors.NotFound, match="version 9"):
-            trainer_job.resume(fresh, conn, 9)
+            fresh.resume(9)
     finally:
         await conn.aclose()
 
@@ -262,35 +290,32 @@ def adam_steps(pol: policy.Policy, optimizer: torch.optim.Optimizer, tokens: tor
 
 
 async def test_a_restarted_trainer_makes_the_update_an_uninterrupted_one_would(
-    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path, world: parallel.World
 ) -> None:
     """``checkpoint.OptimizerStore``: Adam's state published beside a version and restored with its
     weights gives exactly the next update of a trainer that never stopped; Adam from zero does not."""
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     conn = connect.connect(environ=pod_env(tmp_path), keep_versions=3)
     try:
-        kept = checkpoint.OptimizerStore(conn.weights.store, conn.weights.prefix, keep_versions=3)
-        ran = policy.load(tiny_model_dir)
-        ran_adam = torch.optim.Adam(ran.model.parameters(), lr=1e-3)
-        adam_steps(ran, ran_adam, tokens, 2)
-        await asyncio.to_thread(conn.weights.publish, ran.model.state_dict(), 2)
-        await kept.save(2, ran_adam)
+        ran = learner(policy.load(tiny_model_dir), conn, world, state=True)
+        adam_steps(ran.policy, ran.optimizer, tokens, 2)
+        await asyncio.to_thread(sharded.publish_parts, conn.weights, ran.policy.model.state_dict(), 2, world)
+        assert ran.optimizer_store is not None
+        ran.optimizer_store.save(2, ran.policy.model, ran.optimizer, world)
 
-        restarted: list[tuple[policy.Policy, torch.optim.Optimizer]] = []
+        restarted: list[group.Group] = []
         for with_state in (True, False):
-            pol = policy.load(tiny_model_dir)
-            adam = torch.optim.Adam(pol.model.parameters(), lr=1e-3)
-            trainer_job.resume(pol, conn, 2)
-            assert not with_state or kept.load(2, adam)
-            restarted.append((pol, adam))
-        for pol, adam in [(ran, ran_adam), *restarted]:
-            adam_steps(pol, adam, tokens, 1)
-        (back, _), (from_zero, _) = restarted
-        want = list(ran.model.parameters())
-        assert all(torch.equal(a, b) for a, b in zip(want, back.model.parameters(), strict=True))
-        assert not all(torch.equal(a, b) for a, b in zip(want, from_zero.model.parameters(), strict=True))
+            back = learner(policy.load(tiny_model_dir), conn, world, state=with_state)
+            assert back.resume(2) is with_state
+            restarted.append(back)
+        for g in [ran, *restarted]:
+            adam_steps(g.policy, g.optimizer, tokens, 1)
+        want = ran.state_dict()
+        back_sd, from_zero_sd = (g.state_dict() for g in restarted)
+        assert all(torch.equal(want[k], back_sd[k]) for k in want)
+        assert not all(torch.equal(want[k], from_zero_sd[k]) for k in want)
         # A version whose state the store does not hold: said, not guessed.
-        assert not kept.load(9, torch.optim.Adam(from_zero.model.parameters(), lr=1e-3))
+        assert not ran.optimizer_store.load(9, ran.policy.model, ran.optimizer)
         # The engines' versions are untouched by it: the weights' newest is still 2, with no state beside.
         assert conn.weights.latest == 2
     finally:

@@ -9,6 +9,7 @@ batches without per-token versions or logprobs are refused.
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 
 from treadle import errors
 from treadle.client import batches, publisher
-from treadle.trainer import loop, policy
+from treadle.trainer import group, loop, parallel, policy, step
 from treadle.v1 import buffer_pb2, common_pb2
 from treadle.weights import layout, objects, publish
 
@@ -85,30 +86,49 @@ class Recorder:
         self.served = version
 
 
-def _trainer(tmp_path: pathlib.Path, pol: policy.Policy, rec: Recorder, steps: int) -> loop.Trainer:
+@pytest.fixture
+def world() -> Iterator[parallel.World]:
+    yield parallel.init({})
+    parallel.close()
+
+
+def _trainer(
+    tmp_path: pathlib.Path,
+    pol: policy.Policy,
+    rec: Recorder,
+    steps: int,
+    world: parallel.World,
+    *,
+    done: int = 0,
+) -> loop.Trainer:
     weights = publish.Publisher(objects.FileStore(tmp_path / "w"), PREFIX, bucket_bytes=1 << 20)
     pub = publisher.Publisher(weights, committer=rec)
+    parallel.shard(pol.model, world, bf16=False, checkpointing=False)
     return loop.Trainer(
-        pol, batches=batches.Batches(rec, batch_size=2, version=lambda: pub.committed, max_batches=steps),
+        group.Group(world, pol, lr=1e-2, settings=step.Settings(), weights=weights),
+        batches=batches.Batches(rec, batch_size=2, version=lambda: pub.committed, max_batches=steps - done,
+                                acks="explicit"),
         publisher=pub, gate=rec, swapper=rec,
-        config=loop.Config(steps=steps, batch_size=2, lr=1e-2, restart_wait_s=0.1),  # a refusal is final
+        # restart_wait_s: a refusal is final
+        config=loop.Config(steps=steps, batch_size=2, restart_wait_s=0.1, steps_done=done),
     )  # fmt: skip
 
 
 async def test_iteration_order_versions_and_publication(
-    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path, world: parallel.World
 ) -> None:
     pol = policy.load(tiny_model_dir)
     before = {k: v.clone() for k, v in pol.model.state_dict().items()}
     rec = Recorder()
-    history = await _trainer(tmp_path, pol, rec, steps=3).run()
+    history = await _trainer(tmp_path, pol, rec, steps=3, world=world).run()
+    # A batch is acked only once the version trained on it is committed.
     assert rec.events == [
         ("get", 0), ("prefetch", 1),
-        ("ack", "b0"), ("get", 0), ("suspend", None), ("swap", 1), ("commit", 1), ("resume", None),
+        ("get", 0), ("suspend", None), ("swap", 1), ("commit", 1), ("resume", None), ("ack", "b0"),
         ("prefetch", 2),
-        ("ack", "b1"), ("get", 1), ("suspend", None), ("swap", 2), ("commit", 2), ("resume", None),
+        ("get", 1), ("suspend", None), ("swap", 2), ("commit", 2), ("resume", None), ("ack", "b1"),
         ("prefetch", 3),
-        ("ack", "b2"), ("suspend", None), ("swap", 3), ("commit", 3), ("resume", None),
+        ("suspend", None), ("swap", 3), ("commit", 3), ("resume", None), ("ack", "b2"),
     ]  # fmt: skip
     assert [(r.step, r.version, r.published) for r in history] == [(1, 0, 1), (2, 0, 2), (3, 1, 3)]
     # Each batch was generated before the fence of its own step: by the version served until then.
@@ -116,14 +136,17 @@ async def test_iteration_order_versions_and_publication(
     assert all(r.samples == 2 and r.tokens == 5 for r in history)
     store = objects.FileStore(tmp_path / "w")
     assert store.exists(layout.manifest_key(PREFIX, 3))
-    after = pol.model.state_dict()
+    after = {k: v.full_tensor() for k, v in pol.model.state_dict().items()}
     assert any(not torch.equal(before[k], after[k]) for k in before), "the optimizer never stepped"
+    assert [r.batch_id for r in history] == ["b0", "b1", "b2"]
+    # Step 2's tokens are all clipped (the fixed behaviour logprobs are far from the stepped policy).
+    assert history[0].grad_norm > 0 and all(r.entropy > 0 and r.trained_tokens == 13 for r in history)
     # Each commit says which step made the version and its batch's mean reward (rewards 1 and 0).
     assert rec.progress == [(1, 1, 0.5), (2, 2, 0.5), (3, 3, 0.5)]
 
 
 async def test_a_refused_swap_resumes_the_scheduler_and_commits_nothing(
-    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path, world: parallel.World
 ) -> None:
     class Refusing(Recorder):
         async def swap(self, version: int) -> None:
@@ -131,11 +154,11 @@ async def test_a_refused_swap_resumes_the_scheduler_and_commits_nothing(
             raise errors.Unavailable("engine refused")
 
     rec = Refusing()
-    trainer = _trainer(tmp_path, policy.load(tiny_model_dir), rec, steps=3)
+    trainer = _trainer(tmp_path, policy.load(tiny_model_dir), rec, steps=3, world=world)
     with pytest.raises(errors.Unavailable):
         await trainer.run()
     assert rec.events[-3:] == [("suspend", None), ("swap", 1), ("resume", None)]
-    assert not any(e[0] == "commit" for e in rec.events)
+    assert not any(e[0] in ("commit", "ack") for e in rec.events)  # the batch comes back after its lease
     assert trainer.publisher.committed == 0
 
 
@@ -145,7 +168,7 @@ def test_batches_without_token_versions_or_logprobs_are_refused(field: str) -> N
     del getattr(t.turns[0], field)[:]
     batch = batches.from_proto(buffer_pb2.Batch(batch_id="b", trajectories=[t]))
     with pytest.raises(errors.SpecError) as info:
-        loop.sequences(batch)
+        step.sequences(batch)
     assert info.value.field == f"turns.{field}"
 
 
@@ -155,24 +178,16 @@ def test_turns_without_output_are_skipped() -> None:
             batch_id="b", trajectories=[_trajectory("a", "g", 1.0, 0, []), _trajectory("b", "g", 0.0, 0, [7])]
         )
     )
-    seqs, owner = loop.sequences(batch)
+    seqs, owner = step.sequences(batch)
     assert owner == [1] and seqs == [([3, 10, 11, 12], [7], [-6.0])]
 
 
 async def test_a_restarted_trainer_numbers_its_steps_after_those_done_and_stops_at_the_last(
-    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path
+    tmp_path: pathlib.Path, tiny_model_dir: pathlib.Path, world: parallel.World
 ) -> None:
     """A trainer restarted after 3 of 5 steps were committed trains steps 4 and 5 only."""
     rec = Recorder()
-    weights = publish.Publisher(objects.FileStore(tmp_path / "w"), PREFIX, bucket_bytes=1 << 20)
-    pub = publisher.Publisher(weights, committer=rec)
-    trainer = loop.Trainer(
-        policy.load(tiny_model_dir), batches=batches.Batches(rec, batch_size=2, version=lambda: pub.committed,
-                                                             max_batches=2),
-        publisher=pub, gate=rec, swapper=rec,
-        config=loop.Config(steps=5, batch_size=2, lr=1e-2, restart_wait_s=0.1, steps_done=3),
-    )  # fmt: skip
-    history = await trainer.run()
+    history = await _trainer(tmp_path, policy.load(tiny_model_dir), rec, steps=5, world=world, done=3).run()
     assert [r.step for r in history] == [4, 5]
     assert [step for _, step, _ in rec.progress] == [4, 5]  # the job's status.step goes on, never back
     with pytest.raises(errors.SpecError, match="steps_done"):

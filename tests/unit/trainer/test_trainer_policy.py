@@ -18,7 +18,7 @@ def test_scoring_reproduces_the_sampling_logprobs(tiny_model_dir: pathlib.Path) 
                             generator=torch.Generator().manual_seed(1))  # fmt: skip
     # Different lengths in one batch exercise the right padding.
     seqs = [(prompt, s.output_ids) for s in samples] + [(prompt[:-2], samples[0].output_ids[:3])]
-    logp, mask = policy.token_logprobs(pol, seqs, temperature=0.7)
+    logp, mask, _ = policy.token_logprobs(pol, seqs, temperature=0.7)
     for i, s in enumerate(samples):
         n = len(s.output_ids)
         assert mask[i, :n].tolist() == [1.0] * n and mask[i, n:].sum().item() == 0

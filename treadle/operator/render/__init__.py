@@ -32,7 +32,9 @@ the garbage collector deletes them with J even while the operator is down):
   are headless: singletons, stateful env sessions and per-replica inference/store addresses.
 - ``J-pool-P`` Deployment + headless Service per inference pool: vLLM + the agent sidecar.
 - ``J-trainer-H`` batch/v1 Job (only with ``spec.trainer``): the job's trainer, run to the end of its
-  steps; ``H`` hashes its immutable pod template (``trainer``).
+  steps; ``H`` hashes its immutable pod template (``trainer``). A trainer of more than one process
+  is a ``torchrun`` group: an Indexed Job and the headless Service ``J-trainer-rdzv`` (pod 0, where
+  the group meets).
 
 Per-job coordination services, not shared ones: the scheduler, placement and buffer hold per-job
 state (staleness window, policy version, sticky worker map, group bookkeeping) and per-job policy
