@@ -8,11 +8,13 @@ import cycle (``v1alpha1`` imports the parts).
 from __future__ import annotations
 
 import decimal
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 VLLM_VERSION = "0.32.0"
 """The vLLM the inference image is built on (``images/inference/Dockerfile``) and the tests run
@@ -24,9 +26,76 @@ the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).
 QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][0-9]+)?$"
+QUANTITY_MAX_LENGTH = 32
+
+QUANTITY_SCHEMA: dict[str, Any] = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "pattern": QUANTITY,
+    "maxLength": QUANTITY_MAX_LENGTH,
+    "minimum": 0,
+}
+"""A quantity in the CRD, as Kubernetes' own CRDs write one: int-or-string (``cpu: 2`` or ``cpu: 500m``),
+the pattern and length bounding a string, the minimum an integer. A structural schema has no
+number-or-string: the API server refuses ``cpu: 0.5`` (not an integer), so ``parse_quantity`` does too,
+naming the string to write instead (``500m``)."""
+
+_DECIMAL_SUFFIX = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+
+
+def canonical_quantity(value: decimal.Decimal | int) -> str:
+    """The string Kubernetes prints for a quantity of ``value`` written as a plain number (its DecimalSI
+    form): nano precision rounded up, then the integer mantissa with the largest power of 1000, as in
+    ``2000`` -> ``2k``, ``0.5`` -> ``500m``, ``1073741824`` -> ``1073741824``."""
+    nanos = int((decimal.Decimal(value) * 10**9).to_integral_value(rounding=decimal.ROUND_CEILING))
+    if nanos == 0:
+        return "0"
+    exponent = -9
+    while nanos % 1000 == 0 and exponent < 18:
+        nanos //= 1000
+        exponent += 3
+    return f"{nanos}{_DECIMAL_SUFFIX[exponent]}"
+
+
+def parse_quantity(raw: object) -> str:
+    """A quantity field's value as the API server accepts it in an int-or-string field: a string, kept
+    as written, or an integer (``8``; also ``8.0``, which the API server takes for one), turned into the
+    string Kubernetes prints for it (``canonical_quantity``). A string is never rewritten: the rendered
+    pods, and the trainer Job's name (a digest of its pod template), stay what they always were.
+    Raises ``ValueError`` (pydantic's error without its "Value error, " prefix) naming the problem."""
+    if isinstance(raw, float):
+        if not math.isfinite(raw):
+            raise _refused(f"must be a Kubernetes quantity such as 2, 500m or 4Gi, got {raw!r}")
+        if not raw.is_integer():
+            suggestion = canonical_quantity(decimal.Decimal(repr(raw)))
+            raise _refused(
+                f"{raw!r} is a number but not an integer, which the API server refuses here (a quantity"
+                f" is an integer or a string): write {suggestion!r}"
+            )
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        if raw < 0:
+            raise _refused(f"must not be negative, got {raw}")
+        raw = canonical_quantity(raw)
+    if not isinstance(raw, str):
+        raise _refused(
+            f"must be a Kubernetes quantity, an integer or a string such as 500m or 4Gi, got {raw!r}"
+        )
+    if len(raw) > QUANTITY_MAX_LENGTH or not re.fullmatch(QUANTITY, raw):
+        raise _refused(
+            f"must be a Kubernetes quantity such as 2, 500m or 4Gi (no sign, at most {QUANTITY_MAX_LENGTH}"
+            f" characters), got {raw!r}"
+        )
+    return raw
+
+
+def _refused(message: str) -> ValueError:
+    return PydanticCustomError("quantity", message)
+
 
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
-Quantity = Annotated[str, Field(min_length=1, max_length=32, pattern=QUANTITY)]
+Quantity = Annotated[str, BeforeValidator(parse_quantity), WithJsonSchema(QUANTITY_SCHEMA)]
+"""A Kubernetes quantity: written as an integer or a string (``parse_quantity``), held as a string."""
 Accelerator = Literal["H800", "H20", "H100", "H200", "A100"]
 
 
@@ -121,12 +190,33 @@ def limits_cover_requests(resources: Any) -> bool:
     )
 
 
+def _cel_quantity(x: str) -> str:
+    """CEL for the quantity at ``x``: an int-or-string, which CEL types ``dyn`` (a string, an integer,
+    or a double when written ``8.0``)."""
+    return f"(type({x}) == string ? quantity({x}) : quantity('0').add(int({x})))"
+
+
 def limits_cover_requests_cel(at: str) -> str:
     """``limits_cover_requests`` of the ``Resources`` at the CEL expression ``at``, for the API server
-    (Kubernetes' CEL quantity library, 1.29 on)."""
-    checks = [
-        f"(!has({at}.requests.{r}) || !has({at}.limits.{r})"
-        f" || quantity({at}.limits.{r}).compareTo(quantity({at}.requests.{r})) >= 0)"
-        for r in ("cpu", "memory")
-    ]
+    (Kubernetes' CEL quantity library, 1.29 on).
+
+    Quantities are int-or-string, and before Kubernetes 1.34 (the chart supports 1.30 on) the API
+    server sizes one as a whole request (3 MiB), whatever its maxLength, when it estimates a rule's
+    cost at CRD creation: one ``quantity()`` call is 314,573 of the 10,000,000 a rule may cost. A
+    ``Resources`` of the job (``at`` under ``self``) takes four. One of each item of a list (``at``
+    rooted at a comprehension's variable: ``p.engine.resources`` of ``self.pools.all(p, ...)``, up
+    to 16 pools) cannot have even two, so there the API server compares integers only (``cpu: 8``
+    against ``cpu: 4``) and ``parse_spec`` (the operator, ``treadle validate``) compares the rest."""
+    if at.startswith("self."):
+        checks = [
+            f"(!has({at}.requests.{r}) || !has({at}.limits.{r})"
+            f" || {_cel_quantity(f'{at}.limits.{r}')}.compareTo({_cel_quantity(f'{at}.requests.{r}')}) >= 0)"
+            for r in ("cpu", "memory")
+        ]
+    else:
+        checks = [
+            f"(!has({at}.requests.{r}) || !has({at}.limits.{r}) || type({at}.limits.{r}) == string"
+            f" || type({at}.requests.{r}) == string || int({at}.limits.{r}) >= int({at}.requests.{r}))"
+            for r in ("cpu", "memory")
+        ]
     return f"!has({at}) || !has({at}.requests) || !has({at}.limits) || ({' && '.join(checks)})"

@@ -54,16 +54,46 @@ def _crd(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Every problem of every RolloutJob in the files, each naming the file and its field; never a
+    traceback (a file that cannot be read or parsed is one problem, naming the file)."""
     code = 0
     for path in args.files:
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
+        try:
+            docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+        except yaml.YAMLError as exc:
+            print(f"{path}: not valid YAML: {_yaml_problem(exc)}", file=sys.stderr)
+            code = 1
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"{path}: cannot read: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        except Exception as exc:  # e.g. RecursionError on absurd nesting: still no traceback
+            print(f"{path}: cannot read: {type(exc).__name__}: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        if not docs:
+            print(f"{path}: holds no document: expected a RolloutJob", file=sys.stderr)
+            code = 1
+        for index, doc in enumerate(docs):
+            where = str(path) if len(docs) == 1 else f"{path} (document {index + 1})"
             try:
                 job = v1alpha1.parse_job(doc)
             except errors.SpecError as exc:
-                print(f"{path}: {exc}", file=sys.stderr)
+                for problem in exc.problems:
+                    print(f"{where}: {problem}", file=sys.stderr)
+                code = 1
+            except Exception as exc:  # a bug in a check, reported as such instead of a traceback
+                print(f"{where}: could not be validated ({type(exc).__name__}: {exc})", file=sys.stderr)
                 code = 1
             else:
-                print(f"{path}: {job.name} ok")
+                print(f"{where}: {job.name} ok")
     return code
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where in the file and what (``yaml`` names the text it parsed, not the file)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context}"
+    return " ".join(str(exc).split())

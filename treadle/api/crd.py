@@ -3,7 +3,8 @@
 Called by ``treadle crd`` (print, write, check) and by the drift test. The pydantic JSON schema is
 turned into a Kubernetes *structural* schema: references inlined, ``title`` and ``null`` branches
 dropped, object defaults made explicit (so the API server defaults nested fields), lists keyed by
-``name`` marked ``x-kubernetes-list-type: map`` (duplicate names rejected by the server), and the
+``name`` marked ``x-kubernetes-list-type: map`` (duplicate names rejected by the server), quantities
+left int-or-string (``anyOf`` integer or string, ``x-kubernetes-int-or-string``), and the
 cross-field and immutability rules of ``spec_rules.SPEC_RULES`` attached as
 ``x-kubernetes-validations`` with their messages.
 """
@@ -58,6 +59,11 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
 )
 
 
+INT_OR_STRING = "x-kubernetes-int-or-string"
+"""A quantity (``base.QUANTITY_SCHEMA``): its ``anyOf`` of integer and string is the one union a
+structural schema allows, kept as written (and the node has no ``type``)."""
+
+
 def _without_nulls(value: Any) -> Any:
     """A default as the API server accepts it: an unset optional field (None) is left out, not null."""
     if isinstance(value, dict):
@@ -78,7 +84,7 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         target = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
         # The field's own docstring beats the model's class docstring.
         node = {**target, **node}
-    if "anyOf" in node:
+    if "anyOf" in node and not node.get(INT_OR_STRING):
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
         if len(branches) != 1:
             raise ValueError(f"unsupported union in schema: {branches}")

@@ -36,6 +36,8 @@ def _type(node: dict[str, Any], path: str) -> str:
     """The field's type as a reader writes it: ``[]string``, ``map[string]string``, a link to an object."""
     if _is_object(node):
         return f"[object](#{_anchor(path)})"
+    if node.get(crd.INT_OR_STRING):
+        return "int-or-string"
     kind = str(node.get("type", "any"))
     if kind == "array":
         return "[]" + _type(node.get("items", {}), path + "[]")

@@ -432,22 +432,37 @@ def parse_spec(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJo
 
     Raises ``SpecError`` whose ``field`` is the dotted path from ``spec``; the same inputs the API
     server rejects through the CRD schema and its CEL rules are rejected here with the same message.
+    Its ``problems`` are all of them: every schema error, else every duplicate and broken rule.
     ``simulation`` also accepts the simulator's baseline placement policies.
     """
     try:
         spec = RolloutJobSpec.model_validate(raw, context={SIMULATION: simulation})
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        field = _dotted(("spec", *first["loc"]))
-        raise errors.SpecError(first["msg"], field=field, value=first.get("input")) from exc
-    for key in spec_rules.MAP_LISTS:
-        items = _at(spec, key)
-        if dup := _duplicates([item.name for item in items]):
-            raise errors.SpecError(f"duplicate name(s) {dup}", field="spec." + ".".join(key), value=dup)
+        raise errors.SpecError.gather(_schema_errors("spec", exc)) from exc
+    found = [
+        errors.SpecError(f"duplicate name(s) {dup}", field="spec." + ".".join(key), value=dup)
+        for key in spec_rules.MAP_LISTS
+        if (dup := _duplicates([item.name for item in _at(spec, key)]))
+    ]
     for rule in spec_rules.SPEC_RULES:
-        if rule.check is not None and not rule.check(_at(spec, rule.path)):
-            raise errors.SpecError(rule.message, field=rule.field)
+        try:
+            broken = rule.check is not None and not rule.check(_at(spec, rule.path))
+        except Exception:
+            if found:  # a rule may rely on one already broken: the first problems are reported
+                continue
+            raise
+        if broken:
+            found.append(errors.SpecError(rule.message, field=rule.field))
+    if found:
+        raise errors.SpecError.gather(found)
     return spec
+
+
+def _schema_errors(root: str, exc: pydantic.ValidationError) -> list[errors.SpecError]:
+    return [
+        errors.SpecError(e["msg"], field=_dotted((root, *e["loc"])), value=e.get("input"))
+        for e in exc.errors()
+    ]
 
 
 class RolloutJob(_Model):
@@ -469,21 +484,44 @@ class RolloutJob(_Model):
 
 
 def parse_job(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJob:
-    """Validate a whole RolloutJob object; ``SpecError.field`` is rooted at the object."""
-    if raw.get("apiVersion") != API_VERSION or raw.get("kind") != KIND:
+    """Validate a whole RolloutJob object; ``SpecError.field`` is rooted at the object, and its
+    ``problems`` are every problem of the object (kind, name, spec, status), in that order."""
+    if not isinstance(raw, Mapping):
         raise errors.SpecError(
-            f"expected apiVersion {API_VERSION} and kind {KIND}",
-            field="apiVersion",
-            value=(raw.get("apiVersion"), raw.get("kind")),
+            "a RolloutJob is a mapping (apiVersion, kind, metadata, spec)", field="<document>", value=raw
         )
-    metadata = dict(raw.get("metadata") or {})
+    found: list[errors.SpecError] = []
+    if raw.get("apiVersion") != API_VERSION or raw.get("kind") != KIND:
+        found.append(
+            errors.SpecError(
+                f"expected apiVersion {API_VERSION} and kind {KIND}",
+                field="apiVersion",
+                value=(raw.get("apiVersion"), raw.get("kind")),
+            )
+        )
+    metadata = raw.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        found.append(
+            errors.SpecError("must be a mapping (name, namespace, ...)", field="metadata", value=metadata)
+        )
+        metadata = {}
     name = str(metadata.get("name", ""))
     if not re.match(DNS_LABEL, name) or len(name) > MAX_JOB_NAME:
-        raise errors.SpecError(
-            f"must be a DNS-1035 label of at most {MAX_JOB_NAME} characters",
-            field="metadata.name",
-            value=name,
+        found.append(
+            errors.SpecError(
+                f"must be a DNS-1035 label of at most {MAX_JOB_NAME} characters",
+                field="metadata.name",
+                value=name,
+            )
         )
-    spec = parse_spec(raw.get("spec") or {}, simulation=simulation)
-    status = RolloutJobStatus.model_validate(raw.get("status") or {})
-    return RolloutJob(metadata=metadata, spec=spec, status=status)
+    try:
+        spec = parse_spec(raw.get("spec") or {}, simulation=simulation)
+    except errors.SpecError as exc:
+        found.append(exc)
+    try:
+        status = RolloutJobStatus.model_validate(raw.get("status") or {})
+    except pydantic.ValidationError as exc:
+        found += _schema_errors("status", exc)
+    if found:
+        raise errors.SpecError.gather(found)
+    return RolloutJob(metadata=dict(metadata), spec=spec, status=status)

@@ -31,11 +31,17 @@ def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_schema_is_structural() -> None:
-    """Every node has a type, no $ref/anyOf/title survives, objects are not open-ended."""
+    """Every node has a type, no $ref/anyOf/title survives, objects are not open-ended; the one
+    exception is int-or-string (a quantity), exactly in the form the API server allows."""
     schema = crd.render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
-        assert "type" in node, path
-        for banned in ("$ref", "anyOf", "allOf", "title", "$defs"):
+        if node.get(crd.INT_OR_STRING):
+            assert "type" not in node, path
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert "type" in node, path
+            assert "anyOf" not in node, path
+        for banned in ("$ref", "allOf", "title", "$defs"):
             assert banned not in node, (path, banned)
         if node.get("additionalProperties") is False:
             raise AssertionError(f"{path}: additionalProperties false is not structural")
