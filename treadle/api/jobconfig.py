@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from treadle.api import dataset as dataset_api
 from treadle.api import sampling, v1alpha1
+from treadle.api import trainer as trainer_api
 from treadle.api.sampling import Length
 from treadle.errors import SpecError
 from treadle.policy import affinity, registry
@@ -284,6 +285,9 @@ class TrainerConfig:
     max_grad_norm: float | None = None
     bf16: bool = False
     """On GPUs (``spec.trainer.gpus`` > 0): bfloat16 compute over float32 parameters."""
+    tracking: trainer_api.Tracking | None = None
+    """``spec.trainer.tracking``: the experiment trackers rank 0 logs each step to
+    (``treadle.trainer.tracking``); None: Prometheus only."""
 
 
 def trainer_config(job: v1alpha1.RolloutJob, tasks: Sequence[TaskConfig]) -> TrainerConfig | None:
@@ -308,7 +312,7 @@ def trainer_config(job: v1alpha1.RolloutJob, tasks: Sequence[TaskConfig]) -> Tra
         threads=trainer.threads, batch_timeout_s=trainer.batch_timeout_seconds,
         weights_replicas=spec.weights.replicas, micro_batch_tokens=trainer.micro_batch_tokens,
         activation_checkpointing=trainer.activation_checkpointing, max_grad_norm=trainer.max_grad_norm,
-        bf16=trainer.gpus > 0,
+        bf16=trainer.gpus > 0, tracking=trainer.tracking,
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ as the environment ``torchrun`` reads (``treadle.api.env_vars.TORCHRUN``).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -47,6 +47,54 @@ class EnvVar(base.Model):
     """Variable name, once in the list; not ``TREADLE_*`` (Treadle's own, which it sets)."""
     value: str = Field(default="", max_length=32768)
     """Value."""
+
+
+class TensorBoardTracking(base.Model):
+    """TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
+
+    log_dir: str = Field(min_length=1, max_length=1024)
+    """Folder the job's run goes in, as ``<logDir>/<job name>`` (point ``tensorboard --logdir`` at
+    ``logDir``; a restarted trainer adds to the same run). A path in the trainer's container (lost with
+    the pod unless the image mounts storage there) or a URL TensorBoard's file layer writes: ``s3://``
+    with ``boto3`` installed, or any fsspec protocol with ``fsspec`` and its driver; their credentials
+    through ``env``."""
+
+
+class WandbTracking(base.Model):
+    """A Weights & Biases run (``wandb.init``), named after the job."""
+
+    project: str = Field(min_length=1, max_length=128)
+    """W&B project."""
+    entity: str | None = Field(default=None, min_length=1, max_length=128)
+    """W&B team or user; unset: the API key's default entity."""
+    mode: Literal["online", "offline"] = "online"
+    """``online`` sends as it trains and needs ``WANDB_API_KEY`` in ``env`` (``WANDB_BASE_URL`` too for
+    a server of your own); ``offline`` writes the run under ``WANDB_DIR`` (``env``; else the working
+    folder) in the container, for ``wandb sync`` later."""
+
+
+class MlflowTracking(base.Model):
+    """An MLflow run (``MlflowClient``), named after the job."""
+
+    tracking_uri: str = Field(min_length=1, max_length=1024)
+    """The tracking server (``http(s)://...``, ``databricks``) or store. A token goes in ``env`` as
+    ``MLFLOW_TRACKING_TOKEN`` (or ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``)."""
+    experiment: str = Field(min_length=1, max_length=256)
+    """Experiment name, created if the server has none of that name."""
+
+
+class Tracking(base.Model):
+    """Experiment trackers the reference trainer logs each step's metrics to (rank 0), besides its
+    Prometheus metrics: any of the three, at once. They need the image to carry the tracker's client
+    (``pip install 'treadle[tracking]'``); a configured one whose client is missing fails the trainer at
+    start. Secrets (``WANDB_API_KEY``, ``MLFLOW_TRACKING_TOKEN``) come from ``spec.trainer.env``."""
+
+    tensorboard: TensorBoardTracking | None = None
+    """TensorBoard event files; unset: none."""
+    wandb: WandbTracking | None = None
+    """A Weights & Biases run; unset: none."""
+    mlflow: MlflowTracking | None = None
+    """An MLflow run; unset: none."""
 
 
 class Trainer(base.Model):
@@ -106,6 +154,11 @@ class Trainer(base.Model):
     activations (less memory, about a third more compute)."""
     max_grad_norm: float | None = Field(default=None, gt=0.0, le=1_000_000.0)
     """Reference trainer: clip the gradients' global norm to this; unset: measured, not clipped."""
+    tracking: Tracking | None = None
+    """Reference trainer: experiment trackers (TensorBoard, Weights & Biases, MLflow) rank 0 logs each
+    step's metrics to, besides Prometheus; unset: none. The image needs their clients (the pip extra
+    ``treadle[tracking]``), else the trainer fails at start; their secrets (``WANDB_API_KEY``,
+    ``MLFLOW_TRACKING_TOKEN``) go in ``env``."""
 
     @field_validator("processes_per_pod")
     @classmethod

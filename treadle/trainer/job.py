@@ -49,7 +49,7 @@ from treadle.api import env_vars, jobconfig
 from treadle.client import connect
 from treadle.client import swapper as swapper_mod
 from treadle.services import podenv
-from treadle.trainer import checkpoint, exporter, group, grpo, loop, parallel, policy, step
+from treadle.trainer import checkpoint, exporter, group, grpo, loop, parallel, policy, step, tracking
 from treadle.weights import loader
 
 PROG = "python -m treadle.trainer.job"
@@ -165,6 +165,7 @@ async def _lead(
     done = steps_done >= cfg.steps
     version = 0 if done else conn.publisher.committed
     parallel.broadcast(version, world)
+    trackers = tracking.Trackers()
     try:
         if done:
             echo(f"[{PROG}] the job committed its last step ({steps_done}) already: nothing to train")
@@ -177,6 +178,13 @@ async def _lead(
                 if restored
                 else f"[{PROG}] version {version} has no optimizer state in the store: Adam starts from zero"
             )
+        # After the resume, a collective: a tracker failing to start stops the followers cleanly.
+        trackers = tracking.start(cfg, run=job.job)
+
+        def observe(record: loop.StepRecord) -> None:
+            step_metrics.observe(record)
+            trackers.log(record)
+
         trainer = loop.Trainer(
             learner,
             batches=conn.batches(
@@ -188,11 +196,12 @@ async def _lead(
             swapper=swapper(conn, job, cfg.agent),
             config=loop_config(cfg, steps_done=steps_done),
             echo=echo,
-            observe=step_metrics.observe,
+            observe=observe,
         )  # fmt: skip
         history = await trainer.run()
     finally:
         await asyncio.to_thread(learner.stop)
+        trackers.close()
     if history:
         echo(
             f"[{PROG}] mean reward {history[0].mean_reward:.3f} (step {history[0].step}) -> "
