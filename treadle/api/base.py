@@ -12,9 +12,11 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
+
+from treadle import errors
 
 VLLM_VERSION = "0.32.0"
 """The vLLM the inference image is built on (``images/inference/Dockerfile``) and the tests run
@@ -220,3 +222,22 @@ def limits_cover_requests_cel(at: str) -> str:
             for r in ("cpu", "memory")
         ]
     return f"!has({at}) || !has({at}.requests) || !has({at}.limits) || ({' && '.join(checks)})"
+
+
+def schema_errors(root: str, exc: ValidationError) -> list[errors.SpecError]:
+    """Every error of a pydantic validation as a ``SpecError`` whose field is the dotted path from
+    ``root`` (list items as ``[i]``)."""
+    return [
+        errors.SpecError(e["msg"], field=_dotted((root, *e["loc"])), value=e.get("input"))
+        for e in exc.errors()
+    ]
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        else:
+            parts.append(item)
+    return ".".join(parts)

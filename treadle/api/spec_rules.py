@@ -8,10 +8,12 @@ spec (``v1alpha1.RolloutJobSpec``) at the rule's ``path``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from treadle import errors
 from treadle.api import base, dataset
 
 
@@ -345,3 +347,37 @@ MAP_LISTS: Mapping[tuple[str, ...], str] = {
     ("externalResources", "rewardModels"): "name",
 }  # fmt: skip
 SET_LISTS: tuple[tuple[str, ...], ...] = (("tasks", "[]", "agents"), ("tasks", "[]", "pools"))
+
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def problems(spec: Any) -> list[errors.SpecError]:
+    """Every duplicate name (``MAP_LISTS``) and broken rule (``SPEC_RULES``) of a parsed spec
+    (``v1alpha1.RolloutJobSpec``), each naming its field."""
+    found = [
+        errors.SpecError(f"duplicate name(s) {dup}", field="spec." + ".".join(key), value=dup)
+        for key in MAP_LISTS
+        if (dup := _duplicates([item.name for item in _at(spec, key)]))
+    ]
+    for rule in SPEC_RULES:
+        try:
+            broken = rule.check is not None and not rule.check(_at(spec, rule.path))
+        except Exception:
+            if found:  # a rule may rely on one already broken: the first problems are reported
+                continue
+            raise
+        if broken:
+            found.append(errors.SpecError(rule.message, field=rule.field))
+    return found
+
+
+def _at(spec: Any, path: tuple[str, ...]) -> Any:
+    node: Any = spec
+    for key in path:
+        node = getattr(node, _SNAKE.sub("_", key).lower())
+    return node
+
+
+def _duplicates(names: list[str]) -> list[str]:
+    return sorted({n for n in names if names.count(n) > 1})

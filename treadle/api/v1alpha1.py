@@ -399,30 +399,6 @@ class RolloutJobStatus(_Model):
     """The trainer group's pods (only with ``spec.trainer``)."""
 
 
-_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
-        else:
-            parts.append(item)
-    return ".".join(parts)
-
-
-def _at(spec: RolloutJobSpec, path: tuple[str, ...]) -> Any:
-    node: Any = spec
-    for key in path:
-        node = getattr(node, _SNAKE.sub("_", key).lower())
-    return node
-
-
-def _duplicates(names: list[str]) -> list[str]:
-    return sorted({n for n in names if names.count(n) > 1})
-
-
 SIMULATION = "simulation"
 """Validation context key: the job is simulated, so the simulator's baseline policies are allowed."""
 
@@ -438,31 +414,10 @@ def parse_spec(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJo
     try:
         spec = RolloutJobSpec.model_validate(raw, context={SIMULATION: simulation})
     except pydantic.ValidationError as exc:
-        raise errors.SpecError.gather(_schema_errors("spec", exc)) from exc
-    found = [
-        errors.SpecError(f"duplicate name(s) {dup}", field="spec." + ".".join(key), value=dup)
-        for key in spec_rules.MAP_LISTS
-        if (dup := _duplicates([item.name for item in _at(spec, key)]))
-    ]
-    for rule in spec_rules.SPEC_RULES:
-        try:
-            broken = rule.check is not None and not rule.check(_at(spec, rule.path))
-        except Exception:
-            if found:  # a rule may rely on one already broken: the first problems are reported
-                continue
-            raise
-        if broken:
-            found.append(errors.SpecError(rule.message, field=rule.field))
-    if found:
+        raise errors.SpecError.gather(base.schema_errors("spec", exc)) from exc
+    if found := spec_rules.problems(spec):
         raise errors.SpecError.gather(found)
     return spec
-
-
-def _schema_errors(root: str, exc: pydantic.ValidationError) -> list[errors.SpecError]:
-    return [
-        errors.SpecError(e["msg"], field=_dotted((root, *e["loc"])), value=e.get("input"))
-        for e in exc.errors()
-    ]
 
 
 class RolloutJob(_Model):
@@ -521,7 +476,7 @@ def parse_job(raw: Mapping[str, Any], *, simulation: bool = False) -> RolloutJob
     try:
         status = RolloutJobStatus.model_validate(raw.get("status") or {})
     except pydantic.ValidationError as exc:
-        found += _schema_errors("status", exc)
+        found += base.schema_errors("status", exc)
     if found:
         raise errors.SpecError.gather(found)
     return RolloutJob(metadata=dict(metadata), spec=spec, status=status)
