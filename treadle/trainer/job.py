@@ -9,9 +9,13 @@ workers as the swapper, and exits 0; prompts come from the job's feeder, never f
 
 The policy model is the agent's ``model``: a local folder, or a Hugging Face id in the local cache
 (``weights.loader.model_dir``, the same checkpoint the engines validate published versions
-against). A path whose folder is named ``tiny-llama-seed<N>`` (``treadle.trainer.policy.model_dir``)
-and holds no model yet is generated there first, deterministically from N
-(``treadle.models.tiny``): the dev cluster's tiny Llama needs no download.
+against). A path whose folder is named ``tiny-llama-seed<N>`` or ``tiny-qwen3-seed<N>``
+(``treadle.trainer.policy.model_dir``) and holds no model yet is generated there first,
+deterministically from N (``treadle.models.tiny``): the dev cluster's tiny Llama needs no download.
+
+Every rank of the trainer runs this module (``torchrun`` starts them when the operator renders a
+group, ``docs/TRAINING.md``): each loads the model and shards it (``treadle.trainer.parallel``); rank
+0 talks to the job's services and leads, the others follow it (``treadle.trainer.group``).
 
 Weights are swapped by the job's own services: the trainer asks placement to prefetch and then swap
 a published version (``treadle.client.swapper.ClusterSwapper`` over placement's ``PrefetchWeights``

@@ -1,7 +1,8 @@
-"""The policy model on CPU torch: get the tiny Llama, sample from it, score tokens under it.
+"""The policy model: load a Hugging Face causal LM, sample from it, score tokens under it.
 
-Called by ``treadle.trainer.local`` (sampling and scoring in one process) and ``treadle.trainer.loop``
-(scoring token ids that an engine sampled). The model is the tiny random Llama of
+Called by ``treadle.trainer.local`` (sampling and scoring in one process) and ``treadle.trainer.step``
+(scoring token ids that an engine sampled, on each rank's device; ``treadle.trainer.parallel`` shards
+the model in place). Tests and the dev cluster use the tiny random Llama or Qwen3 of
 ``treadle.models.tiny``, generated once per seed into the cache: no weights are downloaded.
 """
 
@@ -37,7 +38,7 @@ def ensure_model(path: pathlib.Path, *, seed: int = 0, arch: str = "llama") -> p
 @dataclasses.dataclass
 class Policy:
     model: Any
-    """A ``transformers`` causal LM (``LlamaForCausalLM``), float32, on CPU."""
+    """A ``transformers`` causal LM, loaded in float32 (FSDP2 keeps float32 master weights)."""
     tokenizer: Any
     eos_id: int
 
