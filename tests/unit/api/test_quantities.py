@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import api_specs
 import pytest
 import yaml
 
@@ -19,15 +20,6 @@ from treadle.operator import config, render
 
 ROOT = Path(__file__).resolve().parents[3]
 MATH = ROOT / "manifests" / "examples" / "math-tool-h20.yaml"
-
-
-def _spec(**extra: Any) -> dict[str, Any]:
-    return {
-        "agents": [{"name": "a", "model": "m"}],
-        "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
-        "tasks": [{"name": "t", "agents": ["a"], "environment": "math-tool", "reward": "r"}],
-        **extra,
-    }
 
 
 @pytest.mark.parametrize(
@@ -45,7 +37,7 @@ def _spec(**extra: Any) -> dict[str, Any]:
 )
 def test_numbers_and_strings_are_held_as_the_strings_kubernetes_prints(written: object, held: str) -> None:
     spec = v1alpha1.parse_spec(
-        _spec(
+        api_specs.minimal(
             environment={"resources": {"requests": {"cpu": written, "memory": written}}},
             externalResources={"cpuCoresPerAction": written},
         )
@@ -80,7 +72,7 @@ def test_a_bad_quantity_is_refused_naming_its_field(written: object, says: str) 
         }
     ]
     with pytest.raises(errors.SpecError) as info:
-        v1alpha1.parse_spec(_spec(pools=pools))
+        v1alpha1.parse_spec(api_specs.minimal(pools=pools))
     assert info.value.field == "spec.pools[0].engine.resources.limits.cpu"
     assert says in str(info.value), str(info.value)
     assert "Value error" not in str(info.value)
@@ -88,7 +80,7 @@ def test_a_bad_quantity_is_refused_naming_its_field(written: object, says: str) 
 
 def test_cpu_cores_per_action_is_a_quantity_too() -> None:
     with pytest.raises(errors.SpecError) as info:
-        v1alpha1.parse_spec(_spec(externalResources={"cpuCoresPerAction": 0.25}))
+        v1alpha1.parse_spec(api_specs.minimal(externalResources={"cpuCoresPerAction": 0.25}))
     assert info.value.field == "spec.externalResources.cpuCoresPerAction"
     assert "write '250m'" in str(info.value)
 
@@ -96,10 +88,10 @@ def test_cpu_cores_per_action_is_a_quantity_too() -> None:
 def test_limits_compare_across_the_two_forms() -> None:
     """``limits: {memory: 1073741824}`` equals ``requests: {memory: 1Gi}``; below it is refused."""
     equal = {"requests": {"cpu": "1500m", "memory": "1Gi"}, "limits": {"cpu": 2, "memory": 1073741824}}
-    assert v1alpha1.parse_spec(_spec(trainer={"resources": equal})).trainer is not None
+    assert v1alpha1.parse_spec(api_specs.minimal(trainer={"resources": equal})).trainer is not None
     below = {"requests": {"memory": "2Gi"}, "limits": {"memory": 1073741824}}
     with pytest.raises(errors.SpecError) as info:
-        v1alpha1.parse_spec(_spec(trainer={"resources": below}))
+        v1alpha1.parse_spec(api_specs.minimal(trainer={"resources": below}))
     assert info.value.field == "spec.trainer.resources"
 
 

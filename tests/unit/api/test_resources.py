@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import api_specs
 import pytest
 from kubernetes.utils import parse_quantity
 
@@ -16,15 +17,6 @@ from treadle.api import base, v1alpha1
 )
 def test_quantity_value_equals_the_kubernetes_clients(raw: str) -> None:
     assert base.quantity_value(raw) == parse_quantity(raw)  # type: ignore[no-untyped-call]
-
-
-def _spec(**extra: Any) -> dict[str, Any]:
-    return {
-        "agents": [{"name": "a", "model": "m"}],
-        "pools": [{"name": "p", "agent": "a", "accelerator": "H20"}],
-        "tasks": [{"name": "t", "agents": ["a"], "environment": "math-tool", "reward": "r"}],
-        **extra,
-    }
 
 
 @pytest.mark.parametrize(
@@ -44,13 +36,13 @@ def _spec(**extra: Any) -> dict[str, Any]:
 )  # fmt: skip
 def test_a_limit_below_its_request_is_refused_naming_the_field(extra: dict[str, Any], field: str) -> None:
     with pytest.raises(errors.SpecError) as info:
-        v1alpha1.parse_spec(_spec(**extra))
+        v1alpha1.parse_spec(api_specs.minimal(**extra))
     assert info.value.field == field and "below its request" in str(info.value)
 
 
 def test_equal_limits_and_requests_and_one_sided_lists_are_accepted() -> None:
     spec = v1alpha1.parse_spec(
-        _spec(
+        api_specs.minimal(
             environment={
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1024Mi"}}
             }
@@ -72,12 +64,12 @@ def test_gpus_are_not_a_resource_the_spec_sets() -> None:
         }
     ]
     with pytest.raises(errors.SpecError) as info:
-        v1alpha1.parse_spec(_spec(pools=pools))
+        v1alpha1.parse_spec(api_specs.minimal(pools=pools))
     assert info.value.field.startswith("spec.pools[0].engine.resources.limits"), info.value.field
 
 
 def test_unset_resources_are_the_documented_defaults() -> None:
-    spec = v1alpha1.parse_spec(_spec(trainer={}))
+    spec = v1alpha1.parse_spec(api_specs.minimal(trainer={}))
     assert spec.environment.resources.rendered() == {
         "requests": {"cpu": "2", "memory": "4Gi"},
         "limits": {"cpu": "2", "memory": "4Gi"},
