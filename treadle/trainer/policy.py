@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import shutil
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -27,11 +28,24 @@ def model_dir(seed: int = 0, arch: str = "llama") -> pathlib.Path:
 
 
 def ensure_model(path: pathlib.Path, *, seed: int = 0, arch: str = "llama") -> pathlib.Path:
-    """Generate the tiny model into ``path`` unless a complete one is there (its metadata is last)."""
+    """Generate the tiny model into ``path`` unless a complete one is there (its metadata is last).
+
+    Generated beside ``path`` and renamed into place: processes that ask at once (parallel test
+    workers, a job's pods) each see no model or a whole one, never another's half-written files."""
     if not (path / "treadle-model.json").exists():
         from treadle.models import tiny
 
-        tiny.generate(path, seed=seed, arch=arch)
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        tiny.generate(staging, seed=seed, arch=arch)
+        try:
+            staging.rename(path)
+        except OSError:
+            if (path / "treadle-model.json").exists():  # another process's (same seed and arch, same bytes)
+                shutil.rmtree(staging, ignore_errors=True)
+            else:  # the remains of a generation that was interrupted
+                shutil.rmtree(path)
+                staging.rename(path)
     return path
 
 
