@@ -4,7 +4,7 @@ VENV ?= $(TREADLE_CACHE)/venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-integration test-e2e test-slow lint fmt proto cluster-up cluster-down
+.PHONY: setup demo test test-fast test-unit test-integration test-e2e test-slow lint fmt proto cluster-up cluster-down
 
 setup:
 	@bash hack/setup.sh
@@ -13,9 +13,14 @@ setup:
 demo: setup
 	@bash hack/demo.sh
 
-## Every tier (unit, integration, e2e, slow) after the linters.
+## Every tier (unit, integration, e2e, slow) after the linters; prints each run's time and the
+## 20 slowest tests (hack/run_tests.py).
 test: setup lint
-	TREADLE_FORBID_SKIPS=1 $(PY) -m pytest $(PYTEST_ARGS)
+	TREADLE_FORBID_SKIPS=1 $(PY) hack/run_tests.py -- $(PYTEST_ARGS)
+
+## The inner loop: the linters, then unit and integration in parallel.
+test-fast: setup lint
+	TREADLE_FORBID_SKIPS=1 $(PY) hack/run_tests.py --fast -- $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
