@@ -3,7 +3,9 @@
 Used by ``treadle.localmode.run`` (``treadle run``) and by the integration tests, which also kill
 and restart single processes (an environment server mid-run). Each process logs to
 ``<run dir>/<name>.log``; a process that exits or does not become healthy in time raises
-``StartFailed`` with the tail of its log.
+``StartFailed`` with the tail of its log. Each process gets SIGTERM when the process that started it
+dies, however it died (SIGKILL included): a killed ``treadle run`` or ``treadle train`` leaves no
+service behind.
 """
 
 from __future__ import annotations
@@ -133,10 +135,23 @@ class Stack:
         self.stop()
 
 
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG, kept across exec
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the process that started this one is gone")
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+"""Run before a service: Linux signals it when its parent dies. A launcher rather than ``preexec_fn``,
+which may deadlock in a child forked from a threaded parent; it costs one interpreter start (-I -S)."""
+
+
 def _popen(proc: Proc) -> subprocess.Popen[bytes]:
     # Popen returns at once (the child is forked, not waited for); the log is appended across restarts.
+    # A session of its own: a Ctrl-C meant for the run reaches the run, which stops its services in order.
+    argv = [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *proc.argv]
     with open(proc.log, "ab") as log:
         return subprocess.Popen(
-            proc.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **proc.env, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip

@@ -1,8 +1,11 @@
-"""``treadle run`` stopped by SIGTERM or SIGINT mid-run stops every service process it started.
+"""``treadle run`` and ``treadle train`` stopped mid-run, however, leave no service process behind.
 
-The services run in sessions of their own, so no signal to ``treadle run``'s group reaches them;
-before ``cli.until_signalled`` a SIGTERM left all of them running. A real ``treadle run`` process
-(SIMULATED engines), its children listed while it runs, then the signal.
+The services run in sessions of their own, so no signal to the run's group reaches them; before
+``cli.until_signalled`` a SIGTERM to ``treadle run`` left all of them running, and a SIGKILL of
+either command (or a SIGTERM of ``treadle train``) orphaned every child. Now ``treadle run`` stops
+them in order on SIGTERM and SIGINT, and every service gets SIGTERM from the kernel when the process
+that started it dies (``localmode.stack``). A real process (SIMULATED engines), its children listed
+while it runs, then the signal.
 """
 
 from __future__ import annotations
@@ -37,30 +40,51 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, *, timeout_s: float
             lines.append(line)
             if needle in line:
                 return lines
-    raise AssertionError(f"no {needle!r} from treadle run in {timeout_s}s:\n{''.join(lines)}")
+    raise AssertionError(f"no {needle!r} from {proc.args[3]} in {timeout_s}s:\n{''.join(lines)}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_signal_stops_every_service_process(tmp_path: Path, sig: signal.Signals) -> None:
     argv = [
         sys.executable, "-m", "treadle.cli", "run", str(JOB), "--trajectories", "2048",
         "--workers-per-pool", "1", "--env-servers", "1", "--engine-step-ms", "5", "--interval", "0.5",
         "--run-dir", str(tmp_path / "run"),
     ]  # fmt: skip
+    out = _signalled(argv, " done ", sig)  # a progress line: services up, trajectories running
+    if sig != signal.SIGKILL:  # a SIGKILL leaves nothing to say
+        assert f"stopped by {sig.name}" in out
+
+
+@pytest.mark.timeout(600)  # the trainer's model and seven services start first: minutes at load
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_treadle_train_killed_leaves_no_service_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    argv = [
+        sys.executable, "-m", "treadle.cli", "train", "--engine", "simulated", "--steps", "1000",
+        "--run-dir", str(tmp_path / "run"),
+    ]  # fmt: skip
+    _signalled(argv, "processes healthy", sig)
+
+
+def _signalled(argv: list[str], running: str, sig: signal.Signals) -> str:
+    """Start ``argv``, wait for a line holding ``running``, send ``sig``; every child it started must
+    be gone within 10 s. Returns what it printed."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     try:
-        _wait_for_line(proc, " done ", timeout_s=120)  # a progress line: services up, trajectories running
+        _wait_for_line(proc, running, timeout_s=300)
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 5, [c.cmdline() for c in children]  # engine, agent, env, reward, buffer, ...
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 128 + sig.value, out[-3000:]
-        assert f"stopped by {sig.name}" in out
+        expected = -sig.value if sig == signal.SIGKILL else 128 + sig.value
+        if argv[3] == "train" and sig == signal.SIGTERM:
+            expected = -sig.value  # treadle train takes the default action: it dies of the signal
+        assert proc.returncode == expected, (proc.returncode, out[-3000:])
         _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, [c.cmdline() for c in alive]
+        return out
     finally:
         if proc.poll() is None:
             proc.kill()
