@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from treadle import topology
 from treadle.api import v1alpha1
 from treadle.operator import config
 from treadle.operator.render import backends, common, coordination, feeder, pool, security, trainer
@@ -61,7 +62,7 @@ def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
     if spec.weights.store == "mooncake":
         out[common.child_name(job, "weights")] = spec.weights.replicas
     out[common.child_name(job, "env")] = spec.environment.replicas
-    out[common.child_name(job, "reward")] = backends.reward_replicas(job)
+    out[common.child_name(job, "reward")] = topology.reward_replicas(job)
     out[common.child_name(job, "feeder")] = 1
     out |= {common.child_name(job, "pool", p.name): p.replicas for p in spec.pools}
     return {name: 0 if spec.suspend else n for name, n in out.items()}

@@ -66,7 +66,7 @@ def render_coordination(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
 ) -> list[dict[str, Any]]:
     """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
-    container = common.service_container(job, cfg, component)
+    container = common.service_container(job, cfg, common.process(job, component))
     pod: dict[str, Any] = {"containers": [container], **common.cpu_placement(job)}
     if component == "scheduler":
         pod |= runs_as_own_identity(job, "scheduler")
