@@ -10,7 +10,8 @@ What differs between the two is where the job runs (``Site``: how each component
 the job file is, the job's key prefix), an input here, and what each executor adds in one named
 place of its own: ``treadle.operator.render.common.deployment_env`` (mounted secrets, the shared
 Redis and Mooncake, the metrics port, the cluster's namespace) and
-``treadle.localmode.topology.deployment`` (the run's token and Redis, its own counts and ports).
+``treadle.localmode.launches.deployment`` and ``run_env`` (its own counts and ports, the run's token
+and Redis).
 ``tests/unit/dataplane/test_topology.py`` holds the two to the same module, arguments and
 environment per component.
 """
