@@ -96,6 +96,8 @@ def processes(job: v1alpha1.RolloutJob, site: Site) -> list[Process]:
         identity = {env_vars.AGENT: agent.name, env_vars.POOL: pool.name}
         out.append(_service("agent", {**env, **identity}, replicas=pool.replicas, pool=pool.name))
     out.append(_service("env", env, replicas=spec.environment.replicas))
+    # One each: a coordination service's state is per job and lives in its one process (or in Redis),
+    # and two feeders would race on the job's position in Redis.
     for component in ("buffer", "placement", "scheduler", "feeder"):
         out.append(_service(component, env, replicas=1))
     return out

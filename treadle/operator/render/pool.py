@@ -125,7 +125,7 @@ def render_pool(
         "terminationGracePeriodSeconds": 60,
     }
     deployment = common.deployment(
-        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0, non_root=False
+        job, cfg, "pool", replicas=engine.replicas, pod_spec=pod, pool=pool.name, max_surge=0, non_root=False
     )
     # TP > 1 shares tensors through /dev/shm (NCCL); the container default of 64 MiB is too small.
     deployment["spec"]["template"]["spec"]["volumes"].append(
