@@ -80,8 +80,15 @@ def names(plan: plan_mod.Plan, options: plan_mod.Options) -> list[str]:
 
 
 def allocate(plan: plan_mod.Plan, options: plan_mod.Options, free_port: Callable[[], int]) -> dict[str, int]:
-    """A port for each of ``names``."""
-    return {name: free_port() for name in names(plan, options)}
+    """A distinct port for each of ``names``, all chosen before the first process starts: each is
+    told the others' addresses."""
+    out: dict[str, int] = {}
+    for name in names(plan, options):
+        port = free_port()
+        while port in out.values():
+            port = free_port()
+        out[name] = port
+    return out
 
 
 def site(

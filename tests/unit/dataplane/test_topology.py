@@ -144,3 +144,29 @@ def test_every_process_of_the_topology_is_rendered_once() -> None:
             name = common.child_name(job, "pool", p.pool) if p.pool else common.child_name(job, p.component)
             replicas = 0 if job.spec.suspend else p.replicas
             assert children[("Deployment", name)]["spec"]["replicas"] == replicas
+
+
+def test_local_mode_starts_the_topology_in_its_order_with_its_own_part_apart() -> None:
+    job = load(EXAMPLES[0])  # math-tool-h20: one pool of 4 replicas, 2 simulated here
+    options = plan.Options(env_servers=2)
+    p = plan.make_plan(job, options)
+    repeats = itertools.chain([20000, 20000, 20000], itertools.count(20001))
+    ports = launches.allocate(p, options, repeats.__next__)
+    assert len(set(ports.values())) == len(ports)  # a port the OS handed out twice is asked for again
+    where = launches.site(p, options, ports, "/run/job.json")
+    started = launches.launches(p, options, where, ports, local_env={env_vars.TOKEN_FILE: "/run/t"})
+    assert [launch.name for launch in started] == [
+        "reward", "engine-decode-0", "engine-decode-1", "agent-decode-0", "agent-decode-1", "env-0", "env-1",
+        "buffer", "placement", "scheduler",
+    ]  # fmt: skip
+    by_name = {launch.name: launch for launch in started}
+    scheduler = by_name["scheduler"]
+    assert (
+        scheduler.env[env_vars.ENV_URL]
+        == f"http://127.0.0.1:{ports['env-0']},http://127.0.0.1:{ports['env-1']}"
+    )
+    assert scheduler.local_args[:2] == ("--metrics-port", str(ports["metrics-scheduler"]))
+    assert "--max-tokens" in scheduler.local_args and scheduler.args == ()
+    agent = by_name["agent-decode-1"]
+    assert agent.local_args[:4] == ("--engine-url", by_name["engine-decode-1"].url, "--worker-id", "decode-1")
+    assert agent.environ[env_vars.TOKEN_FILE] == "/run/t" and agent.env[env_vars.POOL] == "decode"
