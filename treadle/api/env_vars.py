@@ -28,6 +28,8 @@ SCHEDULER_ADDR = "TREADLE_SCHEDULER_ADDR"
 PLACEMENT_ADDR = "TREADLE_PLACEMENT_ADDR"
 BUFFER_ADDR = "TREADLE_BUFFER_ADDR"
 ENV_URL = "TREADLE_ENV_URL"
+"""The environment servers' base URL (a cluster's headless Service), or several, comma-separated
+(local mode's servers, each on a port of its own)."""
 REWARD_URL = "TREADLE_REWARD_URL"
 METRICS_PORT = "TREADLE_METRICS_PORT"
 """Where the container's Treadle process serves Prometheus ``/metrics`` (the pod's ``metrics`` port;

@@ -4,11 +4,13 @@ Called by ``treadle.localmode.cli`` and by the integration tests (``start_servic
 crash parts of a live stack). The order of a run:
 
 1. ``plan.make_plan`` decides what only local mode decides (workers, groups, the scheduler's counts).
-2. ``start_services``: per worker a SIMULATED vLLM engine (``treadle.services.fakevllm``) and its
-   inference agent; the environment servers; the reward gateway; the buffer (embedded memory store,
-   or Redis with ``--redis``); placement; the scheduler. Each reads the job from
-   ``<run dir>/job.json`` (``TREADLE_CONFIG``), as a pod reads its ConfigMap; flags give addresses
-   and local counts. Workers are registered with placement and
+2. ``start_services``: the job topology's processes (``treadle.topology``, as the operator renders
+   them into pods; ``launches``): the reward gateway; per worker a SIMULATED vLLM engine
+   (``treadle.services.fakevllm``) and its inference agent; the environment servers; the buffer
+   (embedded memory store, or Redis with ``--redis``); placement; the scheduler. Each reads the job
+   from ``<run dir>/job.json`` (``TREADLE_CONFIG``), as a pod reads its ConfigMap, and the others'
+   addresses from the same ``TREADLE_*`` variables as a pod; flags give only local mode's own counts
+   and ports (``launches.deployment``). Workers are registered with placement and
    a load reporter forwards each agent's ``/v1/load`` to placement (in a cluster the agent would).
 3. The prompt groups are submitted; a SIMULATED TRAINER (no gradient step) runs RollArt's loop:
    ``get_batch`` -> suspend -> bump the engines' weight version -> ``commit_version`` -> resume ->
@@ -36,6 +38,7 @@ import httpx
 
 from treadle import auth, errors
 from treadle.api import env_vars, v1alpha1
+from treadle.localmode import launches as launches_mod
 from treadle.localmode import plan as plan_mod
 from treadle.localmode import stack as stack_mod
 from treadle.localmode import trainer as trainer_mod
@@ -72,12 +75,11 @@ class Services:
 
 
 def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str, str]:
-    """What a pod of the job gets (``treadle.operator.render``): the job file and the job's name.
+    """Write the job file and the run's token into the run directory; ``TREADLE_CONFIG``,
+    ``TREADLE_JOB`` and ``TREADLE_TOKEN_FILE`` as a process reads them (for clients of the run).
 
     Every service reads the job's settings from that file (``treadle.api.jobconfig``), as in a
-    cluster; flags give only addresses and local mode's own counts. No ``TREADLE_NAMESPACE``: with
-    it the scheduler would report reward demand to whatever cluster the machine's kubeconfig names.
-    ``token``: the run's own, as the operator mounts the job's Secret.
+    cluster. ``token``: the run's own, as the operator mounts the job's Secret.
     """
     return podenv.job_env(plan.job, stack.run_dir, token=token)
 
@@ -85,7 +87,8 @@ def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str
 async def start_services(
     stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
-    """Start every process of ``plan`` on ``stack`` and register the workers with placement."""
+    """Start every process of ``plan`` on ``stack`` (the job topology's, ``launches``) and register the
+    workers with placement."""
     token = auth.new_token()
     env = job_env(stack, plan, token)
     if plan.config.env.api_quotas and not redis_url:
@@ -93,52 +96,22 @@ async def start_services(
             f"the job's API quotas ({sorted(plan.config.env.api_quotas)}) are kept in Redis for all env"
             " servers: pass --redis", field="--redis",
         )  # fmt: skip
-    # The reward gateway first: a job naming a function it does not serve fails before the rest starts.
-    gateway = await stack.start("reward", "treadle.services.reward", [], kind="http", env=env)
-    reward = gateway.url
-    await _check_reward_functions(reward, plan, token)
-    engines: dict[str, str] = {}
-    agents: dict[str, str] = {}
-    for w in plan.workers:
-        eng = await stack.start(
-            f"engine-{w.worker_id}", "treadle.services.fakevllm",
-            ["--max-num-seqs", str(options.max_num_seqs), "--max-model-len", str(plan.max_model_len),
-             "--step-ms", str(options.engine_step_ms),
-             *(f"--tokens-for={pattern}={n}" for pattern, n in options.tokens_for)],
-            kind="http", health_path="/health",
+    ports = launches_mod.allocate(plan, options, procs.free_port)
+    where = launches_mod.site(plan, options, ports, env[env_vars.CONFIG])
+    local_env = launches_mod.run_env(token_file=env[env_vars.TOKEN_FILE], redis_url=redis_url)
+    started: dict[str, stack_mod.Proc] = {}
+    for launch in launches_mod.launches(plan, options, where, ports, local_env=local_env):
+        started[launch.name] = await stack.launch(
+            launch.name, launch.argv(stack.python), port=launch.port, kind=launch.kind, env=launch.environ,
+            health_path=launch.health_path,
         )  # fmt: skip
-        engines[w.worker_id] = eng.url
-        # The pod's identity (which pool, which agent) is a variable, as the operator renders it.
-        agent = await stack.start(
-            f"agent-{w.worker_id}", "treadle.services.agent",
-            ["--engine-url", eng.url, "--worker-id", w.worker_id, "--poll-interval-s", "0.2"], kind="http",
-            env={**env, env_vars.AGENT: plan.config.placement.pool_agents[w.pool]},
-        )  # fmt: skip
-        agents[w.worker_id] = agent.url
-    # API quotas are shared by all env servers of the job through Redis, as in a cluster.
-    shared = {env_vars.REDIS_URL: redis_url, env_vars.KEY_PREFIX: plan.job.name} if redis_url else {}
-    envs = [
-        (await stack.start(f"env-{i}", "treadle.services.env", [], kind="http", env={**env, **shared})).url
-        for i in range(options.env_servers)
-    ]
-    metrics: dict[str, str] = {}
-    buffer_args = ["--namespace", plan.job.name]
-    if redis_url:
-        buffer_args += ["--redis", redis_url]
-    buffer = await _start_grpc(stack, "buffer", "treadle.services.buffer", buffer_args, metrics, env)
-    # Local mode's simulated engines only take a moved worker's label (no weights to load).
-    placement = await _start_grpc(
-        stack, "placement", "treadle.services.placement", ["--no-apply-weights"], metrics, env
-    )
-    counts = plan.counts
-    sched_args = ["--max-tokens", str(counts.max_tokens), "--max-in-flight", str(counts.max_in_flight)]
-    sched_args += ["--max-concurrent-generations", str(counts.max_concurrent_generations)]
-    sched_args += ["--reward-url", reward, "--placement", placement, "--buffer", buffer]
-    for url in envs:
-        sched_args += ["--env-url", url]
-    if redis_url:  # DARTS's per-prompt statistics, under the job's namespace as the buffer's keys
-        sched_args += ["--redis", redis_url, "--namespace", plan.job.name]
-    scheduler = await _start_grpc(stack, "scheduler", "treadle.services.scheduler", sched_args, metrics, env)
+        if launch.component == "reward":  # a job naming a function it does not serve fails before the rest
+            await _check_reward_functions(launch.url, plan, token)
+    engines = {w.worker_id: started[f"engine-{w.worker_id}"].url for w in plan.workers}
+    agents = {w.worker_id: started[f"agent-{w.worker_id}"].url for w in plan.workers}
+    grpc = ("buffer", "placement", "scheduler")
+    metrics = {name: f"http://127.0.0.1:{ports[f'metrics-{name}']}/metrics" for name in grpc}
+    placement = started["placement"].address
     workers = [
         placement_pb2.Worker(
             worker_id=w.worker_id,
@@ -154,19 +127,10 @@ async def start_services(
             await client.register_worker(worker)
     finally:
         await client.aclose()
-    return Services(scheduler=scheduler, placement=placement, buffer=buffer, reward=reward, envs=envs,
-                    agents=agents, engines=engines, metrics=metrics, token=token,
-                    workers=workers)  # fmt: skip
-
-
-async def _start_grpc(
-    stack: stack_mod.Stack, name: str, module: str, args: list[str], metrics: dict[str, str],
-    env: dict[str, str],
-) -> str:  # fmt: skip
-    port = procs.free_port()
-    proc = await stack.start(name, module, [*args, "--metrics-port", str(port)], kind="grpc", env=env)
-    metrics[name] = f"http://127.0.0.1:{port}/metrics"
-    return proc.address
+    envs = [started[f"env-{i}"].url for i in range(options.env_servers)]
+    return Services(scheduler=started["scheduler"].address, placement=placement,
+                    buffer=started["buffer"].address, reward=started["reward"].url, envs=envs, agents=agents,
+                    engines=engines, metrics=metrics, token=token, workers=workers)  # fmt: skip
 
 
 async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan, token: str) -> None:

@@ -10,35 +10,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# Ports every per-job component listens on inside its pod; Services expose the same numbers.
-PORTS: Mapping[str, int] = {
-    "scheduler": 50051,
-    "placement": 50052,
-    "buffer": 50053,
-    "weights": 50054,
-    "env": 8000,
-    "reward": 8001,
-    "agent": 8002,
-    "feeder": 8003,
-    "vllm": 8080,
-    # Every Treadle process of a job serves /metrics here, apart from its API (gRPC cannot answer a
-    # scrape): the containers' port named "metrics", scraped by pod annotations or a PodMonitor.
-    "metrics": 9090,
-}
-# Python modules each component runs as ``python -m <module> --host 0.0.0.0 --port N``.
-MODULES: Mapping[str, str] = {
-    "scheduler": "treadle.services.scheduler",
-    "placement": "treadle.services.placement",
-    "buffer": "treadle.services.buffer",
-    "env": "treadle.services.env",
-    "reward": "treadle.services.reward",
-    "agent": "treadle.services.agent",
-    "feeder": "treadle.services.feeder",
-    "weights": "treadle.weights.store",
-}
-VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-# The vLLM worker extension (weight pull under suspend) shipped in the inference image.
-VLLM_WORKER_EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
+# Each component's port and module are the job topology's (``treadle.topology``), named here too for
+# the operator's renderers and tests.
+from treadle.topology import MODULES as MODULES
+from treadle.topology import PORTS as PORTS
+from treadle.topology import VLLM_MODULE as VLLM_MODULE
+from treadle.topology import VLLM_WORKER_EXTENSION as VLLM_WORKER_EXTENSION
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from treadle import errors
-from treadle.api import jobconfig, v1alpha1
+from treadle.api import env_vars, jobconfig, v1alpha1
 from treadle.localmode import plan
 from treadle.operator import config, render
 from treadle.operator.render import common as render_common
@@ -118,6 +118,13 @@ def test_flags_override_the_environment(tmp_path: Path) -> None:
         ["--placement", "p:1", "--max-in-flight", "7"], pod_env(tmp_path, "scheduler")
     )
     assert (sched.placement, sched.settings.alpha, sched.settings.max_in_flight) == ("p:1", 1, 7)
+
+
+def test_the_scheduler_takes_several_env_servers_from_the_variable(tmp_path: Path) -> None:
+    """Local mode's env servers, each on a port of its own, reach the scheduler as one variable."""
+    env = pod_env(tmp_path, "scheduler") | {env_vars.ENV_URL: "http://127.0.0.1:1,http://127.0.0.1:2"}
+    assert scheduler_main.parse_args([], env).env_urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert scheduler_main.parse_args(["--env-url", "http://e:3"], env).env_urls == ["http://e:3"]
 
 
 def test_scheduler_knobs_the_job_has_no_field_for_are_flags(tmp_path: Path) -> None:

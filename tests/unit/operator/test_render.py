@@ -10,10 +10,10 @@ import operator_examples
 import pytest
 import yaml
 
+from treadle import topology
 from treadle.api import engine as engine_api
 from treadle.api import nodes, v1alpha1
 from treadle.operator import config, render
-from treadle.operator.render import backends as render_backends
 from treadle.operator.render import common as render_common
 from treadle.operator.render import coordination as render_coordination
 
@@ -131,7 +131,7 @@ def test_reward_replicas_follow_demand(
             "metadata": math_job.metadata | {"annotations": annotations},
         }
     )
-    assert render_backends.reward_replicas(job) == expected
+    assert topology.reward_replicas(job) == expected
 
 
 def test_local_weights_render_no_store(math_job: v1alpha1.RolloutJob) -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from treadle import topology
 from treadle.api import v1alpha1
 from treadle.operator import config
 from treadle.operator.render import backends, common, coordination, feeder, pool, security, trainer
@@ -56,15 +57,12 @@ from treadle.operator.render import backends, common, coordination, feeder, pool
 
 def expected_replicas(job: v1alpha1.RolloutJob) -> dict[str, int]:
     """Replicas each child Deployment must have, by name (what ``render_children`` writes)."""
-    spec = job.spec
-    out = {common.child_name(job, c): 1 for c in common.COORDINATION}
-    if spec.weights.store == "mooncake":
-        out[common.child_name(job, "weights")] = spec.weights.replicas
-    out[common.child_name(job, "env")] = spec.environment.replicas
-    out[common.child_name(job, "reward")] = backends.reward_replicas(job)
-    out[common.child_name(job, "feeder")] = 1
-    out |= {common.child_name(job, "pool", p.name): p.replicas for p in spec.pools}
-    return {name: 0 if spec.suspend else n for name, n in out.items()}
+    # A pool's Deployment is its pods of vLLM and the agent sidecar, named for the pool.
+    out = {
+        common.child_name(job, "pool", p.pool) if p.pool else common.child_name(job, p.component): p.replicas
+        for p in topology.processes(job, common.site(job))
+    }
+    return {name: 0 if job.spec.suspend else n for name, n in out.items()}
 
 
 def render_children(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:

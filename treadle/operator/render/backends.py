@@ -9,17 +9,16 @@ from treadle.api import nodes, v1alpha1
 from treadle.operator import config
 from treadle.operator.render import common
 
-REWARD_REQUESTS_PER_REPLICA = 32
-
 
 def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """Mooncake store processes holding published weights (``weights.replicas`` copies); none for local."""
     if job.spec.weights.store != "mooncake":
         return []
+    proc = common.process(job, "weights")
     container = common.service_container(
         job,
         cfg,
-        "weights",
+        proc,
         resources={"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"memory": "64Gi"}},
         extra_env={"MC_TCP_BIND_ADDRESS": "0.0.0.0"},
     )
@@ -38,7 +37,7 @@ def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
         job,
         cfg,
         "weights",
-        replicas=job.spec.weights.replicas,
+        replicas=proc.replicas,
         pod_spec={"containers": [container], **spread},
     )
     # Headless: clients address each store process (each holds its own segment), not a balancer.
@@ -48,33 +47,23 @@ def render_weights(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list
 def render_environment(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """The CPU environment pool: sandboxed sessions, one container per pod (RollArt §3.1 isolation)."""
     env = job.spec.environment
-    container = common.service_container(job, cfg, "env", image=env.image, resources=env.resources.rendered())
+    proc = common.process(job, "env")
+    container = common.service_container(job, cfg, proc, image=env.image, resources=env.resources.rendered())
     pod = {"containers": [container], **common.cpu_placement(job)}
-    deployment = common.deployment(job, cfg, "env", replicas=env.replicas, pod_spec=pod)
+    deployment = common.deployment(job, cfg, "env", replicas=proc.replicas, pod_spec=pod)
     # Headless: an environment session lives in one pod's memory, so the scheduler must open and
     # step it on the same pod; DNS lists every pod and a balancer would scatter the steps.
     return [deployment, common.service(job, cfg, "env", {"http": config.PORTS["env"]}, headless=True)]
 
 
-def reward_replicas(job: v1alpha1.RolloutJob) -> int:
-    """Gateway replicas for the current demand: 0 when idle and scale-to-zero, up to maxReplicas."""
-    reward = job.spec.reward
-    raw = str(job.metadata.get("annotations", {}).get(v1alpha1.REWARD_DEMAND_ANNOTATION, "0"))
-    demand = int(raw) if raw.isdigit() else 0
-    idle = reward.min_replicas if reward.scale_to_zero else max(reward.min_replicas, 1)
-    if demand == 0:
-        return idle
-    wanted = math.ceil(demand / REWARD_REQUESTS_PER_REPLICA)
-    return min(reward.max_replicas, max(idle, 1, wanted))
-
-
 def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
-    """The reward gateway; its replicas follow ``reward_replicas``."""
+    """The reward gateway; its replicas follow ``topology.reward_replicas``."""
     reward = job.spec.reward
     res = job.spec.external_resources
     vllm = any(m.engine == "vllm" for m in res.reward_models)
     # vLLM reward models run as processes of the gateway's container: its image holds vLLM and Treadle.
-    container = common.service_container(job, cfg, "reward", image=res.reward_model_image if vllm else None)
+    proc = common.process(job, "reward")
+    container = common.service_container(job, cfg, proc, image=res.reward_model_image if vllm else None)
     pod: dict[str, Any] = {"containers": [container]}
     if res.reward_model_gpus > 0 and (reward.type == "llm-judge" or res.reward_models):
         # Judge and reward models run on GPUs of their own (any class), as RollArt's reward LLM does;
@@ -97,6 +86,6 @@ def render_reward(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
         pod |= common.cpu_placement(job)
     # vLLM's image runs as root (as the inference pods' do): the pod then meets Pod Security "baseline".
     deployment = common.deployment(
-        job, cfg, "reward", replicas=reward_replicas(job), pod_spec=pod, non_root=not vllm
+        job, cfg, "reward", replicas=proc.replicas, pod_spec=pod, non_root=not vllm
     )
     return [deployment, common.service(job, cfg, "reward", {"http": config.PORTS["reward"]})]

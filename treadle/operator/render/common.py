@@ -9,7 +9,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from treadle import auth
+from treadle import auth, topology
 from treadle.api import env_vars, nodes, v1alpha1
 from treadle.operator import config
 
@@ -131,28 +131,63 @@ def prefix_of(job: v1alpha1.RolloutJob) -> str:
     return job_prefix(job.namespace, job.name, str(job.metadata.get("uid", "")))
 
 
-def pod_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
+def site(job: v1alpha1.RolloutJob) -> topology.Site:
+    """Where the job runs in its cluster: its Services' DNS names, its mounted job file, its key prefix."""
     ep = endpoints(job)
+    return topology.Site(
+        addresses={c: ep[c] for c in topology.COMPONENT_ADDRESSES},
+        config_path=f"{CONFIG_MOUNT}/job.json",
+        key_prefix=prefix_of(job),
+    )
+
+
+def process(job: v1alpha1.RolloutJob, component: str, pool: str | None = None) -> topology.Process:
+    """The job topology's process of ``component`` (of ``pool``, for a pool's ``vllm`` and ``agent``)."""
+    return next(p for p in topology.processes(job, site(job)) if p.component == component and p.pool == pool)
+
+
+def deployment_env(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> dict[str, str]:
+    """What every Treadle container of a job gets beside its process's environment (``topology``):
+    the cluster's side of it, in this one place. Its namespace (the scheduler and feeder report on
+    their job there), the endpoint map of its ConfigMap, the shared Redis and Mooncake master, the
+    ``metrics`` port, and the job's Secret as mounted files (token, Redis password)."""
     pairs = {
-        env_vars.JOB: job.name,
         env_vars.NAMESPACE: job.namespace,
-        env_vars.CONFIG: f"{CONFIG_MOUNT}/job.json",
         env_vars.ENDPOINTS: f"{CONFIG_MOUNT}/endpoints.json",
-        env_vars.KEY_PREFIX: prefix_of(job),
         env_vars.REDIS_URL: cfg.redis_url,
         env_vars.MOONCAKE_MASTER: cfg.mooncake_master,
         env_vars.MOONCAKE_METADATA_URL: cfg.mooncake_metadata_url,
-        env_vars.SCHEDULER_ADDR: ep["scheduler"],
-        env_vars.PLACEMENT_ADDR: ep["placement"],
-        env_vars.BUFFER_ADDR: ep["buffer"],
-        env_vars.ENV_URL: ep["env"],
-        env_vars.REWARD_URL: ep["reward"],
         env_vars.METRICS_PORT: str(config.PORTS["metrics"]),
         env_vars.TOKEN_FILE: f"{AUTH_MOUNT}/{auth.TOKEN_KEY}",
     }
     if cfg.redis_password:  # the job has its own Redis user (treadle.operator.redisacl)
         pairs[env_vars.REDIS_PASSWORD_FILE] = f"{AUTH_MOUNT}/{auth.REDIS_PASSWORD_KEY}"
-    return [{"name": k, "value": v} for k, v in pairs.items()]
+    return pairs
+
+
+ENV_ORDER = (
+    env_vars.JOB, env_vars.NAMESPACE, env_vars.CONFIG, env_vars.ENDPOINTS, env_vars.KEY_PREFIX,
+    env_vars.REDIS_URL, env_vars.MOONCAKE_MASTER, env_vars.MOONCAKE_METADATA_URL, env_vars.SCHEDULER_ADDR,
+    env_vars.PLACEMENT_ADDR, env_vars.BUFFER_ADDR, env_vars.ENV_URL, env_vars.REWARD_URL,
+    env_vars.METRICS_PORT, env_vars.TOKEN_FILE, env_vars.REDIS_PASSWORD_FILE,
+    env_vars.ENGINE_URL, env_vars.AGENT, env_vars.POOL, env_vars.AGENT_STATE,
+)  # fmt: skip
+"""The order of a container's variables (others after them, as given): the order pods had before the
+topology, kept so that no rendered pod changes (a reordered env changes every hash and rolls every pod)."""
+
+
+def pod_env(
+    job: v1alpha1.RolloutJob,
+    cfg: config.OperatorConfig,
+    proc: topology.Process | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A Treadle container's variables: its process's (``proc``; None: what every process of the job
+    gets, ``topology.job_env``), the cluster's (``deployment_env``) and the container's ``extra``."""
+    own = proc.env if proc is not None else topology.job_env(job, site(job))
+    pairs = {**own, **deployment_env(job, cfg), **(extra or {})}
+    rank = {name: i for i, name in enumerate(ENV_ORDER)}
+    return [{"name": k, "value": pairs[k]} for k in sorted(pairs, key=lambda k: rank.get(k, len(rank)))]
 
 
 def metrics_port() -> dict[str, Any]:
@@ -224,29 +259,30 @@ def config_mount() -> dict[str, Any]:
 def service_container(
     job: v1alpha1.RolloutJob,
     cfg: config.OperatorConfig,
-    component: str,
+    proc: topology.Process,
     *,
     image: str | None = None,
     resources: dict[str, Any] | None = None,
     extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    port = config.PORTS[component]
-    grpc = component in (*COORDINATION, "weights")
+    """The container of a Treadle process of the job topology: its module, arguments and variables
+    (``pod_env``), bound to all interfaces on its port. ``extra_env``: the pod's own wiring."""
+    port = proc.port
+    grpc = proc.protocol == "grpc"
     probe: dict[str, Any] = (
         {"grpc": {"port": port}} if grpc else {"httpGet": {"path": "/healthz", "port": port}}
     )
-    env = pod_env(job, cfg) + [{"name": k, "value": v} for k, v in (extra_env or {}).items()]
     return {
-        "name": component,
+        "name": proc.component,
         "image": image or cfg.services_image,
         "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["python", "-m", config.MODULES[component], "--host", "0.0.0.0", "--port", str(port)],
+        "command": ["python", "-m", proc.module, "--host", "0.0.0.0", "--port", str(port), *proc.args],
         "ports": [
             {"name": "grpc" if grpc else "http", "containerPort": port, "protocol": "TCP"},
             # The Mooncake store process (weights) keeps no Treadle metrics.
-            *([metrics_port()] if component != "weights" else []),
+            *([metrics_port()] if proc.metrics else []),
         ],
-        "env": env,
+        "env": pod_env(job, cfg, proc, extra_env),
         "resources": resources
         or {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},

@@ -66,12 +66,13 @@ def render_coordination(
     job: v1alpha1.RolloutJob, cfg: config.OperatorConfig, component: str
 ) -> list[dict[str, Any]]:
     """Deployment + Service of one per-job coordination service (scheduler, placement or buffer)."""
-    container = common.service_container(job, cfg, component)
+    proc = common.process(job, component)
+    container = common.service_container(job, cfg, proc)
     pod: dict[str, Any] = {"containers": [container], **common.cpu_placement(job)}
     if component == "scheduler":
         pod |= runs_as_own_identity(job, "scheduler")
-    # One replica: the service's state is per job and lives in this one process (or in Redis).
-    deployment = common.deployment(job, cfg, component, replicas=1, max_surge=0, pod_spec=pod)
+    # One replica (the topology's): the service's state is per job, in this one process (or in Redis).
+    deployment = common.deployment(job, cfg, component, replicas=proc.replicas, max_surge=0, pod_spec=pod)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     deployment = common.stamp(deployment)
     # Headless: a single replica needs no virtual IP (gRPC resolves the pod through DNS), and

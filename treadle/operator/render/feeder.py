@@ -54,7 +54,8 @@ def _volumes(job: v1alpha1.RolloutJob) -> tuple[list[dict[str, Any]], list[dict[
 def render_feeder(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[dict[str, Any]]:
     """Identity, Deployment and headless Service of the feeder: every job has one (it feeds each
     dataset task's rows and the seeds of each task without a dataset)."""
-    container = common.service_container(job, cfg, "feeder", resources=job.spec.feeder.resources.rendered())
+    proc = common.process(job, "feeder")
+    container = common.service_container(job, cfg, proc, resources=job.spec.feeder.resources.rendered())
     # Alive while it serves at all: a feeder that cannot read a dataset stays up, not ready, and says
     # why (its /healthz fails), so liveness must not restart it into a crash loop.
     container["livenessProbe"] = {"tcpSocket": {"port": config.PORTS["feeder"]}, "periodSeconds": 10,
@@ -65,7 +66,7 @@ def render_feeder(job: v1alpha1.RolloutJob, cfg: config.OperatorConfig) -> list[
         "containers": [container], **common.cpu_placement(job),
         **coordination.runs_as_own_identity(job, "feeder"),
     }  # fmt: skip
-    deployment = common.deployment(job, cfg, "feeder", replicas=1, max_surge=0, pod_spec=pod)
+    deployment = common.deployment(job, cfg, "feeder", replicas=proc.replicas, max_surge=0, pod_spec=pod)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     deployment["spec"]["template"]["spec"]["volumes"] += volumes
     deployment = common.stamp(deployment)

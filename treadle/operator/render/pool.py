@@ -65,36 +65,19 @@ def render_pool(
     """One inference pool: vLLM (``nvidia.com/gpu`` = TP) plus the Treadle agent sidecar."""
     agent = next(a for a in job.spec.agents if a.name == pool.agent)
     tp = pool.tensor_parallel_size
-    vllm_port = config.PORTS["vllm"]
+    engine = common.process(job, "vllm", pool.name)
+    vllm_port = engine.port
     vllm = {
         "name": "vllm",
         "image": agent.image,
         "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["python", "-m", config.VLLM_MODULE],
-        "args": [
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(vllm_port),
-            "--model",
-            agent.model,
-            "--served-model-name",
-            agent.name,
-            "--tensor-parallel-size",
-            str(tp),
-            "--max-model-len",
-            str(agent.max_model_len),
-            "--dtype",
-            agent.dtype,
-            "--worker-extension-cls",
-            config.VLLM_WORKER_EXTENSION,
-            *pool.engine.args,
-        ],
+        "command": ["python", "-m", engine.module],
+        "args": ["--host", "0.0.0.0", "--port", str(vllm_port), *engine.args],
         # The pool's own variables first: of a repeated name the last wins, so Treadle's stay.
         "env": [
             *(e.model_dump() for e in pool.engine.env),
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
-            *common.pod_env(job, cfg),
+            *common.pod_env(job, cfg, engine),
             *weights_env(job, cfg, agent),
         ],
         "ports": [{"name": "openai", "containerPort": vllm_port, "protocol": "TCP"}],
@@ -118,14 +101,13 @@ def render_pool(
             *([local_weights(job)[1]] if job.spec.weights.store == "local" else []),
         ],
     }
+    # The engine beside the agent (one pod, one network) and the pod's own state directory.
     sidecar = common.service_container(
         job,
         cfg,
-        "agent",
+        common.process(job, "agent", pool.name),
         extra_env={
             env_vars.ENGINE_URL: f"http://127.0.0.1:{vllm_port}",
-            env_vars.AGENT: agent.name,
-            env_vars.POOL: pool.name,
             env_vars.AGENT_STATE: f"{AGENT_STATE_DIR}/agent.json",
         },
     )
@@ -143,7 +125,7 @@ def render_pool(
         "terminationGracePeriodSeconds": 60,
     }
     deployment = common.deployment(
-        job, cfg, "pool", replicas=pool.replicas, pod_spec=pod, pool=pool.name, max_surge=0, non_root=False
+        job, cfg, "pool", replicas=engine.replicas, pod_spec=pod, pool=pool.name, max_surge=0, non_root=False
     )
     # TP > 1 shares tensors through /dev/shm (NCCL); the container default of 64 MiB is too small.
     deployment["spec"]["template"]["spec"]["volumes"].append(

@@ -105,7 +105,10 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
             tasks = [dataclasses.replace(t, system_prompt=a.system_prompt) for t in tasks]
         knobs = {k: v for k in KNOBS if (v := getattr(a, k)) is not None}
         settings = dataclasses.replace(job.config.scheduler.settings, **knobs)
-        env_urls = a.env_url or [podenv.pick(None, environ, env_vars.ENV_URL, flag="--env-url")]
+        # The variable names one server (a cluster's headless Service) or several, comma-separated.
+        env_urls = a.env_url or [
+            u.strip() for u in podenv.pick(None, environ, env_vars.ENV_URL, flag="--env-url").split(",")
+        ]
         return Config(
             host=a.host, port=a.port, metrics_port=podenv.metrics_port(environ, a.metrics_port), tasks=tasks,
             settings=settings,

@@ -6,7 +6,7 @@ changed value is one API patch (and, for the annotation, one reconcile of the jo
 - **Reward demand**, the scoring requests waiting or in flight, goes to the job's
   ``treadle.dev/reward-demand`` annotation; the operator's update handler re-renders the reward
   gateway Deployment with ``ceil(demand / 32)`` replicas within ``[minReplicas, maxReplicas]`` (0
-  when idle and scale-to-zero), see ``treadle.operator.render.backends.reward_replicas``.
+  when idle and scale-to-zero), see ``treadle.topology.reward_replicas``.
 - **Progress**, what the trainer said with its latest ``CommitVersion`` (version, step, mean batch
   reward), goes to the job's status subresource as ``policyVersion``, ``step`` and ``meanReward``:
   the STEP, POLICY and REWARD printer columns.
