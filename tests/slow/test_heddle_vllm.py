@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from treadle.api import jobconfig
-from treadle.models import tiny, vllm_server
+from treadle.models import vllm_server
 from treadle.services.agent import client as agent_client
 from treadle.services.agent import http_app as agent_app
 from treadle.services.buffer import service as buffer_service
@@ -38,16 +37,8 @@ if not vllm_server.installed():
 VERSION = 3
 
 
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("vllm-heddle")
-    model = tiny.generate(root / "tiny-llama", seed=0)
-    with vllm_server.running(model, cache_dir=root / "cache") as (url, _):
-        yield url
-
-
-async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(vllm_url: str) -> None:
-    async with httpx.AsyncClient(base_url=vllm_url) as h:
+async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(tiny_vllm_url: str) -> None:
+    async with httpx.AsyncClient(base_url=tiny_vllm_url) as h:
         await h.post("/update_weight_version", json={"new_version": str(VERSION)})
     async with contextlib.AsyncExitStack() as stack:
         agents: dict[str, agent_client.AgentClient] = {}
@@ -57,7 +48,7 @@ async def test_heddle_completes_trajectories_with_tokens_logprobs_and_versions(v
         )  # fmt: skip
         for worker in ("cpu-0", "cpu-1"):
             url = await stack.enter_async_context(
-                serve.running(agent_app.build_app(engine_url=vllm_url, worker_id=worker))
+                serve.running(agent_app.build_app(engine_url=tiny_vllm_url, worker_id=worker))
             )
             agents[url] = agent_client.AgentClient(url)
             stack.push_async_callback(agents[url].aclose)

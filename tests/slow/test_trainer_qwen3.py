@@ -13,8 +13,8 @@ norm (or any tensor) fails here.
 
 Measured on the loaded 2-core machine: 159 s and 173 s in all (vLLM healthy after 118-125 s); mean
 reward per step 0.017, 0.015, 0.031, 0.025, 0.020, 0.032 and 0.018, 0.011, 0.031, 0.027, 0.024,
-0.033 (seed 0; six steps show the loop, not learning: ``test_trainer_learns`` judges that on the
-Llama).
+0.033 (seed 0; six steps show the loop, not learning: ``e2e/demo/test_demo.py`` judges that on the
+Llama, from ``make demo``'s ``treadle train``).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ async def _feeds(url: str, token: str) -> dict[str, object]:
 
 
 async def _wait(
-    url: str, token: str, done: bool, *, fed_at_least: int = 0, timeout_s: float = 60.0
+    url: str, token: str, done: bool, *, fed_at_least: int = 0, timeout_s: float = 180.0
 ) -> dict[str, object]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,10 +1,11 @@
 """The trainer's loop mechanics over the real services (processes on 127.0.0.1, SIMULATED ENGINE).
 
 The simulated engine cannot load weights, so this tier checks the plumbing, never the learning
-(that is ``tests/unit/trainer`` in-process and ``tests/slow/test_trainer_learns.py`` on real vLLM):
-versions advance one per step and reach the engines, every trained sample respects the staleness
-bound, every output token carries a version no newer than the one committed when its batch was
-requested, and every trajectory is accounted for (scheduler and buffer books close).
+(that is ``tests/unit/trainer`` in-process, and ``make demo``'s ``treadle train`` on real vLLM in
+``e2e/demo/test_demo.py``): versions advance one per step and reach the engines, every trained
+sample respects the staleness bound, every output token carries a version no newer than the one
+committed when its batch was requested, and every trajectory is accounted for (scheduler and buffer
+books close).
 """
 
 from __future__ import annotations

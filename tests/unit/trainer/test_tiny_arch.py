@@ -45,10 +45,13 @@ def test_a_trainer_pod_generates_the_arch_its_model_path_names(
 ) -> None:
     assert trainer_job.model_path(str(tmp_path / "tiny-qwen3-seed2")) == tmp_path / "tiny-qwen3-seed2"
     assert trainer_job.model_path(str(tmp_path / "tiny-llama-seed5")) == tmp_path / "tiny-llama-seed5"
-    assert generated == [
-        (tmp_path / "tiny-qwen3-seed2", 2, "qwen3"),
-        (tmp_path / "tiny-llama-seed5", 5, "llama"),
+    # Generated beside its folder, then renamed into place (policy.ensure_model).
+    assert [(out.parent, seed, arch) for out, seed, arch in generated] == [
+        (tmp_path, 2, "qwen3"),
+        (tmp_path, 5, "llama"),
     ]
+    assert json.loads((tmp_path / "tiny-qwen3-seed2" / "treadle-model.json").read_text())["arch"] == "qwen3"
+    assert json.loads((tmp_path / "tiny-llama-seed5" / "treadle-model.json").read_text())["arch"] == "llama"
     assert trainer_job.model_path(str(tmp_path / "tiny-qwen3-seed2")) == tmp_path / "tiny-qwen3-seed2"
     assert len(generated) == 2  # a complete model is not generated again
     with pytest.raises(errors.NotFound):  # not a tiny name: looked up as a checkpoint, not generated
@@ -78,7 +81,8 @@ def test_train_run_generates_the_model_of_its_arch(
         asyncio.run(
             run.run(run.Options(engine="simulated", model_arch="qwen3", model_seed=4), run_dir=tmp_path / "r")
         )
-    assert generated == [(tmp_path / "models" / "tiny-qwen3-seed4", 4, "qwen3")]
+    assert [(out.parent, seed, arch) for out, seed, arch in generated] == [(tmp_path / "models", 4, "qwen3")]
+    assert (tmp_path / "models" / "tiny-qwen3-seed4" / "treadle-model.json").is_file()
 
 
 def test_the_train_command_passes_model_arch(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
