@@ -72,6 +72,9 @@ class Services:
     """The run's token (``treadle.auth``): every service requires it, so every client sends it."""
     workers: list[placement_pb2.Worker] = dataclasses.field(default_factory=list)
     """What was registered with placement; registered again when a restarted placement forgot it."""
+    reporter: asyncio.Task[None] | None = None
+    """``report_loads`` for this stack, started with it: placement lets go of a worker whose load it
+    has not heard of for 10 s, so a stack without it stalls once a run outlasts that."""
 
 
 def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str, str]:
@@ -87,8 +90,8 @@ def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str
 async def start_services(
     stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
 ) -> Services:
-    """Start every process of ``plan`` on ``stack`` (the job topology's, ``launches``) and register the
-    workers with placement."""
+    """Start every process of ``plan`` on ``stack`` (the job topology's, ``launches``), register the
+    workers with placement and start forwarding their load to it (``Services.reporter``)."""
     token = auth.new_token()
     env = job_env(stack, plan, token)
     if plan.config.env.api_quotas and not redis_url:
@@ -128,9 +131,14 @@ async def start_services(
     finally:
         await client.aclose()
     envs = [started[f"env-{i}"].url for i in range(options.env_servers)]
-    return Services(scheduler=started["scheduler"].address, placement=placement,
-                    buffer=started["buffer"].address, reward=started["reward"].url, envs=envs, agents=agents,
-                    engines=engines, metrics=metrics, token=token, workers=workers)  # fmt: skip
+    services = Services(scheduler=started["scheduler"].address, placement=placement,
+                        buffer=started["buffer"].address, reward=started["reward"].url, envs=envs,
+                        agents=agents, engines=engines, metrics=metrics, token=token,
+                        workers=workers)  # fmt: skip
+    # Local mode's agents do not report to placement themselves (a cluster's do): this forwards their
+    # load for as long as the caller's loop runs, or until it cancels ``services.reporter``.
+    services.reporter = asyncio.create_task(report_loads(services), name="load reporter")
+    return services
 
 
 async def _check_reward_functions(reward_url: str, plan: plan_mod.Plan, token: str) -> None:
@@ -272,7 +280,6 @@ async def drive(
     results: list[scheduler_pb2.TrajectoryResult] = []
 
     background = [
-        asyncio.create_task(report_loads(services), name="load reporter"),
         asyncio.create_task(collect_results(scheduler, results, rewards, echo=echo), name="results"),
     ]
     if train:
