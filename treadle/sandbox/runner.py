@@ -6,7 +6,8 @@ process nodes):
 - a fresh **network namespace** (``unshare(CLONE_NEWNET)``): no interface but a down loopback;
 - a fresh **mount namespace** with private tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``, so files
   written outside the working directory vanish with the run;
-- a **uid of its own** per concurrent slot (``UID_BASE + slot``, no passwd entry): it owns only the
+- a **uid of its own** per concurrent slot (``uid_range`` of the sandbox + slot, no passwd entry; no
+  two sandboxes of a host share one, whichever process holds them): it owns only the
   throwaway working directory, ``RLIMIT_NPROC`` then bounds that run alone (fork bombs), and the
   cleanup kills every process of that uid with ``kill(-1)`` from a child that took the uid, which also
   catches processes that left the process group;
@@ -50,6 +51,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -72,6 +74,19 @@ Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_
 Isolation = Literal["namespaces", "landlock"]
 
 UID_BASE = 1_800_000
+UIDS_PER_SANDBOX = 1024
+"""A sandbox's slots (two per concurrent run, one per warm process) stay within its own range."""
+_sandboxes = itertools.count()
+
+
+def uid_range() -> int:
+    """The first uid of a new sandbox: apart from every other sandbox of this host, which may run in
+    another process (two env servers on one machine; parallel test workers). Sharing a uid would let
+    one sandbox's cleanup (``kill(-1)`` as that uid) end the other's runs, and their processes count
+    against one ``RLIMIT_NPROC``. The process's pid and a per-process count pick the range."""
+    return UID_BASE + ((os.getpid() % 4096) * 16 + next(_sandboxes) % 16) * UIDS_PER_SANDBOX
+
+
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 PR_SET_CHILD_SUBREAPER = 36
@@ -178,8 +193,14 @@ class Sandbox:
         # Two uids per run in flight (``run_connected`` takes two processes) plus one per warm process:
         # a warm process never shares a uid with a run, whose cleanup kills every process of its uid.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
+        if 2 * concurrency + warm > UIDS_PER_SANDBOX:
+            raise ValueError(
+                f"concurrency: 2 x concurrency + warm processes must be at most {UIDS_PER_SANDBOX} (the uids"
+                f" of one sandbox), got {2 * concurrency + warm}"
+            )
         for slot in range(2 * concurrency + warm):
             self._slots.put_nowait(slot)
+        self.uid_base = uid_range()
         self._ready: collections.deque[_Started] = collections.deque()
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
@@ -318,7 +339,7 @@ class Sandbox:
 
     async def _start(self, limits: Limits) -> _Started:
         slot = await self._slots.get()
-        uid = UID_BASE + slot
+        uid = self.uid_base + slot
         workdir = tempfile.mkdtemp(prefix="treadle-sbx-", dir=self.workroot)
         ruleset = -1
         channel = channel_mod.open_channel()
@@ -360,7 +381,7 @@ class Sandbox:
         with open(main, "w") as f:  # noqa: ASYNC230
             f.write(code)
         if self.own_uids:
-            os.chown(main, UID_BASE + started.slot, UID_BASE + started.slot)
+            os.chown(main, self.uid_base + started.slot, self.uid_base + started.slot)
         variables = started.channel.variables
         if grant is not None:
             variables.update(dict.fromkeys((GRANTED_CORES, *THREAD_VARS), str(grant.units)))
@@ -381,8 +402,8 @@ class Sandbox:
         """Kill every process of the run, remove its directory, free its uid."""
         try:
             if self.own_uids:
-                reaping.kill_uid(UID_BASE + started.slot)
-                await reaping.reap_uid(UID_BASE + started.slot)
+                reaping.kill_uid(self.uid_base + started.slot)
+                await reaping.reap_uid(self.uid_base + started.slot)
             else:
                 reaping.terminate(started.proc)
             if started.proc.returncode is None:

@@ -63,7 +63,8 @@ async def test_fork_bomb_is_contained(sandbox: runner.Sandbox) -> None:
     assert result.status in ("timeout", "cpu_limit")
     if sandbox.isolation == "namespaces":
         # every process of the run's uid is killed and reaped (no zombies left holding RLIMIT_NPROC)
-        assert reaping.processes_of(runner.UID_BASE) == [] and reaping.processes_of(runner.UID_BASE + 1) == []
+        uids = (sandbox.uid_base, sandbox.uid_base + 1)
+        assert reaping.processes_of(uids[0]) == [] and reaping.processes_of(uids[1]) == []
     after = await sandbox.run("print('next run starts fine')")
     assert after.ok
 

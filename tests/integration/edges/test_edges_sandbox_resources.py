@@ -79,7 +79,7 @@ async def test_a_run_takes_a_warm_process_and_the_pool_refills(wait_until: WaitU
         await box.close()
     assert box.warm_ready == 0
     if box.isolation == "namespaces":
-        assert all(reaping.processes_of(runner.UID_BASE + slot) == [] for slot in range(4))
+        assert all(reaping.processes_of(box.uid_base + slot) == [] for slot in range(4))
 
 
 async def test_warm_and_fresh_processes_look_the_same_to_the_code(wait_until: WaitUntil) -> None:
