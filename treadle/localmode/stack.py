@@ -3,9 +3,9 @@
 Used by ``treadle.localmode.run`` (``treadle run``) and by the integration tests, which also kill
 and restart single processes (an environment server mid-run). Each process logs to
 ``<run dir>/<name>.log``; a process that exits or does not become healthy in time raises
-``StartFailed`` with the tail of its log. Each process gets SIGTERM when the process that started it
-dies, however it died (SIGKILL included): a killed ``treadle run`` or ``treadle train`` leaves no
-service behind.
+``StartFailed`` with the tail of its log. Each process is SIGKILLed by the kernel when the process
+that started it dies, however it died: a killed ``treadle run`` or ``treadle train`` leaves no service
+behind. (An orderly stop is ``stop``'s: SIGTERM first.)
 """
 
 from __future__ import annotations
@@ -137,13 +137,15 @@ class Stack:
 
 _DIE_WITH_PARENT = """
 import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG, kept across exec
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, kept across exec
 if os.getppid() != int(sys.argv[1]):
     sys.exit("the process that started this one is gone")
 os.execvp(sys.argv[2], sys.argv[2:])
 """
-"""Run before a service: Linux signals it when its parent dies. A launcher rather than ``preexec_fn``,
-which may deadlock in a child forked from a threaded parent; it costs one interpreter start (-I -S)."""
+"""Run before a service: Linux kills it when its parent dies. SIGKILL, not SIGTERM: a server's graceful
+shutdown may wait on its open connections for good, and nothing is left to escalate. A launcher rather
+than ``preexec_fn``, which may deadlock in a child forked from a threaded parent; it costs one
+interpreter start (-I -S)."""
 
 
 def _popen(proc: Proc) -> subprocess.Popen[bytes]:

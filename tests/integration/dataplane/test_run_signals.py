@@ -3,7 +3,7 @@
 The services run in sessions of their own, so no signal to the run's group reaches them; before
 ``cli.until_signalled`` a SIGTERM to ``treadle run`` left all of them running, and a SIGKILL of
 either command (or a SIGTERM of ``treadle train``) orphaned every child. Now ``treadle run`` stops
-them in order on SIGTERM and SIGINT, and every service gets SIGTERM from the kernel when the process
+them in order on SIGTERM and SIGINT, and every service is SIGKILLed by the kernel when the process
 that started it dies (``localmode.stack``). A real process (SIMULATED engines), its children listed
 while it runs, then the signal.
 """
