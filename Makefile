@@ -13,8 +13,8 @@ setup:
 demo: setup
 	@bash hack/demo.sh
 
-## Every tier (unit, integration, e2e, slow) after the linters; prints each run's time and the
-## 20 slowest tests (hack/run_tests.py).
+## Every tier after the linters: unit, integration and slow in parallel, then e2e; prints each run's
+## time and the 20 slowest tests (hack/run_tests.py).
 test: setup lint
 	TREADLE_FORBID_SKIPS=1 $(PY) hack/run_tests.py -- $(PYTEST_ARGS)
 

@@ -37,9 +37,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of {sorted(map(str, TIER_BY_FOLDER))}")
         item.add_marker(getattr(pytest.mark, tiers[0]))
+        if tiers[0] == "slow" and item.get_closest_marker("timeout") is None:
+            # Real vLLM starts in one to several minutes on a busy 2-core machine (the suite's 300 s
+            # default is for everything else).
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 FORBID_SKIPS = os.environ.get("TREADLE_FORBID_SKIPS") == "1"
+SLOW_TIMEOUT_S = 900
 
 
 def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:

@@ -1,8 +1,10 @@
 """``make test`` and ``make test-fast``: the test tiers in two pytest runs, timed, with where time went.
 
-The unit and integration tiers run in parallel (pytest-xdist, a module per worker, so module fixtures
-start once); the slow tier (real vLLM) and the e2e tier (dev clusters whose pods are processes) run
-one test at a time, as each already keeps both cores busy. Every run goes on when one before failed,
+The unit, integration and slow tiers and the e2e modules on KWOK clusters of their own
+(``PARALLEL_E2E``) run in parallel (pytest-xdist, a module per worker, so module fixtures such as a
+real vLLM start once; most of their tests wait on processes); the rest of the e2e tier (dev clusters
+whose pods are processes, sharing host paths and cluster names) runs one test at a time.
+``make test-fast`` runs unit and integration in parallel. Every run goes on when one before failed,
 so a red suite still reports everything; the exit status is the first failure's. After the runs: each
 tier's duration and the 20 slowest tests, from the runs' JUnit reports (setup and teardown included).
 
@@ -21,11 +23,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PARALLEL_E2E = "e2e/operator"
+"""The e2e modules whose clusters are KWOK's only and private to their process (no process node, no
+host path, no shared cluster name): they run in the parallel run."""
 RUNS = {
-    "unit+integration": ["-m", "unit or integration"],
-    "slow+e2e": ["-m", "slow or e2e"],
+    "parallel": ["-m", "unit or integration or slow or e2e", "tests", PARALLEL_E2E],
+    "e2e": ["-m", "e2e", "e2e", f"--ignore={PARALLEL_E2E}"],
 }
-FAST = ("unit+integration",)
+FAST = {"unit+integration": ["-m", "unit or integration", "tests"]}
 SLOWEST = 20
 
 
@@ -82,12 +87,11 @@ def main() -> int:
     status = 0
     took: dict[str, float] = {}
     reports = []
-    for run, selection in RUNS.items():
-        if args.fast and run not in FAST:
-            continue
+    runs = FAST if args.fast else RUNS
+    for run, selection in runs.items():
         junit = out / f"{run}.xml"
         junit.unlink(missing_ok=True)
-        parallel = ["-n", args.workers, "--dist", "loadfile"] if run == "unit+integration" else []
+        parallel = ["-n", args.workers, "--dist", "loadfile"] if run != "e2e" else []
         command = [
             sys.executable,
             "-m",
