@@ -13,8 +13,8 @@ setup:
 demo: setup
 	@bash hack/demo.sh
 
-## Every tier after the linters: unit, integration and slow in parallel, then e2e; prints each run's
-## time and the 20 slowest tests (hack/run_tests.py).
+## Every tier after the linters: unit, integration and e2e/operator in parallel, then slow and the
+## rest of e2e; prints each run's time and the 20 slowest tests (hack/run_tests.py).
 test: setup lint
 	TREADLE_FORBID_SKIPS=1 $(PY) hack/run_tests.py -- $(PYTEST_ARGS)
 
