@@ -1,13 +1,14 @@
 """``make test`` and ``make test-fast``: the test tiers in two pytest runs, timed, with where time went.
 
 The unit and integration tiers and the e2e modules on KWOK clusters of their own (``PARALLEL_E2E``)
-run in parallel (pytest-xdist, a module per worker, so module fixtures start once; most of their tests
-wait on processes). The slow tier (real vLLM, which takes both cores: three at once overran their
-timeouts) and the rest of the e2e tier (dev clusters whose pods are processes, sharing host paths and
-cluster names) run one test at a time. ``make test-fast`` runs unit and integration in parallel.
-Every run goes on when one before failed, so a red suite still reports everything; the exit status is
-the first failure's. After the runs: each run's wall time, each tier's summed test time and the 20
-slowest tests, from the runs' JUnit reports (setup and teardown included).
+run in parallel (pytest-xdist, a module per worker, so module fixtures start once; most of their
+tests wait on processes). The slow tier (real vLLM takes both cores: beside three at once,
+timing-sensitive integration tests failed) and the rest of the e2e tier (dev clusters whose pods
+are processes, sharing host paths and cluster names) run one test at a time. ``make test-fast``
+runs unit and integration in parallel. Every run goes on when one before failed, so a red suite
+still reports everything; the exit status is the first failure's. After the runs: each run's wall
+time, each tier's summed test time and the 20 slowest tests, from the runs' JUnit reports (setup
+and teardown included).
 
     python hack/run_tests.py [--fast] [--workers N] [-- extra pytest arguments]
 """

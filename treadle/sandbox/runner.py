@@ -74,16 +74,13 @@ Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "output_
 Isolation = Literal["namespaces", "landlock"]
 
 UID_BASE = 1_800_000
-UIDS_PER_SANDBOX = 1024
-"""A sandbox's slots (two per concurrent run, one per warm process) stay within its own range."""
+UIDS_PER_SANDBOX = 1024  # a sandbox's slots (two per concurrent run, one per warm process)
 _sandboxes = itertools.count()
 
 
 def uid_range() -> int:
-    """The first uid of a new sandbox: apart from every other sandbox of this host, which may run in
-    another process (two env servers on one machine; parallel test workers). Sharing a uid would let
-    one sandbox's cleanup (``kill(-1)`` as that uid) end the other's runs, and their processes count
-    against one ``RLIMIT_NPROC``. The process's pid and a per-process count pick the range."""
+    """The first uid of a new sandbox, apart from every other sandbox of the host (another process's
+    too): a shared uid lets one's cleanup (``kill(-1)``) end the other's runs, under one RLIMIT_NPROC."""
     return UID_BASE + ((os.getpid() % 4096) * 16 + next(_sandboxes) % 16) * UIDS_PER_SANDBOX
 
 
@@ -194,10 +191,7 @@ class Sandbox:
         # a warm process never shares a uid with a run, whose cleanup kills every process of its uid.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         if 2 * concurrency + warm > UIDS_PER_SANDBOX:
-            raise ValueError(
-                f"concurrency: 2 x concurrency + warm processes must be at most {UIDS_PER_SANDBOX} (the uids"
-                f" of one sandbox), got {2 * concurrency + warm}"
-            )
+            raise ValueError(f"concurrency: 2 x concurrency + warm must be <= {UIDS_PER_SANDBOX}")
         for slot in range(2 * concurrency + warm):
             self._slots.put_nowait(slot)
         self.uid_base = uid_range()
