@@ -88,10 +88,16 @@ def job_env(stack: stack_mod.Stack, plan: plan_mod.Plan, token: str) -> dict[str
 
 
 async def start_services(
-    stack: stack_mod.Stack, plan: plan_mod.Plan, options: plan_mod.Options, *, redis_url: str = ""
+    stack: stack_mod.Stack,
+    plan: plan_mod.Plan,
+    options: plan_mod.Options,
+    *,
+    redis_url: str = "",
+    report_interval_s: float = 0.5,
 ) -> Services:
     """Start every process of ``plan`` on ``stack`` (the job topology's, ``launches``), register the
-    workers with placement and start forwarding their load to it (``Services.reporter``)."""
+    workers with placement and start forwarding their load to it every ``report_interval_s``
+    (``Services.reporter``)."""
     token = auth.new_token()
     env = job_env(stack, plan, token)
     if plan.config.env.api_quotas and not redis_url:
@@ -137,7 +143,9 @@ async def start_services(
                         workers=workers)  # fmt: skip
     # Local mode's agents do not report to placement themselves (a cluster's do): this forwards their
     # load for as long as the caller's loop runs, or until it cancels ``services.reporter``.
-    services.reporter = asyncio.create_task(report_loads(services), name="load reporter")
+    services.reporter = asyncio.create_task(
+        report_loads(services, interval_s=report_interval_s), name="load reporter"
+    )
     return services
 
 

@@ -68,13 +68,14 @@ async def test_two_agents_take_turns_and_a_busy_agent_receives_workers(stack: st
         rebalance_interval_s=0.2,
     )
     plan = plan_mod.make_plan(job(), options)
-    services = await run_mod.start_services(stack, plan, options)
+    services = await run_mod.start_services(stack, plan, options, report_interval_s=0.1)
     home = {w.worker_id: ("planner" if w.pool == "plan" else "executor") for w in plan.workers}
     async with httpx.AsyncClient(timeout=10) as http:
         for wid, url in services.engines.items():  # the trainer's part: each agent's weights loaded
             label = agent_client.label(home[wid], VERSION[home[wid]])
             await http.post(url + "/update_weight_version", json={"new_version": label})
-    reporter = asyncio.create_task(run_mod.report_loads(services, interval_s=0.1))
+    assert services.reporter is not None
+    reporter = services.reporter
     scheduler = scheduler_client.SchedulerClient(services.scheduler, token=services.token)
     buffer = buffer_client.BufferClient(services.buffer, token=services.token)
     placement = placement_client.PlacementClient(services.placement, token=services.token)
