@@ -30,6 +30,16 @@ TIER_BY_FOLDER = {
 }
 
 
+GROUPS = {ROOT / "e2e": "dev-clusters", ROOT / "tests" / "slow": "real-vllm"}
+"""Under pytest-xdist (``hack/run_tests.py``, ``pytest -n N``) one worker runs each of these groups'
+tests one at a time, these groups first (the longest): real vLLM starts take both cores (beside three
+at once, timing-sensitive tests failed), and the dev-cluster tests share the README's cluster name
+and the node's host paths. Every other module is a group of its own, so its module fixtures start
+once."""
+PRIVATE_E2E = ROOT / "e2e" / "operator"
+"""E2E modules on KWOK clusters private to their process (no process node, no host path): module groups."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath)).resolve()
@@ -41,6 +51,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Real vLLM starts in one to several minutes on a busy 2-core machine (the suite's 300 s
             # default is for everything else).
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    if hasattr(config, "workerinput"):  # an xdist worker: the scheduler hands out groups in this order
+        serial = list(GROUPS.values())
+        items.sort(key=lambda item: _order(group_of(item.nodeid), serial))  # stable: modules keep order
+
+
+def group_of(nodeid: str) -> str:
+    """The group of the test ``nodeid``: one worker runs a group's tests in order."""
+    path = ROOT / nodeid.split("::")[0]
+    if PRIVATE_E2E not in path.parents:
+        for folder, group in GROUPS.items():
+            if folder in path.parents:
+                return group
+    return str(path.relative_to(ROOT))
+
+
+def _order(group: str, serial: list[str]) -> int:
+    return serial.index(group) if group in serial else len(serial)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice from --dist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Schedule by ``group_of``: xdist's scope scheduling, a scope being a group. (Its ``loadgroup``
+    marks do not reach the scheduler under pytest 9, whose node ids no longer come from ``_nodeid``.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order (serial groups first) is the plan
+    return GroupScheduling(config, log)
 
 
 FORBID_SKIPS = os.environ.get("TREADLE_FORBID_SKIPS") == "1"

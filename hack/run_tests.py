@@ -1,14 +1,12 @@
-"""``make test`` and ``make test-fast``: the test tiers in two pytest runs, timed, with where time went.
+"""``make test`` and ``make test-fast``: the test tiers in one timed pytest run, with where time went.
 
-The unit and integration tiers and the e2e modules on KWOK clusters of their own (``PARALLEL_E2E``)
-run in parallel (pytest-xdist, a module per worker, so module fixtures start once; most of their
-tests wait on processes). The slow tier (real vLLM takes both cores: beside three at once,
-timing-sensitive integration tests failed) and the rest of the e2e tier (dev clusters whose pods
-are processes, sharing host paths and cluster names) run one test at a time. ``make test-fast``
-runs unit and integration in parallel. Every run goes on when one before failed, so a red suite
-still reports everything; the exit status is the first failure's. After the runs: each run's wall
-time, each tier's summed test time and the 20 slowest tests, from the runs' JUnit reports (setup
-and teardown included).
+Every tier runs in one pytest-xdist run, scheduled by the root ``conftest.py``: each test module is a
+group a worker runs whole (its module fixtures start once), but for two groups whose tests run one at
+a time on one worker each, first (``GROUPS``): the tests on real vLLM (its starts take both cores) and
+the e2e tests on the dev cluster (the README's cluster name, the node's host paths).
+Most tests wait on processes, hence more workers than cores. ``make test-fast`` runs unit and
+integration alike. After the run: its wall time, each tier's summed test time and the 20 slowest
+tests, from the run's JUnit report (setup and teardown included).
 
     python hack/run_tests.py [--fast] [--workers N] [-- extra pytest arguments]
 """
@@ -25,13 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARALLEL_E2E = "e2e/operator"
-"""The e2e modules whose clusters are KWOK's only and private to their process (no process node, no
-host path, no shared cluster name): they run in the parallel run."""
-RUNS = {
-    "parallel": ["-m", "unit or integration or e2e", "tests", PARALLEL_E2E],
-    "slow+e2e": ["-m", "slow or e2e", "tests", "e2e", f"--ignore={PARALLEL_E2E}"],
-}
+RUNS = {"all": ["-m", "unit or integration or slow or e2e", "e2e", "tests"]}
 FAST = {"unit+integration": ["-m", "unit or integration", "tests"]}
 SLOWEST = 20
 
@@ -76,7 +68,7 @@ def main() -> int:
     parser.add_argument(
         "--workers",
         default=os.environ.get("TREADLE_TEST_WORKERS", "3"),
-        help="pytest-xdist workers for unit and integration (default 3: most tests wait on processes)",
+        help="pytest-xdist workers (default 3: most tests wait on processes)",
     )
     parser.add_argument(
         "--reports", type=Path, help="where the JUnit files go (default: $TREADLE_CACHE/test-reports)"
@@ -93,7 +85,7 @@ def main() -> int:
     for run, selection in runs.items():
         junit = out / f"{run}.xml"
         junit.unlink(missing_ok=True)
-        parallel = ["-n", args.workers, "--dist", "loadfile"] if run != "slow+e2e" else []
+        parallel = ["-n", args.workers]
         command = [
             sys.executable,
             "-m",

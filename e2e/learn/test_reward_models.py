@@ -39,6 +39,9 @@ def judged_variant() -> dict[str, Any]:
     model = job["spec"]["agents"][0]["model"]
     judge = {"model": model, "weightsGb": 0.06, "engine": "vllm", "engineEnv": ENGINE_ENV,
              "engineArgs": ["--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "2"]}  # fmt: skip
+    # One gateway pod: the job's one reward-model GPU is its; a second replica (demand) starts both
+    # engines again beside it, which this 2-core machine pays for in minutes.
+    job["spec"]["reward"] = job["spec"].get("reward", {}) | {"minReplicas": 1, "maxReplicas": 1}
     job["spec"]["externalResources"] = {  # one GPU holds one of the two (0.072 GB each with KV headroom)
         "rewardModelGpus": 1,
         "rewardModelGpuMemoryGb": 0.1,

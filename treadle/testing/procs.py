@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,11 +34,37 @@ class ServerFailed(RuntimeError):
     """A local server could not be started; the message names the binary and shows its log."""
 
 
+_handed_out: set[int] = set()
+_pick = random.SystemRandom()  # not the global generator, which hypothesis seeds in its tests
+
+
 def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free on 127.0.0.1 a moment ago, below the ephemeral range (no client's
+    connection can take it meanwhile), random (test processes running side by side rarely pick the
+    same), and never handed out twice by one process."""
+    low, _ = _ephemeral_range()
+    for _ in range(1000):
+        port = _pick.randrange(10000, max(low, 10001))
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise ServerFailed("no free TCP port below the ephemeral range on 127.0.0.1")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """Linux's ephemeral ports: a port the kernel picks (``bind(0)``) lies there, where any outgoing
+    connection can take it before the server binds it."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
