@@ -30,14 +30,17 @@ TIER_BY_FOLDER = {
 }
 
 
-GROUPS = {ROOT / "e2e": "dev-clusters", ROOT / "tests" / "slow": "real-vllm"}
+GROUPS = {
+    ROOT / "tests" / "slow": "real-vllm",
+    ROOT / "e2e" / "demo": "dev-cluster",
+    ROOT / "e2e" / "docs": "dev-cluster",
+    ROOT / "e2e" / "learn": "dev-cluster",
+}
 """Under pytest-xdist (``hack/run_tests.py``, ``pytest -n N``) one worker runs each of these groups'
 tests one at a time, these groups first (the longest): real vLLM starts take both cores (beside three
 at once, timing-sensitive tests failed), and the dev-cluster tests share the README's cluster name
 and the node's host paths. Every other module is a group of its own, so its module fixtures start
 once."""
-PRIVATE_E2E = ROOT / "e2e" / "operator"
-"""E2E modules on KWOK clusters private to their process (no process node, no host path): module groups."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,10 +62,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def group_of(nodeid: str) -> str:
     """The group of the test ``nodeid``: one worker runs a group's tests in order."""
     path = ROOT / nodeid.split("::")[0]
-    if PRIVATE_E2E not in path.parents:
-        for folder, group in GROUPS.items():
-            if folder in path.parents:
-                return group
+    for folder, group in GROUPS.items():
+        if folder in path.parents:
+            return group
     return str(path.relative_to(ROOT))
 
 

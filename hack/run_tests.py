@@ -1,12 +1,14 @@
-"""``make test`` and ``make test-fast``: the test tiers in one timed pytest run, with where time went.
+"""``make test`` and ``make test-fast``: the test tiers in two timed pytest runs, with where time went.
 
-Every tier runs in one pytest-xdist run, scheduled by the root ``conftest.py``: each test module is a
-group a worker runs whole (its module fixtures start once), but for two groups whose tests run one at
-a time on one worker each, first (``GROUPS``): the tests on real vLLM (its starts take both cores) and
-the e2e tests on the dev cluster (the README's cluster name, the node's host paths).
-Most tests wait on processes, hence more workers than cores. ``make test-fast`` runs unit and
-integration alike. After the run: its wall time, each tier's summed test time and the 20 slowest
-tests, from the run's JUnit report (setup and teardown included).
+The first run is parallel (pytest-xdist, scheduled by the root ``conftest.py``): a worker runs a
+test module whole (its module fixtures start once), and one worker runs the tests on real vLLM one
+at a time, first (a start takes both cores). The second runs the e2e tests on the dev cluster
+(``DEV_CLUSTER``: the README's cluster name, the node's host paths, ``make demo``) one at a time,
+alone: beside the first run's load they took three times as long. ``make test-fast`` runs unit and
+integration in parallel. Every run goes on when one before failed, so a red suite still reports
+everything; the exit status is the first failure's. After the runs: each run's wall time, each
+tier's summed test time and the 20 slowest tests, from the runs' JUnit reports (setup and teardown
+included).
 
     python hack/run_tests.py [--fast] [--workers N] [-- extra pytest arguments]
 """
@@ -23,7 +25,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = {"all": ["-m", "unit or integration or slow or e2e", "e2e", "tests"]}
+DEV_CLUSTER = ("e2e/demo", "e2e/docs", "e2e/learn")
+RUNS = {
+    "parallel": ["-m", "unit or integration or slow or e2e", "tests", "e2e",
+                 *(f"--ignore={path}" for path in DEV_CLUSTER)],
+    "dev-cluster": ["-m", "e2e", *DEV_CLUSTER],
+}  # fmt: skip
 FAST = {"unit+integration": ["-m", "unit or integration", "tests"]}
 SLOWEST = 20
 
@@ -85,7 +92,7 @@ def main() -> int:
     for run, selection in runs.items():
         junit = out / f"{run}.xml"
         junit.unlink(missing_ok=True)
-        parallel = ["-n", args.workers]
+        parallel = ["-n", args.workers] if run != "dev-cluster" else []
         command = [
             sys.executable,
             "-m",
