@@ -3,9 +3,10 @@
 Used by ``treadle.localmode.run`` (``treadle run``) and by the integration tests, which also kill
 and restart single processes (an environment server mid-run). Each process logs to
 ``<run dir>/<name>.log``; a process that exits or does not become healthy in time raises
-``StartFailed`` with the tail of its log. Each process is SIGKILLed by the kernel when the process
-that started it dies, however it died: a killed ``treadle run`` or ``treadle train`` leaves no service
-behind. (An orderly stop is ``stop``'s: SIGTERM first.)
+``StartFailed`` with the tail of its log, and one that exits later, while ``unless_one_exits`` runs
+a piece of work, ends that work with ``ServiceExited``. Each process is SIGKILLed by the kernel when
+the process that started it dies, however it died: a killed ``treadle run`` or ``treadle train``
+leaves no service behind. (An orderly stop is ``stop``'s: SIGTERM first.)
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -29,6 +31,11 @@ from treadle.testing import procs
 
 class StartFailed(RuntimeError):
     """A service process exited or stayed unhealthy; the message carries its log's tail."""
+
+
+class ServiceExited(RuntimeError):
+    """A service process exited while the run needed it; the message names it, its exit status and
+    its log, and carries the log's tail."""
 
 
 @dataclasses.dataclass
@@ -53,6 +60,10 @@ class Proc:
 
     def tail(self, n: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+
+T = TypeVar("T")
+EXIT_POLL_S = 0.5
 
 
 class Stack:
@@ -120,6 +131,33 @@ class Stack:
         self.kill(name)
         await self._spawn(proc, health_path=health_path, timeout_s=timeout_s)
         return proc
+
+    async def unless_one_exits(self, work: Awaitable[T]) -> T:
+        """``work``'s result, unless a process of the stack exits first: then ``work`` is cancelled
+        and ``ServiceExited`` names that process (a service never exits on its own while in use)."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.create_task(self._first_exit())
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, watcher):
+                pending.cancel()
+            await asyncio.gather(task, watcher, return_exceptions=True)
+        if task in done:  # the work ended first, however it ended
+            return task.result()
+        proc = watcher.result()
+        assert proc.popen is not None
+        raise ServiceExited(
+            f"{proc.name} exited with {proc.popen.returncode} while the run needed it; its log is "
+            f"{proc.log}, ending:\n{proc.tail(1500)}"
+        )
+
+    async def _first_exit(self) -> Proc:
+        while True:
+            for proc in self.procs.values():
+                if proc.popen is not None and proc.popen.poll() is not None:
+                    return proc
+            await asyncio.sleep(EXIT_POLL_S)
 
     def stop(self) -> None:
         """SIGTERM every process in reverse start order, SIGKILL after a grace period."""

@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     except errors.SpecError as exc:
         print(f"treadle train: {exc}", file=sys.stderr)
         return 2
-    except (OSError, stack.StartFailed, errors.TreadleError) as exc:
+    except (OSError, stack.StartFailed, stack.ServiceExited, errors.TreadleError) as exc:
         print(f"treadle train: {exc}", file=sys.stderr)
         return 1
     return 0 if summary["adds_up"] else 1

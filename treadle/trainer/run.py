@@ -257,8 +257,11 @@ async def run(
             stack, options, model_dir=model_dir, weights_dir=weights_dir
         )
         echo(f"[treadle train] {len(stack.procs)} processes healthy after {time.monotonic() - began:.1f}s")
+        # A service that dies (killed, out of memory) ends the run at once, named (stack.ServiceExited):
+        # the trainer would otherwise wait out its batch timeout on a buffer that is gone.
         summary = await asyncio.wait_for(
-            train(services, replicas, pol, options, weights_dir, echo=echo), timeout=timeout_s
+            stack.unless_one_exits(train(services, replicas, pol, options, weights_dir, echo=echo)),
+            timeout=timeout_s,
         )
     summary["seconds_total"] = round(time.monotonic() - began, 1)
     summary["engine"] = options.engine

@@ -65,13 +65,46 @@ def test_treadle_train_killed_leaves_no_service_behind(tmp_path: Path, sig: sign
     _signalled(argv, "processes healthy", sig)
 
 
+@pytest.mark.timeout(600)
+def test_treadle_train_names_a_service_that_died_and_exits_non_zero(tmp_path: Path) -> None:
+    """The buffer SIGKILLed once training starts: ``treadle train`` stops within seconds, exits 1 and names it,
+    its exit status and its log, and leaves no other service running (before, the trainer waited out
+    its batch timeout, printing nothing)."""
+    proc = _start([
+        sys.executable, "-m", "treadle.cli", "train", "--engine", "simulated", "--steps", "1000",
+        "--run-dir", str(tmp_path / "run"),
+    ])  # fmt: skip
+    try:
+        _wait_for_line(proc, "processes healthy", timeout_s=300)  # training starts: it pulls batches
+        children = psutil.Process(proc.pid).children(recursive=True)
+        (buffer,) = [c for c in children if "treadle.services.buffer" in c.cmdline()]
+        buffer.kill()
+        killed = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - killed
+        assert proc.returncode == 1, (proc.returncode, out[-3000:])
+        assert "buffer exited with -9 while the run needed it" in out, out[-3000:]
+        assert str(tmp_path / "run" / "buffer.log") in out, out[-3000:]
+        assert took < 30, took  # the trainer's batch timeout is 300 s
+        _, alive = psutil.wait_procs([c for c in children if c.pid != buffer.pid], timeout=10)
+        assert not alive, [c.cmdline() for c in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _start(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+
+
 def _signalled(argv: list[str], running: str, sig: signal.Signals) -> str:
     """Start ``argv``, wait for a line holding ``running``, send ``sig``; every child it started must
     be gone within 10 s. Returns what it printed."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    proc = _start(argv)
     try:
         _wait_for_line(proc, running, timeout_s=300)
         children = psutil.Process(proc.pid).children(recursive=True)
