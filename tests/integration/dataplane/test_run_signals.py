@@ -67,9 +67,9 @@ def test_treadle_train_killed_leaves_no_service_behind(tmp_path: Path, sig: sign
 
 @pytest.mark.timeout(600)
 def test_treadle_train_names_a_service_that_died_and_exits_non_zero(tmp_path: Path) -> None:
-    """The buffer SIGKILLed once training starts: ``treadle train`` stops within seconds, exits 1 and names it,
-    its exit status and its log, and leaves no other service running (before, the trainer waited out
-    its batch timeout, printing nothing)."""
+    """The buffer SIGKILLed once training starts: ``treadle train`` stops within seconds, exits 1 and
+    names it, its exit status and its log, and leaves no other service running (before, the trainer
+    waited out its batch timeout, printing nothing)."""
     proc = _start([
         sys.executable, "-m", "treadle.cli", "train", "--engine", "simulated", "--steps", "1000",
         "--run-dir", str(tmp_path / "run"),
