@@ -1,8 +1,12 @@
 """Real vLLM (CPU) with Treadle's weight-transfer engine (``--weight-transfer-config
 '{"backend":"treadle"}'``): a published version applied through vLLM's own routes
 (``/start_weight_update`` -> ``/update_weights`` -> ``/finish_weight_update``) changes greedy generation
-exactly as vLLM's ``reload_weights`` of the same checkpoint does, and a corrupt bucket is refused with
-the version and bucket named while the engine keeps serving the old version.
+exactly as vLLM's reload of the same checkpoint does (``model_runner.reload_weights`` with the tied
+LM head re-packed, the extension's restore) and into transformers' greedy continuation of it, and a
+corrupt bucket is refused with the version and bucket named while the engine keeps serving the old
+version. vLLM's plain ``collective_rpc reload_weights`` is only recorded: on this CPU build it does not
+give the checkpoint's generation for a tied-embedding model (run of 2026-11-29: tokens
+[404, 185, 95, ...] where the engine, the re-packed reload and transformers all give [87, 87, 87, ...]).
 
 The model is the locally generated tiny Llama (``treadle.models.tiny``, tied embeddings). Version 1
 is a different random model of the same shapes; version 2 is damaged in the store; version 3 is the
