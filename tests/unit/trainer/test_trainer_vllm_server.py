@@ -1,4 +1,5 @@
-"""The vLLM command line the trainer's stack runs: dev routes, the extension and its weight-transfer engine, eager mode, the store."""
+"""The vLLM command line the trainer's stack runs: dev routes, the extension and its weight-transfer
+engine, eager mode, the store."""
 
 from __future__ import annotations
 

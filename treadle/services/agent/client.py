@@ -13,10 +13,9 @@ weight sync (``placement.weightsync``: a new version on every worker), and, thro
 Either way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
 started them), with real vLLM apply the version through vLLM's weight-update routes and Treadle's
 weight-transfer engine (``treadle.weights.transfer_engine``) and drop the prefix cache computed with
-the old weights, set
-the engine's weight-version label, and resume through the agent, which re-reads the label so every
-later token is tagged with it. The agent resumes even when a step fails; a move's resume names the
-receiver's pool, which the agent registers with from then on (``agent.reporter``).
+the old weights, set the engine's weight-version label, and resume through the agent, which re-reads
+the label so every later token is tagged with it. The agent resumes even when a step fails; a move's
+resume names the receiver's pool, which the agent registers with from then on (``agent.reporter``).
 It lives here, the agent's public face, so that placement (a service of its own) can call it
 without importing the agent's server side (the ``services-independent`` contract in ``.importlinter``).
 """
