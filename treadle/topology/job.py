@@ -11,7 +11,7 @@ from treadle.topology.process import (
     MODULES,
     PORTS,
     VLLM_MODULE,
-    VLLM_WORKER_EXTENSION,
+    VLLM_WEIGHTS_ARGS,
     Process,
     Site,
 )
@@ -68,7 +68,7 @@ def _engine_args(agent: v1alpha1.Agent, pool: v1alpha1.Pool) -> tuple[str, ...]:
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
         "--max-model-len", str(agent.max_model_len),
         "--dtype", agent.dtype,
-        "--worker-extension-cls", VLLM_WORKER_EXTENSION,
+        *VLLM_WEIGHTS_ARGS,
         *pool.engine.args,
     )  # fmt: skip
 

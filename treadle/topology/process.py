@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Literal
 
+from treadle.api import base
+
 # Ports every per-job component listens on in a cluster (its pod's container port; Services expose the
 # same numbers). Local mode picks free ports of its own instead.
 PORTS: Mapping[str, int] = {
@@ -35,8 +37,10 @@ MODULES: Mapping[str, str] = {
     "weights": "treadle.weights.store",
 }
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-# The vLLM worker extension (weight pull under suspend) shipped in the inference image.
-VLLM_WORKER_EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
+# The vLLM worker extension (weight pull under suspend) shipped in the inference image, and the flags
+# that load it with Treadle's weight-transfer engine.
+VLLM_WORKER_EXTENSION = base.VLLM_WORKER_EXTENSION
+VLLM_WEIGHTS_ARGS = base.VLLM_WEIGHTS_ARGS
 
 COMPONENT_ADDRESSES = ("scheduler", "placement", "buffer", "env", "reward")
 """The components every process of a job is told how to reach (``Site.addresses``)."""

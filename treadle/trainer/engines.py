@@ -5,9 +5,10 @@ Called by ``treadle.trainer.loop`` between iterations. Per replica (engine + its
 1. ``prefetch(v)`` right after publishing: with real vLLM the worker extension
    (``treadle.weights.vllm_extension``) pulls and validates every bucket of ``v`` on a background
    thread while generation goes on;
-2. ``swap(v)``: pause through the agent with ``mode="wait"``, apply ``v`` (the extension refuses
-   a missing, corrupt or mismatched version before touching the model: the route answers 500 and
-   the engine keeps serving the previous version; the extension also re-packs the tied LM head,
+2. ``swap(v)``: pause through the agent with ``mode="wait"``, apply ``v`` through vLLM's
+   weight-update routes and Treadle's weight-transfer engine (``treadle.weights.transfer_engine``,
+   which refuses a missing, corrupt or mismatched version before touching the model: the route
+   answers 500 and the engine keeps serving the previous version; it also re-packs the tied LM head,
    which vLLM CPU's reload leaves stale), drop the prefix cache
    computed with the old weights, set the engine's weight-version label, resume through the agent
    (which re-reads the label, so the next request is tagged with ``v``).

@@ -1,4 +1,5 @@
-"""Start real vLLM (CPU) for the trainer's local stack, with the Treadle weights worker extension.
+"""Start real vLLM (CPU) for the trainer's local stack, with the Treadle weights worker extension and
+weight-transfer engine (``treadle.api.base.VLLM_WEIGHTS_ARGS``).
 
 Run by ``treadle.trainer.run`` through ``treadle.localmode.stack.Stack`` as
 ``python -m treadle.trainer.vllm_server --host H --port P --model DIR --weights-dir W --weights-prefix X``
@@ -20,9 +21,9 @@ import os
 import sys
 from pathlib import Path
 
-from treadle.api import env_vars
+from treadle.api import base, env_vars
 
-EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
+EXTENSION = base.VLLM_WORKER_EXTENSION
 
 
 def argv_and_env(args: argparse.Namespace, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -42,7 +43,7 @@ def argv_and_env(args: argparse.Namespace, environ: dict[str, str]) -> tuple[lis
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model),
         "--host", args.host, "--port", str(args.port), "--dtype", "float32",
         "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-        "--worker-extension-cls", EXTENSION, "--enforce-eager",
+        *base.VLLM_WEIGHTS_ARGS, "--enforce-eager",
     ]  # fmt: skip
     return argv, env
 

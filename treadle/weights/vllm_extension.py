@@ -1,15 +1,23 @@
 """vLLM worker extension: pull published weight versions and swap them in, never partially.
 
-Start vLLM with ``--worker-extension-cls treadle.weights.vllm_extension.WeightsExtension`` and
-``VLLM_SERVER_DEV_MODE=1``, plus the store settings ``loader.store_from_env`` reads. The inference
-agent (or a test) then drives an update over vLLM's dev routes::
+Start vLLM with ``VLLM_SERVER_DEV_MODE=1``, the store settings ``loader.store_from_env`` reads, and
+``--worker-extension-cls treadle.weights.vllm_extension.WeightsExtension --weight-transfer-config
+'{"backend":"treadle"}'`` (``treadle.api.base.VLLM_WEIGHTS_ARGS``). Importing this module in a vLLM
+process registers that weight-transfer engine (``treadle.weights.transfer_engine``), which vLLM's own
+update routes drive; the extension adds what those routes lack. The inference agent (or a test)
+drives an update over vLLM's dev routes::
 
     POST /collective_rpc {"method": "treadle_weights_prefetch", "args": ["7"]}   # while generating
     POST /pause?mode=keep                                                        # suspend
-    POST /collective_rpc {"method": "treadle_weights_apply", "args": ["7"]}      # validate + load
+    POST /start_weight_update
+    POST /update_weights {"update_info": {"version": 7}}                         # validate + load
+    POST /finish_weight_update
     POST /reset_prefix_cache                                                     # old-weight KV
     POST /resume
     POST /collective_rpc {"method": "treadle_weights_status"}                    # loaded_version
+
+``{"method": "treadle_weights_apply", "args": ["7"]}`` loads the same way through ``collective_rpc``
+(the same ``receive.Receiver``), for an engine started without the weight-transfer config.
 
 A reward-model engine of the reward gateway (``treadle.services.reward.engines.VllmEngines``) is not
 versioned: its restore reloads the checkpoint from the gateway's host-memory copy of it,
@@ -17,8 +25,8 @@ versioned: its restore reloads the checkpoint from the gateway's host-memory cop
 
 In a multi-agent job each agent's versions live under ``<TREADLE_WEIGHTS_PREFIX>/<agent>``
 (``layout.agent_prefix``); the engine starts on ``TREADLE_WEIGHTS_AGENT``'s. An inter-agent move
-(placement's rebalancer) applies the receiver's version with the agent as a second argument,
-``{"method": "treadle_weights_apply", "args": ["3", "planner"]}``, and the engine follows that
+(placement's rebalancer) applies the receiver's version with the agent named,
+``{"update_info": {"version": 3, "agent": "planner"}}``, and the engine follows that
 agent's versions from then on; version 0 of an agent is the checkpoint the engine started from.
 
 vLLM passes collective_rpc arguments as strings, hence ``version: str``. An apply that is refused
@@ -28,22 +36,11 @@ serving the previous version; a load that fails midway exits the worker (see ``l
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+import sys
+from collections.abc import Iterator
 from typing import Any
 
-from treadle.api import env_vars
-from treadle.weights import layout, loader, pull
-
-
-def _cuda() -> bool:
-    """Whether this worker's torch has CUDA (vLLM's own dependency; CPU builds have none)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+from treadle.weights import loader, receive
 
 
 class WeightsExtension:
@@ -52,33 +49,21 @@ class WeightsExtension:
     model_runner: Any
     vllm_config: Any
 
-    def _treadle_loader(self) -> loader.Loader:
-        existing: loader.Loader | None = getattr(self, "_treadle_weights_loader", None)
+    def _treadle_receiver(self) -> receive.Receiver:
+        """The weight-transfer engine's receiver when vLLM built ours, else the extension's own."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is not None and hasattr(engine, "treadle_receiver"):
+            shared: receive.Receiver = engine.treadle_receiver()
+            return shared
+        existing: receive.Receiver | None = getattr(self, "_treadle_weights_receiver", None)
         if existing is None:
-            store, prefix = loader.store_from_env(os.environ)
-            spec = loader.checkpoint_spec(self._treadle_model_dir())
-            initial = int(os.environ.get(env_vars.WEIGHTS_INITIAL_VERSION, "0"))
-            # A CUDA engine copies the pulled tensors host-to-device while paused: from page-locked
-            # memory apply took 0.041 s instead of 0.247 s at 2 GB on an H200
-            # (bench/reports/weights-gpu.md). CPU builds: pageable.
-            allocate = pull.pinned if _cuda() else pull.pageable
-            existing = loader.Loader(
-                pull.Reader(store, prefix, allocate=allocate), spec, loaded_version=initial, kind="torch",
-                checkpoint=self._treadle_checkpoint,
-            )  # fmt: skip
-            self._treadle_weights_loader = existing
+            config = self.vllm_config.model_config
+            existing = receive.Receiver(config.model, config.revision)
+            self._treadle_weights_receiver = existing
         return existing
 
-    def _treadle_model_dir(self) -> Path:
-        config = self.vllm_config.model_config
-        return loader.model_dir(config.model, config.revision)
-
-    def _treadle_checkpoint(self) -> Iterator[tuple[str, Any]]:
-        """The checkpoint's tensors, one file at a time (version 0, for a move to an untrained agent)."""
-        from safetensors import torch as st_torch
-
-        for path in sorted(self._treadle_model_dir().glob("*.safetensors")):
-            yield from st_torch.load_file(str(path)).items()
+    def _treadle_loader(self) -> loader.Loader:
+        return self._treadle_receiver().loader
 
     def treadle_weights_status(self) -> dict[str, Any]:
         return self._treadle_loader().status()
@@ -91,17 +76,10 @@ class WeightsExtension:
     def treadle_weights_apply(self, version: str, agent: str = "") -> dict[str, Any]:
         """Load ``version`` of the agent served now, or with ``agent``, of that agent (a move)."""
 
-        def load(weights: Iterable[tuple[str, Any]]) -> None:
-            self.model_runner.reload_weights(weights_iterator=iter(weights))
-            self._repack_vocab_embeddings()
-            if _cuda():
-                # The pinned buffer is refilled by the next prefetch: no copy from it may be in flight.
-                import torch
+        def reload(weights: Iterator[tuple[str, Any]]) -> None:
+            self.model_runner.reload_weights(weights_iterator=weights)
 
-                torch.cuda.synchronize()
-
-        prefix = layout.agent_prefix(os.environ[env_vars.WEIGHTS_PREFIX], agent) if agent else None
-        return self._treadle_loader().apply(int(version), load, prefix=prefix)
+        return self._treadle_receiver().apply(version, agent, reload, self.model_runner.get_model())
 
     def treadle_weights_restore(self, path: str) -> dict[str, Any]:
         """Reload the engine's own checkpoint from its copy in ``path`` (a reward model's backup).
@@ -109,37 +87,24 @@ class WeightsExtension:
         The copy's tensors are checked against the checkpoint the engine started from (every name,
         equal shapes) before any is loaded: a mismatch raises with the weights untouched.
         """
-        from safetensors import torch as st_torch
+        config = self.vllm_config.model_config
+        model_dir = loader.model_dir(config.model, config.revision)
+        loader.check_copy(loader.checkpoint_spec(model_dir), loader.checkpoint_spec(path), path)
 
-        loader.check_copy(
-            loader.checkpoint_spec(self._treadle_model_dir()), loader.checkpoint_spec(path), path
-        )
+        def reload(weights: Iterator[tuple[str, Any]]) -> None:
+            self.model_runner.reload_weights(weights_iterator=weights)
 
-        def weights() -> Iterator[tuple[str, Any]]:
-            for file in sorted(Path(path).glob("*.safetensors")):
-                yield from st_torch.load_file(str(file)).items()
-
-        self.model_runner.reload_weights(weights_iterator=weights())
-        self._repack_vocab_embeddings()
-        if _cuda():
-            import torch
-
-            torch.cuda.synchronize()
+        receive.load(reload, self.model_runner.get_model(), receive.safetensors_dir(path))
         return {"restored": path}
 
-    def _repack_vocab_embeddings(self) -> None:
-        """Redo the CPU GEMM packing of every vocabulary embedding from its reloaded weights.
 
-        On vLLM CPU 0.32 ``reload_weights`` updates the embedding table but not the packed copy that
-        a tied LM head multiplies with (made once by ``process_weights_after_loading`` at start), so
-        without this the new version's logits come out of the old head. Found by the reference
-        trainer, whose logprobs now match vLLM's after every swap. Engines without ``cpu_linear``
-        (GPU builds) have nothing to repack.
-        """
-        from vllm.model_executor.layers import vocab_parallel_embedding
+def _register_engine() -> None:
+    """In a vLLM process (the worker imports this class before it builds its weight-transfer engine):
+    register Treadle's engine. Elsewhere vLLM is not imported for it (it takes seconds)."""
+    if "vllm" in sys.modules:
+        from treadle.weights import transfer_engine
 
-        for module in self.model_runner.get_model().modules():
-            if isinstance(module, vocab_parallel_embedding.VocabParallelEmbedding) and hasattr(
-                module, "cpu_linear"
-            ):
-                module.quant_method.process_weights_after_loading(module)
+        transfer_engine.register()
+
+
+_register_engine()

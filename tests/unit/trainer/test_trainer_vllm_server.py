@@ -1,4 +1,5 @@
-"""The vLLM command line the trainer's stack runs: dev routes, the extension, eager mode, the store."""
+"""The vLLM command line the trainer's stack runs: dev routes, the extension and its weight-transfer
+engine, eager mode, the store."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def test_argv_and_env() -> None:
     joined = " ".join(argv)
     assert "--model /m --host 127.0.0.1 --port 8123" in joined and "--enforce-eager" in argv
     assert argv[argv.index("--worker-extension-cls") + 1] == "treadle.weights.vllm_extension.WeightsExtension"
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend":"treadle"}'
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["PATH"] == "/bin"
     assert (env["TREADLE_WEIGHTS_DIR"], env["TREADLE_WEIGHTS_PREFIX"]) == ("/w", "local/x")
     assert env["VLLM_CACHE_ROOT"] == "/c" and env["VLLM_CPU_KVCACHE_SPACE"] == "4"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from treadle import errors
-from treadle.weights import layout, loader, objects, publish, pull, vllm_extension
+from treadle.weights import layout, loader, objects, publish, pull, receive, vllm_extension
 
 PREFIX = "jobs/serve"
 SPEC = {"embed.weight": ("float32", (4, 8)), "norm.weight": ("float32", (8,))}
@@ -268,7 +268,7 @@ def test_the_vllm_extension_pins_only_on_a_cuda_engine(
     monkeypatch.setenv("TREADLE_WEIGHTS_PREFIX", PREFIX)
     monkeypatch.setenv("TREADLE_WEIGHTS_DIR", str(tmp_path / "store"))
     for cuda, expected in ((False, pull.pageable), (True, pull.pinned)):
-        monkeypatch.setattr(vllm_extension, "_cuda", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(receive, "cuda", lambda cuda=cuda: cuda)
         ext = vllm_extension.WeightsExtension()
         ext.vllm_config = types.SimpleNamespace(
             model_config=types.SimpleNamespace(model=str(model), revision=None)

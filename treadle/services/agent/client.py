@@ -11,11 +11,11 @@ another agent, which loads the receiver's version from the receiver's weight pre
 weight sync (``placement.weightsync``: a new version on every worker), and, through
 ``swap_through``, by the agent itself (``agent.reload``: the version placement wants it to serve).
 Either way: pause through the agent with ``mode="wait"`` (running requests finish on the weights that
-started them), with real vLLM apply the version through the weights extension
-(``treadle.weights.vllm_extension``) and drop the prefix cache computed with the old weights, set
-the engine's weight-version label, and resume through the agent, which re-reads the label so every
-later token is tagged with it. The agent resumes even when a step fails; a move's resume names the
-receiver's pool, which the agent registers with from then on (``agent.reporter``).
+started them), with real vLLM apply the version through vLLM's weight-update routes and Treadle's
+weight-transfer engine (``treadle.weights.transfer_engine``) and drop the prefix cache computed with
+the old weights, set the engine's weight-version label, and resume through the agent, which re-reads
+the label so every later token is tagged with it. The agent resumes even when a step fails; a move's
+resume names the receiver's pool, which the agent registers with from then on (``agent.reporter``).
 It lives here, the agent's public face, so that placement (a service of its own) can call it
 without importing the agent's server side (the ``services-independent`` contract in ``.importlinter``).
 """
@@ -196,15 +196,40 @@ async def swap_through(
 
 
 async def _apply(http: httpx.AsyncClient, engine_url: str, version: int, agent: str) -> Pull:
-    """Load ``version`` unless every engine worker holds it already; then drop the old prefix cache."""
+    """Load ``version`` unless every engine worker holds it already; then drop the old prefix cache.
+
+    Through vLLM's weight-update routes and Treadle's weight-transfer engine
+    (``treadle.weights.transfer_engine``): start, ``update_weights`` with the version (and the agent of
+    a move), finish. A refused version answers 500 (``SwapRefused``) and the engine keeps the old one.
+    """
     before = await _statuses(http, engine_url)
     if before and all(_holds(s, version, agent) for s in before):
         return "held"
     prefetched = bool(before) and all(version in s.get("prefetched", ()) for s in before)
-    args = (str(version), agent) if agent else (str(version),)
-    await collective_rpc(http, engine_url, "treadle_weights_apply", *args)
+    info: dict[str, Any] = {"version": version, **({"agent": agent} if agent else {})}
+    await _start_update(http, engine_url)
+    try:
+        await _post(http, f"{engine_url}/update_weights", {"update_info": info})
+    except errors.TreadleError:
+        # vLLM ends the session when the engine raises; an answer lost on the way may leave it open.
+        with contextlib.suppress(errors.TreadleError):
+            await _post(http, f"{engine_url}/finish_weight_update", {})
+        raise
+    await _post(http, f"{engine_url}/finish_weight_update", {})
     await _post(http, f"{engine_url}/reset_prefix_cache", None)
     return "prefetched" if prefetched else "pulled"
+
+
+async def _start_update(http: httpx.AsyncClient, engine_url: str) -> None:
+    """``/start_weight_update``; a session left open by a swap whose caller went away between its start
+    and its finish is finished first (the engine loads nothing in either step)."""
+    try:
+        await _post(http, f"{engine_url}/start_weight_update", None)
+    except SwapRefused as exc:
+        if "already active" not in str(exc):
+            raise
+        await _post(http, f"{engine_url}/finish_weight_update", {})
+        await _post(http, f"{engine_url}/start_weight_update", None)
 
 
 def _holds(status: dict[str, Any], version: int, agent: str) -> bool:

@@ -1,6 +1,11 @@
 """vLLM 0.32's HTTP surface over the simulated engine: the OpenAI routes the agent uses, the dev
 routes for pause/resume/abort/weight version, and ``/metrics`` with vLLM's own metric names.
 
+The simulated engine has no weights: its weight-update routes (``/init_weight_transfer_engine``,
+``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``) answer as vLLM 0.32 does when
+started without ``--weight-transfer-config``, 500 with vLLM's error body; a swap of it only moves the
+version label (``treadle.services.agent.client``, ``apply_version=None``).
+
 Shapes follow what vLLM 0.32 returns (anchors/weights_inference_deps.md B4): ``token_ids`` per
 choice and ``prompt_token_ids`` when ``return_token_ids`` is set, ``stop_reason``, chat logprobs
 with ``bytes``, completions logprobs as ``tokens/token_logprobs/text_offset/top_logprobs``. A client
@@ -222,6 +227,9 @@ def build_app(
         eng.weight_version = req.new_version
         return {"success": True, "new_version": req.new_version}
 
+    for method in _WEIGHT_UPDATE_ROUTES:
+        app.add_api_route(f"/{method}", _no_weight_transfer(method), methods=["POST"])
+
     @app.get("/weight_info")
     async def weight_info() -> dict[str, str | None]:
         return {"weight_version": eng.weight_version}
@@ -235,6 +243,25 @@ def build_app(
         return {"count": len(ids), "max_model_len": eng.max_model_len, "tokens": ids, "token_strs": None}
 
     return app
+
+
+_WEIGHT_UPDATE_ROUTES = (
+    "init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update",
+)  # fmt: skip
+
+
+def _no_weight_transfer(method: str) -> Callable[[], Awaitable[responses.Response]]:
+    """vLLM's answer to a weight-update route when no weight-transfer engine was configured."""
+    message = (
+        f"Call to {method} method failed: Weight transfer not configured. "
+        "Please set weight_transfer_config to enable weight transfer."
+    )
+    body = {"error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}}
+
+    async def route() -> responses.Response:
+        return responses.JSONResponse(body, status_code=500)
+
+    return route
 
 
 def _json(body: dict[str, Any]) -> responses.Response:
