@@ -80,7 +80,7 @@ async def test_one_swap_at_a_time_per_worker(worker: engines.Replica) -> None:
 
 async def test_a_pause_whose_caller_never_resumes_is_resumed_when_its_lease_ends() -> None:
     async with serve.running(fake_app.build_app()) as engine_url:
-        app = agent_app.build_app(engine_url=engine_url, worker_id="w0", agent="executor", swap_lease_s=0.3)
+        app = agent_app.build_app(engine_url=engine_url, worker_id="w0", agent="executor", swap_lease_s=2.0)
         async with serve.running(app) as agent_url:
             worker = engines.Replica("w0", engine_url, agent_url)
             client = agent_client.AgentClient(agent_url)
@@ -89,7 +89,8 @@ async def test_a_pause_whose_caller_never_resumes_is_resumed_when_its_lease_ends
                 async with httpx.AsyncClient(timeout=10) as http:
                     assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is True
                     trainer = engines.EngineSwapper([worker], extension=False, agent="executor")
-                    # Bounded: the lease ends after 0.3 s; the trainer retries contended swaps 1 s apart.
+                    # Bounded: the lease ends after 2 s (the check above must come first, under load too); the
+                    # trainer retries contended swaps 1 s apart.
                     await asyncio.wait_for(trainer.swap(7), timeout=20)
                     assert await label(worker) == "7"
                     assert (await http.get(f"{engine_url}/is_paused")).json()["is_paused"] is False

@@ -126,7 +126,8 @@ async def test_one_worker_failing_and_one_timing_out_leave_the_rest_swapped() ->
     svc = make({"w0": "pool", "w1": "pool", "w2": "pool"}, pool_agents=ONE, alpha=0)
     fake = FakeSwapper({"w1": [agent_client.SwapRefused("v2 lacks 1 tensor")], "w2": [HANG]})
     sync = weightsync.WeightSync(svc, fake, apply_weights=True, sleep=no_sleep)
-    result = await sync.swap(protocol.SwapRequest(version=2, timeout_s=0.01))
+    # w2 hangs until the deadline; w0 and w1 answer at once (0.5 s: room for a loaded event loop)
+    result = await sync.swap(protocol.SwapRequest(version=2, timeout_s=0.5))
     assert outcomes(result) == {"w0": "swapped", "w1": "failed", "w2": "timeout"}
     by_id = {w.worker_id: w for w in result.workers}
     assert "lacks 1 tensor" in by_id["w1"].error and "still swapping" in by_id["w2"].error
