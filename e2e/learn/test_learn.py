@@ -494,6 +494,9 @@ def ready_pods(c: kwok.DevCluster, job: str, component: str) -> list[dict[str, A
 
 
 SWAP_LINE = re.compile(r"\bswap (\d+) ms\b")
+SWAP_STEPS = 12
+"""The steps the swap test watches: the pod is deleted after step 5, and the 6 or more steps after it
+each swap every worker to a new version."""
 SWAP_STALL_S = 60.0
 """The most one suspend -> swap -> commit -> resume fence may take with the pod deleted: placement lets
 go of a worker whose agent went silent (10 s) or stays unreachable (15 s); before that it waited out
@@ -528,7 +531,7 @@ def test_a_job_re_created_from_a_url_fills_every_dashboard_and_its_inference_pod
     old = ready_pods(cluster, name, "pool")[0]["metadata"]["name"]
     cluster.kubectl("delete", "pod", old, "--wait=false")
     at = int(get(cluster, "rolloutjob", name)["status"]["step"])
-    assert at <= STEPS - 5, f"the pod was deleted at step {at}: too late for the swaps after it to count"
+    assert at <= SWAP_STEPS - 5, f"the pod was deleted at step {at}: too late for the swaps after it to count"
 
     def serving() -> tuple[int, int] | None:
         new = [p for p in ready_pods(cluster, name, "pool") if p["metadata"]["name"] != old]
@@ -537,15 +540,15 @@ def test_a_job_re_created_from_a_url_fills_every_dashboard_and_its_inference_pod
     # vLLM's CPU build restarts in 60-100 s; the agent repairs to the committed version right after.
     served, committed = poll(serving, "the new inference pod serving the committed version", 240)
     assert served == committed >= 4
-    seen += train(cluster, name, steps=STEPS)[0]
+    seen += train(cluster, name, steps=SWAP_STEPS)[0]
     assert all(policy <= step + 1 for step, policy in seen), seen  # its own versions only
     log = trainer_log(cluster, name)
     staleness = [int(s) for s in re.findall(r"\bstaleness (\d+)", log)]
     alpha = int(variant(name, URL)["spec"]["rollout"]["staleness"])
-    assert len(staleness) >= STEPS and max(staleness) <= alpha, staleness
+    assert len(staleness) >= SWAP_STEPS and max(staleness) <= alpha, staleness
     swaps_s = [int(ms) / 1000 for ms in SWAP_LINE.findall(log)]
     print(f"{name}: pod deleted at step {at}; fences (s) {swaps_s}; longest {max(swaps_s):.1f}s")
-    assert len(swaps_s) >= STEPS and max(swaps_s) <= SWAP_STALL_S, swaps_s
+    assert len(swaps_s) >= SWAP_STEPS and max(swaps_s) <= SWAP_STALL_S, swaps_s
     delete(cluster, name)
 
 

@@ -52,7 +52,7 @@ def judges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def job(judges: dict[str, Path]) -> v1alpha1.RolloutJob:
     models = [
         {"name": name, "model": str(path), "weightsGb": 0.05, "engine": "vllm",
-         "engineArgs": ["--max-model-len", str(CONTEXT), "--max-num-seqs", "2"]}
+         "engineArgs": ["--max-model-len", str(CONTEXT), "--max-num-seqs", "2", "--enforce-eager"]}
         for name, path in judges.items()
     ]  # fmt: skip
     return v1alpha1.parse_job({

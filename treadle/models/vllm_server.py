@@ -38,6 +38,9 @@ def argv(
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), *base.VLLM_WEIGHTS_ARGS,
+        # No torch.compile warm-up: on 2 cores it is most of a start's CPU, and what the tests check
+        # (tokens, logprobs, weight versions) does not depend on it. The inference pods run eager too.
+        "--enforce-eager",
     ]  # fmt: skip
 
 
