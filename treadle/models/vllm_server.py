@@ -32,15 +32,15 @@ def installed() -> bool:
 
 def argv(
     model_dir: pathlib.Path, *, port: int, served_name: str = "tiny", max_model_len: int = 256,
-    max_num_seqs: int = 8,
+    max_num_seqs: int = 8, eager: bool = True,
 ) -> list[str]:  # fmt: skip
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), *base.VLLM_WEIGHTS_ARGS,
-        # No torch.compile warm-up: on 2 cores it is most of a start's CPU, and what the tests check
+        # eager: no torch.compile warm-up, much of a start's CPU on 2 cores; what most tests check
         # (tokens, logprobs, weight versions) does not depend on it. The inference pods run eager too.
-        "--enforce-eager",
+        *(["--enforce-eager"] if eager else []),
     ]  # fmt: skip
 
 
@@ -66,7 +66,7 @@ def healthy(port: int) -> bool:
 @contextlib.contextmanager
 def running(
     model_dir: pathlib.Path, *, cache_dir: pathlib.Path, timeout_s: float = 600.0, max_model_len: int = 256,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, eager: bool = True,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
     """Serve ``model_dir`` until the block exits; yields (base URL, process). Startup takes 40-130 s.
     ``env``: more variables (the weights store's, ``TREADLE_WEIGHTS_DIR`` and ``TREADLE_WEIGHTS_PREFIX``).
@@ -79,7 +79,7 @@ def running(
     full_env = {**environment(cache_dir), "PATH": os.environ.get("PATH", ""), **(env or {})}
     with procs.running(
         "vllm",
-        argv(model_dir, port=port, max_model_len=max_model_len),
+        argv(model_dir, port=port, max_model_len=max_model_len, eager=eager),
         lambda: healthy(port),
         env=full_env,
         timeout=timeout_s,
