@@ -37,10 +37,10 @@ GROUPS = {
     ROOT / "e2e" / "learn": "dev-cluster",
 }
 """Under pytest-xdist (``hack/run_tests.py``, ``pytest -n N``) one worker runs each of these groups'
-tests one at a time, these groups first, then ``LONG_FIRST``: real vLLM starts take both cores
-(beside three at once, timing-sensitive tests failed), and the dev-cluster tests share the README's
-cluster name and the node's host paths. Every other module is a group of its own, so its module
-fixtures start once."""
+tests one at a time, these groups first (the longest): real vLLM starts take both cores (beside three
+at once, timing-sensitive tests failed), and the dev-cluster tests share the README's cluster name
+and the node's host paths. Every other module is a group of its own, so its module fixtures start
+once."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,16 +68,8 @@ def group_of(nodeid: str) -> str:
     return str(path.relative_to(ROOT))
 
 
-LONG_FIRST = ("e2e/", "tests/integration/")
-"""After the serial groups, the modules that take minutes before those that take seconds, so the
-parallel run does not end on one worker's long module."""
-
-
 def _order(group: str, serial: list[str]) -> int:
-    if group in serial:
-        return serial.index(group)
-    longer = [i for i, prefix in enumerate(LONG_FIRST) if group.startswith(prefix)]
-    return len(serial) + (longer[0] if longer else len(LONG_FIRST))
+    return serial.index(group) if group in serial else len(serial)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own choice from --dist
