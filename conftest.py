@@ -86,6 +86,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return GroupScheduling(config, log)
 
 
+CLUSTER_UP_S = 480
+"""A session cluster's start (``kwokctl create cluster``): 180 s by default, which three test workers
+starting clusters at once on 2 cores overran (2026-11-29)."""
 FORBID_SKIPS = os.environ.get("TREADLE_FORBID_SKIPS") == "1"
 SLOW_TIMEOUT_S = 900
 
@@ -135,7 +138,7 @@ def dev_cluster() -> Iterator[kwok.DevCluster]:
     and torn down after it; clusters of killed sessions are removed first.
     """
     cluster = kwok.session_cluster("treadle-e2e", kwok.cache_dir() / "kwok-e2e")
-    cluster.up()
+    cluster.up(timeout=CLUSTER_UP_S)
     try:
         yield cluster
     finally:
@@ -149,7 +152,7 @@ def run_cluster() -> Iterator[kwok.DevCluster]:
     No KWOK node: every pod that schedules runs.
     """
     cluster = kwok.session_cluster("treadle-run", kwok.cache_dir() / "kwok-e2e", pools=(), run_nodes=1)
-    cluster.up()
+    cluster.up(timeout=CLUSTER_UP_S)
     try:
         yield cluster
     finally:
