@@ -23,8 +23,6 @@ from pathlib import Path
 
 from treadle.api import base, env_vars
 
-EXTENSION = base.VLLM_WORKER_EXTENSION
-
 
 def argv_and_env(args: argparse.Namespace, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The vLLM command line and environment for ``args`` (pure, for tests)."""

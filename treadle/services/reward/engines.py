@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 
 from treadle import errors
-from treadle.api import v1alpha1
+from treadle.api import base, v1alpha1
 from treadle.policy.tangram import buddy
 from treadle.weights import loader, store
 
@@ -154,7 +154,7 @@ class SimulatedEngines:
         self._procs.clear()
 
 
-VLLM_EXTENSION = "treadle.weights.vllm_extension.WeightsExtension"
+VLLM_EXTENSION = base.VLLM_WORKER_EXTENSION
 
 
 @dataclasses.dataclass(eq=False)
